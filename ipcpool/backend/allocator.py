@@ -1,0 +1,84 @@
+"""Offsets inside one fixed-size region: best-fit, aligned, coalescing on free.
+
+Pure logic (no I/O), used by the host backend. Free blocks are kept twice: by (size, offset) for
+best-fit lookups and by offset (plus a map of block ends) so a freed block merges with both
+neighbours in O(log n).
+"""
+
+from __future__ import annotations
+
+from sortedcontainers import SortedList
+
+from ..errors import InvalidRequest, OutOfMemory
+
+
+class RangeAllocator:
+    def __init__(self, capacity: int, alignment: int = 256):
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError("alignment must be a power of two")
+        self.capacity = capacity - capacity % alignment
+        self.alignment = alignment
+        self._by_size = SortedList()          # (size, offset) of free blocks
+        self._start: dict[int, int] = {}      # free block offset -> size
+        self._end: dict[int, int] = {}        # free block end -> offset
+        self._used: dict[int, int] = {}       # allocated offset -> size
+        self.used = 0
+        if self.capacity:
+            self._add_free(0, self.capacity)
+
+    def _add_free(self, offset: int, size: int) -> None:
+        self._by_size.add((size, offset))
+        self._start[offset] = size
+        self._end[offset + size] = offset
+
+    def _remove_free(self, offset: int, size: int) -> None:
+        self._by_size.remove((size, offset))
+        del self._start[offset]
+        del self._end[offset + size]
+
+    def rounded(self, nbytes: int) -> int:
+        return max(self.alignment, -(-nbytes // self.alignment) * self.alignment)
+
+    def allocate(self, nbytes: int) -> int:
+        if nbytes <= 0:
+            raise InvalidRequest(f"allocation size must be positive, got {nbytes}")
+        size = self.rounded(nbytes)
+        i = self._by_size.bisect_left((size, -1))
+        if i == len(self._by_size):
+            free = self.capacity - self.used
+            raise OutOfMemory(
+                f"no free block of {size} bytes (pool of {self.capacity} bytes, {free} free"
+                f"{', fragmented' if free >= size else ''}); free memory or raise the pool's max_size"
+            )
+        block_size, offset = self._by_size[i]
+        self._remove_free(offset, block_size)
+        if block_size > size:
+            self._add_free(offset + size, block_size - size)
+        self._used[offset] = size
+        self.used += size
+        return offset
+
+    def size_of(self, offset: int) -> int:
+        return self._used[offset]
+
+    def free(self, offset: int) -> int:
+        """Free the block at ``offset``; return the (offset, size) of the merged free block's size."""
+        size = self._used.pop(offset, None)
+        if size is None:
+            raise InvalidRequest(f"offset {offset} is not allocated")
+        self.used -= size
+        start, end = offset, offset + size
+        if start in self._end:                 # merge with the free block before
+            prev = self._end[start]
+            self._remove_free(prev, start - prev)
+            start = prev
+        if end in self._start:                 # and with the one after
+            nxt = self._start[end]
+            self._remove_free(end, nxt)
+            end += nxt
+        self._add_free(start, end - start)
+        return size
+
+    def free_blocks(self) -> list[tuple[int, int]]:
+        """Free (offset, size) blocks in address order."""
+        return sorted(self._start.items())

@@ -1,0 +1,182 @@
+"""The seam between ipcpool and a kind of memory: host (memfd) or CUDA (IPC mempools).
+
+The broker and the client only ever talk to these classes; only ``backend/cuda.py`` imports cuda.*.
+
+Broker side: a ``BrokerBackend`` creates ``BrokerPool``s (one exportable pool each) and one
+``SessionContext`` per client session (a CUDA stream, so waits on one client's events never stall
+another: rule R3). A pool allocates and returns an ``Export``: everything a client needs to import
+that allocation, as plain bytes and ints that travel in msgpack.
+
+Client side: a ``ClientBackend`` imports a pool from its FD (received over the control socket) and
+the ``pool_info`` map, then imports allocations from their ``Export``s. Releasing an import yields
+the *done* event handle the broker must wait on before it frees (rule R2).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+# Three reuse policies of a CUDA mempool; the host backend accepts and ignores them.
+REUSE_POLICIES = ("follow_event_dependencies", "allow_opportunistic", "allow_internal_dependencies")
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """A pool as configured. ``max_size`` 0 means the backend's default."""
+
+    name: str
+    max_size: int = 0
+    release_threshold: int | None = None  # None: keep what was reserved until an explicit trim
+    device: int = 0
+    reuse: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(REUSE_POLICIES, True))
+    peer_access: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    reserved: int
+    used: int
+    reserved_high: int
+    used_high: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "reserved": self.reserved,
+            "used": self.used,
+            "reserved_high": self.reserved_high,
+            "used_high": self.used_high,
+        }
+
+
+@dataclass(frozen=True)
+class Export:
+    """One allocation as it travels to a client.
+
+    ``offset`` locates host memory in the pool's mapping (0 for CUDA); ``data`` is the 64-byte
+    pointer export data (empty on the host); ``ready_event`` the 64-byte IPC handle of an event
+    recorded after the allocation (empty where there is nothing to wait for).
+    """
+
+    size: int
+    offset: int = 0
+    data: bytes = b""
+    ready_event: bytes = b""
+
+
+class SessionContext(ABC):
+    """Per-session broker state of the backend (a CUDA stream and the events opened for it)."""
+
+    def peer_progressed(self) -> None:
+        """A new message from this session arrived, so the client has acted on every earlier
+        reply (it waits on a ready event before it sends again): events named in those replies may
+        be recycled (R4)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class BrokerPool(ABC):
+    spec: PoolSpec
+
+    @property
+    @abstractmethod
+    def fd(self) -> int:
+        """The pool's exportable FD. Owned by the pool; sent as-is (SCM_RIGHTS duplicates it)."""
+
+    @abstractmethod
+    def pool_info(self) -> dict[str, Any]:
+        """What a client needs besides the FD to import this pool (msgpack-able)."""
+
+    @property
+    def max_allocation(self) -> int | None:
+        """The largest single allocation a client may be handed, or None for no limit."""
+        return None
+
+    @abstractmethod
+    def allocate(self, nbytes: int, session: SessionContext) -> tuple[object, Export]:
+        """Allocate on the session's stream; return an opaque handle and its export."""
+
+    @abstractmethod
+    def free(self, handle: object, session: SessionContext, done_event: bytes = b"") -> None:
+        """Free after ``done_event`` (if any) and every event given to ``add_release`` for this
+        handle have completed, without blocking the host (R2)."""
+
+    def reexport(self, handle: object, export: Export, session: SessionContext) -> Export:
+        """The export for another session opening ``handle``: the cached data, with a ready event
+        newly recorded on ``session``'s stream where the backend has events."""
+        return export
+
+    def add_release(self, handle: object, session: SessionContext, done_event: bytes) -> None:
+        """Another importer (a session that opened a shared allocation) released its import: order
+        the eventual ``free`` after ``done_event``. The wait must be enqueued now, on ``session``'s
+        stream, since the client may recycle the event once its message was read (R4)."""
+
+    @abstractmethod
+    def stats(self) -> PoolStats: ...
+
+    @abstractmethod
+    def reset_high(self) -> None: ...
+
+    @abstractmethod
+    def trim(self, keep: int) -> None:
+        """Give freed memory back to the system until at most ``keep`` bytes stay reserved."""
+
+    @abstractmethod
+    def set_release_threshold(self, nbytes: int) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class BrokerBackend(ABC):
+    name: str
+
+    @abstractmethod
+    def create_pool(self, spec: PoolSpec) -> BrokerPool: ...
+
+    @abstractmethod
+    def open_session(self) -> SessionContext: ...
+
+    def close(self) -> None:
+        """Release backend-wide resources (after every pool is closed)."""
+
+
+class ImportedMemory(ABC):
+    """One imported allocation in a client."""
+
+    size: int
+
+    @property
+    @abstractmethod
+    def ptr(self) -> int: ...
+
+
+class ClientPool(ABC):
+    @abstractmethod
+    def import_allocation(self, export: Export, stream: Any = None) -> ImportedMemory:
+        """Map/import an allocation; on CUDA ``stream`` waits on the ready event (R1)."""
+
+    @abstractmethod
+    def release(self, memory: ImportedMemory, stream: Any = None) -> bytes:
+        """Drop the import (on ``stream``); return the done-event handle for the broker (R2)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class ClientBackend(ABC):
+    name: str
+
+    def broker_progressed(self) -> None:
+        """A reply arrived, so the broker has acted on every earlier message of this session (it
+        enqueues its wait on a done event when it reads the message): events named in those
+        messages may be recycled (R4)."""
+
+    @abstractmethod
+    def import_pool(self, info: dict[str, Any], fd: int) -> ClientPool:
+        """Import a pool; takes ownership of ``fd`` (closes it, also on failure)."""
+
+    def close(self) -> None:
+        """Release backend-wide client resources."""

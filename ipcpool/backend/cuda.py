@@ -1,0 +1,642 @@
+"""CUDA: stream-ordered IPC memory pools (POSIX FD), pointer export/import, IPC events.
+
+Broker side: each configured pool is a cuda.core ``DeviceMemoryResource`` with IPC enabled (pinned
+device memory on the configured device, POSIX-FD handle type), its release threshold, reuse
+policies and peer access set through the driver. Every session gets its own stream per device
+(R3): allocations are made on it, a fresh *ready* IPC event is recorded after each, and frees wait
+on the client's *done* event on it before they free (R2). Nothing on these paths blocks the host.
+
+Client side: a pool is imported once from its FD; each allocation is imported from its 64-byte
+export data and the caller's stream waits on its ready event (R1). Releasing frees the import on
+the caller's stream and records a fresh done event there for the broker to wait on.
+
+Event lifetimes (R4) are in ``cuda_events``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import weakref
+from typing import Any
+
+from ..errors import (
+    AllocationTooLarge,
+    BackendUnavailable,
+    ClosedError,
+    InvalidRequest,
+    IpcPoolError,
+    OutOfMemory,
+)
+from ..protocol import HANDLE_BYTES
+from .base import (
+    REUSE_POLICIES,
+    BrokerBackend,
+    BrokerPool,
+    ClientBackend,
+    ClientPool,
+    Export,
+    ImportedMemory,
+    PoolSpec,
+    PoolStats,
+    SessionContext,
+)
+
+try:
+    from cuda.core import (
+        LEGACY_DEFAULT_STREAM,
+        PER_THREAD_DEFAULT_STREAM,
+        Buffer,
+        Device,
+        DeviceMemoryResource,
+        DeviceMemoryResourceOptions,
+        Stream,
+    )
+    from cuda.core._memory._ipc import IPCBufferDescriptor
+    from cuda.core._utils.cuda_utils import CUDAError
+
+    from . import cuda_driver as drv
+    from .cuda_caps import capabilities
+    from .cuda_events import Graveyard, record_ipc, wait_ipc
+except ImportError as _exc:  # pragma: no cover - depends on the installation
+    raise BackendUnavailable(f"the CUDA backend needs cuda-core and cuda-bindings: {_exc}") from _exc
+
+__all__ = [
+    "IMPORT_LIMIT",
+    "CudaBrokerBackend",
+    "CudaClientBackend",
+    "CudaMemory",
+    "capabilities",
+]
+
+log = logging.getLogger(__name__)
+
+# The largest single pool allocation an importer may be handed. Importing a larger one kills the
+# importer (segfault inside the pointer import; see DESIGN.md). Measured with
+# scripts/probe_import_limit.py, one child process per size:
+#   (provisional until the probe has run; see the report in bench/results/import_limit_*.json)
+IMPORT_LIMIT = 1 << 32
+
+_tls = threading.local()
+
+
+def _make_current(device_id: int) -> Device:
+    """Make ``device_id``'s primary context current on this thread (cheap once done)."""
+    current = getattr(_tls, "devices", None)
+    if current is None:
+        current = _tls.devices = {}
+    dev = current.get(device_id)
+    if dev is None or getattr(_tls, "last", None) != device_id:
+        dev = Device(device_id)
+        dev.set_current()
+        current[device_id] = dev
+        _tls.last = device_id
+    return dev
+
+
+class _OnDevice:
+    """Client side: make the pool's device current for one call, then give the caller back its own
+    context (a torch or cupy user on another device must not find its current device changed)."""
+
+    __slots__ = ("device", "prev")
+
+    def __init__(self, device: int):
+        self.device = device
+
+    def __enter__(self) -> None:
+        self.prev = drv.current_context()
+        Device(self.device).set_current()
+
+    def __exit__(self, *exc: Any) -> None:
+        if int(self.prev) != 0 and int(self.prev) != int(drv.current_context()):
+            drv.restore_context(self.prev)
+
+
+def _translate(exc: Exception, what: str) -> IpcPoolError:
+    text = str(exc)
+    if "OUT_OF_MEMORY" in text:
+        return OutOfMemory(f"{what}: {text}")
+    return IpcPoolError(f"{what}: {text}")
+
+
+def _check_device(device: int) -> None:
+    count = drv.device_count()
+    if not 0 <= device < count:
+        raise BackendUnavailable(f"CUDA device {device} does not exist (this machine has {count})")
+
+
+# --------------------------------------------------------------------------------------------
+# Broker side
+
+
+class _CudaSession(SessionContext):
+    """One stream per device, and the events retired on it."""
+
+    def __init__(self, backend: CudaBrokerBackend):
+        self._backend = backend
+        self._streams: dict[int, Stream] = {}
+        self.graveyard = Graveyard()
+        self.closed = False
+
+    def stream(self, device: int) -> Stream:
+        if self.closed:
+            raise ClosedError("session is closed")
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = _make_current(device).create_stream()
+            self._streams[device] = stream
+        return stream
+
+    def streams(self) -> list[Stream]:
+        return list(self._streams.values())
+
+    def peer_progressed(self) -> None:
+        self.graveyard.sweep()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.graveyard.sweep()
+        if len(self.graveyard):
+            # Hand what is still pending to the backend; it sweeps it later. Never block here: a
+            # pending wait may be on a slow (or dead) client's event.
+            self._backend.adopt(self.graveyard)
+        self.graveyard = Graveyard()
+        # Destroying a stream with work queued is fine: the work completes, then it is released.
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()
+
+
+class _Allocation:
+    __slots__ = ("buffer", "size", "ready", "extra", "deps", "freed")
+
+    def __init__(self, buffer: Buffer, size: int, ready: Any):
+        self.buffer = buffer
+        self.size = size
+        self.ready = ready          # the ready IPC event: alive until the free has run (R4)
+        self.extra: list[Any] = []  # ready events recorded for other sessions (reexport)
+        self.deps: list[Any] = []   # events (on session streams) that the free must follow
+        self.freed = False
+
+
+class CudaPool(BrokerPool):
+    def __init__(self, backend: CudaBrokerBackend, spec: PoolSpec):
+        self.spec = spec
+        self._backend = backend
+        self.device = spec.device
+        unknown = set(spec.reuse) - set(REUSE_POLICIES)
+        if unknown:
+            raise InvalidRequest(f"pool {spec.name!r}: unknown reuse policies {sorted(unknown)}")
+        _check_device(self.device)
+        peers = sorted({p for p in spec.peer_access if p != self.device})
+        for peer in peers:
+            _check_device(peer)
+            if not drv.can_access_peer(peer, self.device):
+                raise BackendUnavailable(
+                    f"pool {spec.name!r}: device {peer} cannot access memory on device {self.device} "
+                    f"(cuDeviceCanAccessPeer says no); remove it from peer_access"
+                )
+        _make_current(self.device)
+        try:
+            self._mr = DeviceMemoryResource(
+                self.device, DeviceMemoryResourceOptions(ipc_enabled=True, max_size=spec.max_size)
+            )
+        except CUDAError as exc:
+            raise _translate(exc, f"creating pool {spec.name!r} on device {self.device}") from exc
+        try:  # roll back the pool if any property cannot be set
+            self._pool = drv.pool_handle(self._mr)
+            threshold = drv.UINT64_MAX if spec.release_threshold is None else spec.release_threshold
+            drv.set_u64(self._pool, "release_threshold", threshold)
+            for policy in REUSE_POLICIES:
+                drv.set_reuse(self._pool, policy, spec.reuse.get(policy, True))
+            if peers:
+                drv.set_access(self._pool, peers)
+            self._fd = int(self._mr.allocation_handle)
+        except BaseException:
+            self._mr.close()
+            raise
+        self._peers = peers
+        self._closed = False
+
+    # -- export
+    @property
+    def fd(self) -> int:
+        if self._closed:
+            raise ClosedError(f"pool {self.spec.name!r} is closed")
+        return self._fd
+
+    def pool_info(self) -> dict[str, Any]:
+        return {
+            "name": self.spec.name,
+            "device": self.device,
+            "max_size": self.spec.max_size,
+            "peer_access": list(self._peers),
+            "handle_type": "posix_fd",
+            "max_allocation": IMPORT_LIMIT,
+        }
+
+    @property
+    def max_allocation(self) -> int | None:
+        return IMPORT_LIMIT
+
+    # -- allocation
+    def allocate(self, nbytes: int, session: SessionContext) -> tuple[object, Export]:
+        if self._closed:
+            raise ClosedError(f"pool {self.spec.name!r} is closed")
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            raise InvalidRequest(f"allocation size must be a positive integer, got {nbytes!r}")
+        if nbytes > IMPORT_LIMIT:
+            raise AllocationTooLarge(
+                f"{nbytes} bytes is more than one pool allocation may safely be imported "
+                f"({IMPORT_LIMIT} bytes); allocate several smaller buffers"
+            )
+        sess = _as_session(session)
+        stream = sess.stream(self.device)
+        try:
+            buf = self._mr.allocate(nbytes, stream=stream)
+        except CUDAError as exc:
+            raise _translate(exc, f"pool {self.spec.name!r} cannot allocate {nbytes} bytes") from exc
+        try:
+            data = bytes(buf.ipc_descriptor.__reduce__()[1][0])  # exported once, here
+            ready, ready_handle = record_ipc(stream)
+        except BaseException:
+            buf.close(stream=stream)
+            raise
+        sess.graveyard.sweep()
+        return _Allocation(buf, nbytes, ready), Export(size=nbytes, offset=0, data=data, ready_event=ready_handle)
+
+    def reexport(self, handle: object, export: Export, session: SessionContext) -> Export:
+        """Another session opens this allocation: its stream follows the allocation (the first
+        ready event, a local wait here), then a fresh ready event is recorded there for it."""
+        alloc = _as_alloc(handle)
+        if alloc.freed:
+            raise InvalidRequest("allocation was freed")
+        stream = _as_session(session).stream(self.device)
+        stream.wait(alloc.ready)
+        event, ready_handle = record_ipc(stream)
+        alloc.extra.append(event)  # alive until the free has run, like the first ready event
+        return Export(size=export.size, offset=export.offset, data=export.data, ready_event=ready_handle)
+
+    def add_release(self, handle: object, session: SessionContext, done_event: bytes) -> None:
+        alloc = _as_alloc(handle)
+        if not done_event:
+            return
+        sess = _as_session(session)
+        if sess.closed:
+            return
+        stream = sess.stream(self.device)
+        wait_ipc(stream, done_event)  # enqueued now (R4); the free will follow this marker
+        alloc.deps.append(stream.record())
+
+    def free(self, handle: object, session: SessionContext, done_event: bytes = b"") -> None:
+        alloc = _as_alloc(handle)
+        if alloc.freed:
+            raise InvalidRequest("allocation freed twice")
+        alloc.freed = True
+        sess = _as_session(session)
+        if done_event and sess.closed:
+            # A message after the session ended: still honour the event, on the backend's stream.
+            log.warning("pool %r: free with a done event after its session closed", self.spec.name)
+            stream = self._backend.reaper(self.device)
+            wait_ipc(stream, done_event)
+            stream.wait(alloc.ready)
+            graveyard = self._backend.graveyard
+        elif done_event:
+            stream = sess.stream(self.device)
+            try:
+                wait_ipc(stream, done_event)  # R2: the importer's free runs first
+            except CUDAError as exc:
+                # The client keeps its done events alive until the broker has read them, so this
+                # only happens once it is gone (its work stopped with it).
+                log.warning("pool %r: cannot open a done event (%s); freeing without it", self.spec.name, exc)
+            graveyard = sess.graveyard
+        else:
+            # A dead client's allocation (or one with nothing to wait for): free on the backend's
+            # own stream, so a session stream stuck on a dead peer's event cannot hold it back.
+            stream = self._backend.reaper(self.device)
+            stream.wait(alloc.ready)
+            graveyard = self._backend.graveyard
+        for dep in alloc.deps:
+            stream.wait(dep)
+        alloc.buffer.close(stream=stream)
+        graveyard.bury(stream, alloc.ready, *alloc.extra, *alloc.deps)
+        alloc.extra = []
+        alloc.deps = []
+        graveyard.sweep()
+        self._backend.sweep()
+
+    # -- statistics and policy
+    def stats(self) -> PoolStats:
+        p = self._pool
+        return PoolStats(
+            reserved=drv.get_u64(p, "reserved"),
+            used=drv.get_u64(p, "used"),
+            reserved_high=drv.get_u64(p, "reserved_high"),
+            used_high=drv.get_u64(p, "used_high"),
+        )
+
+    def reuse_policies(self) -> dict[str, bool]:
+        return {policy: drv.get_reuse(self._pool, policy) for policy in REUSE_POLICIES}
+
+    def release_threshold(self) -> int:
+        return drv.get_u64(self._pool, "release_threshold")
+
+    def reset_high(self) -> None:
+        drv.set_u64(self._pool, "reserved_high", 0)
+        drv.set_u64(self._pool, "used_high", 0)
+
+    def trim(self, keep: int) -> None:
+        # Let the driver learn which stream-ordered frees have completed (non-blocking), then trim.
+        self._backend.query_streams()
+        drv.trim_to(self._pool, max(0, int(keep)))
+
+    def set_release_threshold(self, nbytes: int) -> None:
+        drv.set_u64(self._pool, "release_threshold", int(nbytes))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._mr.close()  # also closes the exported FD; memory still in use is released later
+
+
+def _as_session(session: SessionContext) -> _CudaSession:
+    if not isinstance(session, _CudaSession):
+        raise InvalidRequest(f"not a CUDA session: {type(session).__name__}")
+    return session
+
+
+def _as_alloc(handle: object) -> _Allocation:
+    if not isinstance(handle, _Allocation):
+        raise InvalidRequest(f"not a CUDA allocation: {type(handle).__name__}")
+    return handle
+
+
+class CudaBrokerBackend(BrokerBackend):
+    name = "cuda"
+
+    def __init__(self) -> None:
+        try:
+            _make_current(0)
+        except (CUDAError, RuntimeError, OSError) as exc:
+            raise BackendUnavailable(f"CUDA is not usable here: {exc}") from exc
+        self._reapers: dict[int, Stream] = {}
+        self.graveyard = Graveyard()
+        self._orphans: list[Graveyard] = []
+        self._sessions: weakref.WeakSet[_CudaSession] = weakref.WeakSet()
+        self._pools: list[CudaPool] = []
+
+    def create_pool(self, spec: PoolSpec) -> BrokerPool:
+        pool = CudaPool(self, spec)
+        self._pools.append(pool)
+        return pool
+
+    def open_session(self) -> SessionContext:
+        session = _CudaSession(self)
+        self._sessions.add(session)
+        return session
+
+    def reaper(self, device: int) -> Stream:
+        stream = self._reapers.get(device)
+        if stream is None:
+            stream = self._reapers[device] = _make_current(device).create_stream()
+        return stream
+
+    def adopt(self, graveyard: Graveyard) -> None:
+        self._orphans.append(graveyard)
+
+    def sweep(self) -> None:
+        self.graveyard.sweep()
+        if self._orphans:
+            for g in self._orphans:
+                g.sweep()
+            self._orphans = [g for g in self._orphans if len(g)]
+
+    def query_streams(self) -> None:
+        for session in list(self._sessions):
+            for stream in session.streams():
+                drv.query_stream(stream)
+        for stream in self._reapers.values():
+            drv.query_stream(stream)
+        self.sweep()
+
+    def close(self) -> None:
+        # Every pool is closed by now; what remains is bookkeeping. Blocking is fine at shutdown,
+        # but a session stream may wait on a dead peer forever: sweep, do not drain those.
+        self.sweep()
+        for stream in self._reapers.values():
+            stream.sync()
+        self.graveyard.drain()
+        for stream in self._reapers.values():
+            stream.close()
+        self._reapers.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# Client side
+
+
+class CudaMemory(ImportedMemory):
+    """One imported allocation: a cuda.core Buffer over the broker's memory (zero-copy)."""
+
+    def __init__(self, buffer: Buffer, size: int, device: int):
+        self._buffer: Buffer | None = buffer
+        self._ptr = int(buffer.handle)
+        self.size = size
+        self.device = device
+
+    @property
+    def ptr(self) -> int:
+        return self._ptr
+
+    @property
+    def buffer(self) -> Buffer:
+        if self._buffer is None:
+            raise ClosedError("memory was released")
+        return self._buffer
+
+    @property
+    def released(self) -> bool:
+        return self._buffer is None
+
+    @property
+    def cuda_array_interface(self) -> dict[str, Any]:
+        if self._buffer is None:
+            raise ClosedError("memory was released")
+        # "stream": None: the stream given at import already waits on the ready event (R1); work
+        # on other streams is ordered by the caller, as for any CUDA allocation.
+        return {
+            "version": 3,
+            "shape": (self.size,),
+            "typestr": "|u1",
+            "data": (self._ptr, False),
+            "strides": None,
+            "stream": None,
+        }
+
+    def dlpack(self, **kwargs: Any) -> Any:
+        buf = self.buffer
+        try:
+            return buf.__dlpack__(**kwargs)
+        except (NotImplementedError, BufferError) as exc:
+            if kwargs.get("stream") is None:
+                raise
+            # Ordering is already established on the import stream; retry without a stream.
+            log.debug("Buffer.__dlpack__ refused stream=%r (%s); retrying without", kwargs["stream"], exc)
+            return buf.__dlpack__(**{k: v for k, v in kwargs.items() if k != "stream"})
+
+    def dlpack_device(self) -> tuple[int, int]:
+        return self.buffer.__dlpack_device__()
+
+    def _take(self) -> Buffer:
+        buf = self._buffer
+        if buf is None:
+            raise ClosedError("memory was already released")
+        self._buffer = None
+        return buf
+
+
+class CudaClientPool(ClientPool):
+    def __init__(self, backend: CudaClientBackend, info: dict[str, Any], fd: int):
+        self._backend = backend
+        try:
+            self.name = str(info.get("name", "?"))
+            self.device = int(info["device"])
+            peers = [int(p) for p in info.get("peer_access", ())]
+            _check_device(self.device)
+            try:
+                with _OnDevice(self.device):
+                    self._mr = DeviceMemoryResource.from_allocation_handle(self.device, fd)
+            except CUDAError as exc:
+                raise BackendUnavailable(f"cannot import pool {self.name!r}: {exc}") from exc
+        finally:
+            os.close(fd)  # the imported pool holds its own reference
+        try:
+            # Access is per process: an importer on another device must grant itself access on its
+            # imported pool, or copies fail (DESIGN.md). Grant every listed peer present here.
+            count = drv.device_count()
+            local_peers = [p for p in peers if p != self.device and p < count]
+            if local_peers:
+                drv.set_access(drv.pool_handle(self._mr), local_peers)
+        except BaseException:
+            self._mr.close()
+            raise
+        self._closed = False
+
+    def import_allocation(self, export: Export, stream: Any = None) -> ImportedMemory:
+        if self._closed:
+            raise ClosedError(f"pool {self.name!r} is closed")
+        if len(export.data) != HANDLE_BYTES:
+            raise InvalidRequest(f"pointer export data is {HANDLE_BYTES} bytes, got {len(export.data)}")
+        try:
+            with _OnDevice(self.device):
+                s = self._backend.stream(stream, self.device)
+                if export.ready_event:
+                    wait_ipc(s, export.ready_event)  # R1: before any use of the memory on s
+                buf = Buffer.from_ipc_descriptor(
+                    self._mr, IPCBufferDescriptor._init(bytes(export.data), export.size), stream=s
+                )
+        except CUDAError as exc:
+            raise _translate(exc, f"importing {export.size} bytes from pool {self.name!r}") from exc
+        return CudaMemory(buf, export.size, self.device)
+
+    def release(self, memory: ImportedMemory, stream: Any = None) -> bytes:
+        if not isinstance(memory, CudaMemory):
+            raise InvalidRequest(f"not CUDA memory: {type(memory).__name__}")
+        buf = memory._take()
+        try:
+            with _OnDevice(self.device):
+                s = self._backend.stream(stream, self.device)
+                buf.close(stream=s)              # cudaFreeAsync of the import, after work on s
+                event, handle = record_ipc(s)    # R2: the broker frees after this
+        except CUDAError as exc:
+            raise _translate(exc, f"releasing memory of pool {self.name!r}") from exc
+        self._backend.keep_done(event)
+        return handle
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._mr.close()
+
+
+class CudaClientBackend(ClientBackend):
+    name = "cuda"
+
+    def __init__(self) -> None:
+        try:
+            with _OnDevice(0):
+                pass
+        except (CUDAError, RuntimeError, OSError) as exc:
+            raise BackendUnavailable(f"CUDA is not usable here: {exc}") from exc
+        self._replies = 0
+        # Done events we recorded, with the reply count when recorded. One is destroyed once the
+        # broker has certainly opened it (two replies later: a reply means the broker read every
+        # earlier message) and it has completed.
+        self._done: collections.deque[tuple[int, Any]] = collections.deque()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def import_pool(self, info: dict[str, Any], fd: int) -> ClientPool:
+        try:
+            return CudaClientPool(self, info, fd)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendUnavailable(f"bad pool info for {info.get('name')!r}: {exc}") from exc
+
+    # -- streams
+    def stream(self, obj: Any, device: int) -> Stream:
+        """Normalise what a caller may pass as a stream to a cuda.core Stream.
+
+        None is CUDA's legacy default stream (what torch and cupy use unless told otherwise), so
+        that code which never names a stream is still ordered after the ready event.
+        """
+        if obj is None:
+            return LEGACY_DEFAULT_STREAM
+        if isinstance(obj, Stream):
+            return obj
+        if isinstance(obj, int) and not isinstance(obj, bool):
+            if obj in (0, 1):
+                return LEGACY_DEFAULT_STREAM
+            if obj == 2:
+                return PER_THREAD_DEFAULT_STREAM
+            return Stream.from_handle(obj)
+        if hasattr(obj, "__cuda_stream__"):
+            _, handle = obj.__cuda_stream__()
+            if handle in (0, 1):
+                return LEGACY_DEFAULT_STREAM
+            if handle == 2:
+                return PER_THREAD_DEFAULT_STREAM
+            return Device(device).create_stream(obj)
+        for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy Stream
+            handle = getattr(obj, attr, None)
+            if isinstance(handle, int):
+                return self.stream(handle, device)
+        raise InvalidRequest(f"cannot use {type(obj).__name__} as a CUDA stream")
+
+    # -- done events (R4)
+    def keep_done(self, event: Any) -> None:
+        with self._lock:
+            self._done.append((self._replies, event))
+
+    def broker_progressed(self) -> None:
+        with self._lock:
+            self._replies += 1
+            while self._done and self._done[0][0] + 2 <= self._replies and self._done[0][1].is_done:
+                self._done.popleft()[1].close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            # Our frees must have run before the events go: the broker may still be about to open
+            # them (if it cannot, it frees at once, which is safe only after our frees completed).
+            while self._done:
+                _, event = self._done.popleft()
+                event.sync()
+                event.close()

@@ -1,0 +1,121 @@
+"""The few driver calls cuda.core has no API for, through cuda.bindings, with errors translated.
+
+cuda.core covers pools, buffers, streams and events; what is left here is pool attributes that
+cuda.core only reads (release threshold, reuse policies, resetting the high marks), trimming,
+access on an *imported* pool, peer checks and stream queries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cuda.bindings import driver as cu
+
+from ..errors import IpcPoolError, OutOfMemory
+
+UINT64_MAX = (1 << 64) - 1
+
+_ATTR = cu.CUmemPool_attribute
+REUSE_ATTRS = {
+    "follow_event_dependencies": _ATTR.CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
+    "allow_opportunistic": _ATTR.CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+    "allow_internal_dependencies": _ATTR.CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+}
+_U64_ATTRS = {
+    "release_threshold": _ATTR.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+    "reserved": _ATTR.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+    "reserved_high": _ATTR.CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+    "used": _ATTR.CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+    "used_high": _ATTR.CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+}
+
+
+def error_name(err: Any) -> str:
+    try:
+        res, name = cu.cuGetErrorName(err)
+        if res == cu.CUresult.CUDA_SUCCESS:
+            return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # naming an error must never hide the error itself
+        pass
+    return str(err)
+
+
+def check(result: tuple, what: str) -> Any:
+    """Unpack a cuda.bindings ``(CUresult, *values)`` tuple, raising an ipcpool error on failure."""
+    err = result[0]
+    if err != cu.CUresult.CUDA_SUCCESS:
+        name = error_name(err)
+        cls = OutOfMemory if err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY else IpcPoolError
+        raise cls(f"{what} failed: {name}")
+    if len(result) == 1:
+        return None
+    if len(result) == 2:
+        return result[1]
+    return result[1:]
+
+
+def pool_handle(mr: Any) -> Any:
+    """The CUmemoryPool behind a cuda.core DeviceMemoryResource."""
+    return cu.CUmemoryPool(int(mr.handle))
+
+
+def get_u64(pool: Any, key: str) -> int:
+    return int(check(cu.cuMemPoolGetAttribute(pool, _U64_ATTRS[key]), f"cuMemPoolGetAttribute({key})"))
+
+
+def set_u64(pool: Any, key: str, value: int) -> None:
+    check(cu.cuMemPoolSetAttribute(pool, _U64_ATTRS[key], cu.cuuint64_t(value)), f"cuMemPoolSetAttribute({key})")
+
+
+def set_reuse(pool: Any, policy: str, enabled: bool) -> None:
+    check(cu.cuMemPoolSetAttribute(pool, REUSE_ATTRS[policy], int(bool(enabled))), f"cuMemPoolSetAttribute({policy})")
+
+
+def get_reuse(pool: Any, policy: str) -> bool:
+    return bool(check(cu.cuMemPoolGetAttribute(pool, REUSE_ATTRS[policy]), f"cuMemPoolGetAttribute({policy})"))
+
+
+def trim_to(pool: Any, keep: int) -> None:
+    check(cu.cuMemPoolTrimTo(pool, keep), "cuMemPoolTrimTo")
+
+
+def can_access_peer(accessing: int, resident: int) -> bool:
+    return bool(check(cu.cuDeviceCanAccessPeer(accessing, resident), "cuDeviceCanAccessPeer"))
+
+
+def device_count() -> int:
+    return int(check(cu.cuDeviceGetCount(), "cuDeviceGetCount"))
+
+
+def set_access(pool: Any, devices: list[int]) -> None:
+    """Grant read-write access to ``devices`` on ``pool`` (exported or imported: access is per
+    process, so every importer on another device must call this on its own imported pool)."""
+    descs = []
+    for dev in devices:
+        desc = cu.CUmemAccessDesc()
+        desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = dev
+        desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        descs.append(desc)
+    if descs:
+        check(cu.cuMemPoolSetAccess(pool, descs, len(descs)), "cuMemPoolSetAccess")
+
+
+def query_stream(stream: Any) -> bool:
+    """True when all work on ``stream`` is done; never blocks. Also lets the driver learn which
+    stream-ordered frees completed, so a following trim can release their memory."""
+    err = cu.cuStreamQuery(cu.CUstream(int(stream.handle)))[0]
+    if err == cu.CUresult.CUDA_SUCCESS:
+        return True
+    if err == cu.CUresult.CUDA_ERROR_NOT_READY:
+        return False
+    raise IpcPoolError(f"cuStreamQuery failed: {error_name(err)}")
+
+
+def current_context() -> Any:
+    """The calling thread's current context (a CUcontext; 0 when none)."""
+    return check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+
+
+def restore_context(ctx: Any) -> None:
+    check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")

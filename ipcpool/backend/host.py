@@ -1,0 +1,187 @@
+"""Host memory: a pool is a sparse memfd; clients map it once and address allocations by offset.
+
+"reserved" is what the memfd actually holds in pages (st_blocks), so it counts what any process
+wrote, and trimming punches holes in freed page ranges to give them back to the OS.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+from typing import Any
+
+from ..errors import BackendUnavailable, InvalidRequest
+from .allocator import RangeAllocator
+from .base import (
+    BrokerBackend,
+    BrokerPool,
+    ClientBackend,
+    ClientPool,
+    Export,
+    ImportedMemory,
+    PoolSpec,
+    PoolStats,
+    SessionContext,
+)
+
+DEFAULT_MAX_SIZE = 8 << 30
+ALIGNMENT = 256
+PAGE = mmap.PAGESIZE
+
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
+
+
+def punch_hole(fd: int, offset: int, length: int) -> None:
+    if _libc.fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"fallocate(PUNCH_HOLE): {os.strerror(err)}")
+
+
+class _HostSession(SessionContext):
+    def close(self) -> None:
+        pass
+
+
+class HostPool(BrokerPool):
+    def __init__(self, spec: PoolSpec):
+        self.spec = spec
+        size = spec.max_size or DEFAULT_MAX_SIZE
+        self._fd = os.memfd_create(f"ipcpool:{spec.name}", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self._fd, size)  # sparse: no page is backed until written
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._alloc = RangeAllocator(size, ALIGNMENT)
+        self._threshold = spec.release_threshold
+        self._reserved_high = 0
+        self._used_high = 0
+
+    @property
+    def fd(self) -> int:
+        if self._fd < 0:
+            raise InvalidRequest(f"pool {self.spec.name!r} is closed")
+        return self._fd
+
+    def pool_info(self) -> dict[str, Any]:
+        return {"name": self.spec.name, "size": self._alloc.capacity}
+
+    def _reserved(self) -> int:
+        return os.fstat(self._fd).st_blocks * 512
+
+    def _note_highs(self) -> None:
+        self._used_high = max(self._used_high, self._alloc.used)
+        self._reserved_high = max(self._reserved_high, self._reserved())
+
+    def allocate(self, nbytes: int, session: SessionContext) -> tuple[object, Export]:
+        offset = self._alloc.allocate(nbytes)
+        self._used_high = max(self._used_high, self._alloc.used)
+        return offset, Export(size=nbytes, offset=offset)
+
+    def free(self, handle: object, session: SessionContext, done_event: bytes = b"") -> None:
+        # The host has no asynchronous work to wait for: the client's munmap-free release is done.
+        self._note_highs()
+        self._alloc.free(handle)
+        if self._threshold is not None and self._reserved() > self._threshold:
+            self.trim(self._threshold)
+
+    def stats(self) -> PoolStats:
+        self._note_highs()
+        return PoolStats(self._reserved(), self._alloc.used, self._reserved_high, self._used_high)
+
+    def reset_high(self) -> None:
+        # As CUDA does: the high marks restart from the current values.
+        self._reserved_high = self._reserved()
+        self._used_high = self._alloc.used
+
+    def trim(self, keep: int) -> None:
+        self._note_highs()
+        reserved = self._reserved()
+        for offset, size in self._alloc.free_blocks():
+            if reserved <= keep:
+                break
+            start = -(-offset // PAGE) * PAGE          # only whole pages inside the free block
+            end = (offset + size) // PAGE * PAGE
+            if end > start:
+                punch_hole(self._fd, start, end - start)
+                reserved = self._reserved()
+
+    def set_release_threshold(self, nbytes: int) -> None:
+        self._threshold = nbytes
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class HostBrokerBackend(BrokerBackend):
+    name = "host"
+
+    def create_pool(self, spec: PoolSpec) -> BrokerPool:
+        return HostPool(spec)
+
+    def open_session(self) -> SessionContext:
+        return _HostSession()
+
+
+class _Mapping:
+    """A shared mapping of one pool. Buffers keep it alive: it is unmapped when the last goes."""
+
+    def __init__(self, fd: int, size: int):
+        self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        probe = ctypes.c_ubyte.from_buffer(self.mm)  # a short-lived export, just for the address
+        self.address = ctypes.addressof(probe)
+        del probe
+        self.view = memoryview(self.mm)
+
+
+class HostMemory(ImportedMemory):
+    def __init__(self, mapping: _Mapping, offset: int, size: int):
+        self._mapping = mapping
+        self.offset = offset
+        self.size = size
+        self.view = mapping.view[offset : offset + size]
+
+    @property
+    def ptr(self) -> int:
+        return self._mapping.address + self.offset
+
+
+class HostClientPool(ClientPool):
+    def __init__(self, info: dict[str, Any], fd: int):
+        try:
+            size = info["size"]
+            if os.fstat(fd).st_size < size:
+                raise InvalidRequest(f"pool {info.get('name')!r}: FD smaller than announced size")
+            self._mapping = _Mapping(fd, size)
+        finally:
+            os.close(fd)  # the mapping keeps the memory; the FD is no longer needed
+        self.size = size
+
+    def import_allocation(self, export: Export, stream: Any = None) -> ImportedMemory:
+        if export.offset + export.size > self.size:
+            raise InvalidRequest("allocation lies outside the pool")
+        return HostMemory(self._mapping, export.offset, export.size)
+
+    def release(self, memory: ImportedMemory, stream: Any = None) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        # Buffers still alive keep the mapping (and thus their memory) valid; see _Mapping.
+        self._mapping = None
+
+
+class HostClientBackend(ClientBackend):
+    name = "host"
+
+    def import_pool(self, info: dict[str, Any], fd: int) -> ClientPool:
+        try:
+            return HostClientPool(info, fd)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise BackendUnavailable(f"cannot map host pool {info.get('name')!r}: {exc}") from exc

@@ -1,0 +1,410 @@
+"""The broker's event loop: the control socket, the ZeroMQ ROUTER, and the pidfds of dead clients.
+
+Single-threaded: one poll over every socket and FD. Signal handlers only set a flag (the wakeup FD
+makes poll return). Nothing a client sends can raise out of the loop: each message is handled under
+a guard that turns errors into an error reply (or, on the control socket, a disconnect).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import secrets
+import signal
+import socket
+import stat
+import time
+from pathlib import Path
+
+import zmq
+
+from .. import fdpass, paths, protocol
+from ..backend import Choice, broker_backend
+from ..config import Config
+from ..errors import IpcPoolError, PeerRefused, ProtocolError
+from .registry import Registry
+from .session import Session
+
+log = logging.getLogger(__name__)
+
+HELLO_TIMEOUT = 5.0
+VERSION = "0.1.0"
+
+
+class AlreadyRunning(IpcPoolError):
+    """Another broker serves this socket directory."""
+
+    code = 21
+
+
+def _prepare_dir(path: Path) -> None:
+    path.mkdir(mode=0o750, parents=True, exist_ok=True)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise IpcPoolError(f"socket directory {path} is not a directory")
+    if st.st_uid != os.getuid():
+        raise IpcPoolError(f"socket directory {path} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
+    if st.st_mode & 0o027:  # never world-accessible, never group-writable
+        os.chmod(path, 0o750)
+
+
+class Broker:
+    def __init__(self, config: Config, choice: Choice, socket_dir: Path | None = None):
+        self.config = config
+        self.choice = choice
+        self.socket_dir = paths.resolve(socket_dir or config.socket_dir)
+        self.sessions: dict[bytes, Session] = {}      # token -> session
+        self._by_fd: dict[int, Session] = {}          # control conn fd -> session
+        self._by_pidfd: dict[int, Session] = {}       # pidfd -> orphaned session
+        self._pending: dict[int, tuple[socket.socket, float]] = {}  # accepted, no hello yet
+        self._next_sid = 1
+        self._stop = False
+        self.started = time.time()
+        self.registry: Registry | None = None
+
+    # -- set-up and tear-down -------------------------------------------------------------
+    def start(self) -> None:
+        """Take the directory lock, create pools, bind both sockets. Rolls back on failure."""
+        _prepare_dir(self.socket_dir)
+        self._lock_fd = os.open(self.socket_dir / paths.LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        try:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                other = os.pread(self._lock_fd, 32, 0).decode(errors="replace").strip() or "?"
+                raise AlreadyRunning(
+                    f"another broker (pid {other}) already serves {self.socket_dir}; "
+                    "stop it first or choose another --socket-dir"
+                ) from None
+            os.ftruncate(self._lock_fd, 0)
+            os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
+            self.backend = broker_backend(self.choice.name)
+            self.registry = Registry(self.config, self.backend)
+            self.registry.create_pools()
+            self._bind()
+        except BaseException:
+            self.close()
+            raise
+        log.info(
+            "broker ready: backend=%s (%s) dir=%s pools=%s",
+            self.choice.name, self.choice.reason, self.socket_dir, ",".join(self.registry.pools),
+        )
+
+    def _bind(self) -> None:
+        control = self.socket_dir / paths.CONTROL_NAME
+        endpoint = self.socket_dir / paths.ZMQ_NAME
+        for stale in (control, endpoint):  # we hold the lock: whatever is there is dead
+            stale.unlink(missing_ok=True)
+        old = os.umask(0o117)   # sockets 0660, set before bind
+        try:
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            self.listener.bind(str(control))
+            self.listener.listen(128)
+            self.listener.setblocking(False)
+            self.zctx = zmq.Context()
+            self.router = self.zctx.socket(zmq.ROUTER)
+            self.router.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE)
+            self.router.setsockopt(zmq.LINGER, 0)
+            self.router.setsockopt(zmq.RCVHWM, 100_000)
+            self.router.bind(f"ipc://{endpoint}")
+        finally:
+            os.umask(old)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+
+    def close(self) -> None:
+        for s in list(self.sessions.values()):
+            self._end_session(s, "broker shutting down")
+        for conn, _ in self._pending.values():
+            conn.close()
+        self._pending.clear()
+        for name in ("router",):
+            sock = getattr(self, name, None)
+            if sock is not None:
+                sock.close(linger=0)
+        if getattr(self, "zctx", None) is not None:
+            self.zctx.term()
+            self.zctx = None
+        for name in ("listener", "_wake_r", "_wake_w"):
+            sock = getattr(self, name, None)
+            if sock is not None:
+                sock.close()
+        if getattr(self, "listener", None) is not None:
+            for p in (paths.CONTROL_NAME, paths.ZMQ_NAME):
+                (self.socket_dir / p).unlink(missing_ok=True)
+        if self.registry is not None:
+            self.registry.close()
+            self.registry = None
+        if getattr(self, "backend", None) is not None:
+            self.backend.close()
+            self.backend = None
+        if getattr(self, "_lock_fd", -1) >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def request_stop(self, *_args) -> None:
+        self._stop = True
+
+    # -- the loop ---------------------------------------------------------------------------
+    def serve_forever(self) -> None:
+        old_wakeup = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        old_handlers = {sig: signal.signal(sig, self.request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            while not self._stop:
+                self.poll_once(1000)
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+        log.info("broker stopping (%d sessions)", len(self.sessions))
+
+    def poll_once(self, timeout_ms: int) -> None:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.listener.fileno(), zmq.POLLIN)
+        poller.register(self._wake_r.fileno(), zmq.POLLIN)
+        for fd in (*self._by_fd, *self._pending, *self._by_pidfd):
+            poller.register(fd, zmq.POLLIN)
+        events = dict(poller.poll(timeout_ms))
+        if self._wake_r.fileno() in events:
+            try:
+                self._wake_r.recv(4096)
+            except BlockingIOError:
+                pass
+        if self.router in events:
+            self._drain_router()
+        if self.listener.fileno() in events:
+            self._accept()
+        for fd in events:
+            if isinstance(fd, int):
+                if fd in self._pending:
+                    self._on_hello(fd)
+                elif fd in self._by_fd:
+                    self._on_control(self._by_fd[fd])
+                elif fd in self._by_pidfd:
+                    self._on_process_gone(self._by_pidfd[fd])
+        self._expire_pending()
+
+    # -- control socket ----------------------------------------------------------------------
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:   # EMFILE and friends: log and keep serving
+                log.error("accept failed: %s", exc)
+                return
+            conn.setblocking(False)
+            self._pending[conn.fileno()] = (conn, time.monotonic())
+
+    def _expire_pending(self) -> None:
+        now = time.monotonic()
+        for fd, (conn, since) in list(self._pending.items()):
+            if now - since > HELLO_TIMEOUT:
+                log.warning("dropping a connection that sent no hello in %.0f s", HELLO_TIMEOUT)
+                del self._pending[fd]
+                conn.close()
+
+    def _reply_and_drop(self, conn: socket.socket, exc: IpcPoolError) -> None:
+        try:
+            fdpass.send(conn, protocol.error_reply(0, exc))
+        except OSError:
+            pass
+        conn.close()
+
+    def _on_hello(self, fd: int) -> None:
+        conn, _ = self._pending.pop(fd)
+        try:
+            got = fdpass.recv(conn, max_fds=0)
+            if got is None:
+                conn.close()
+                return
+            msg, _fds = got
+            op, fields = protocol.validate(msg, protocol.CONTROL)
+            if op != "hello":
+                raise ProtocolError(f"expected hello, got {op}")
+            if fields["version"] != protocol.PROTOCOL_VERSION:
+                raise ProtocolError(
+                    f"protocol version {fields['version']} is not served here (broker speaks "
+                    f"{protocol.PROTOCOL_VERSION}); upgrade the client or the broker"
+                )
+            cred = fdpass.peer_cred(conn)
+            if not self.config.allowed(cred.uid, cred.gid):
+                log.warning("refused pid %d uid %d gid %d: not allowed", cred.pid, cred.uid, cred.gid)
+                raise PeerRefused(
+                    f"uid {cred.uid} (gid {cred.gid}) is not allowed to use this broker; "
+                    "ask the operator to add it to [access] in the broker's config"
+                )
+            pidfd = fdpass.peer_pidfd(conn, cred.pid)
+        except BlockingIOError:
+            self._pending[fd] = (conn, time.monotonic())
+            return
+        except IpcPoolError as exc:
+            log.warning("control hello rejected: %s", exc)
+            self._reply_and_drop(conn, exc)
+            return
+        except OSError as exc:
+            log.warning("control hello failed: %s", exc)
+            conn.close()
+            return
+        session = Session(
+            self._next_sid, secrets.token_bytes(16), cred, conn, pidfd, self.backend.open_session()
+        )
+        self._next_sid += 1
+        self.sessions[session.token] = session
+        self._by_fd[fd] = session
+        log.info("session %d opened: pid %d uid %d", session.sid, cred.pid, cred.uid)
+        self._send_control(session, protocol.ok_reply(
+            0, token=session.token, session=session.sid, backend=self.choice.name,
+            endpoint=f"ipc://{self.socket_dir / paths.ZMQ_NAME}", version=protocol.PROTOCOL_VERSION,
+            pools=sorted(self.registry.pools),
+        ))
+
+    def _send_control(self, session: Session, msg: dict, fds: tuple[int, ...] = ()) -> None:
+        try:
+            fdpass.send(session.conn, msg, fds)
+        except OSError as exc:
+            log.info("session %d: control send failed (%s)", session.sid, exc)
+
+    def _on_control(self, session: Session) -> None:
+        try:
+            got = fdpass.recv(session.conn, max_fds=0)
+        except (BlockingIOError, InterruptedError):
+            return
+        except IpcPoolError as exc:
+            log.warning("session %d: bad control message: %s; disconnecting", session.sid, exc)
+            self._send_control(session, protocol.error_reply(0, exc))
+            self._orphan(session)
+            return
+        except OSError:
+            got = None
+        if got is None:
+            self._orphan(session)
+            return
+        msg, _ = got
+        rid = protocol.request_id(msg)
+        try:
+            op, fields = protocol.validate(msg, protocol.CONTROL)
+            if op != "pool_fd":
+                raise ProtocolError(f"{op} is not valid once the session is open")
+            pool = self.registry.pool(fields["pool"])
+            self._send_control(session, protocol.ok_reply(rid, info=pool.pool_info()), (pool.fd,))
+            session.pools_sent.add(fields["pool"])
+        except IpcPoolError as exc:
+            self._send_control(session, protocol.error_reply(rid, exc))
+
+    def _orphan(self, session: Session) -> None:
+        """The control socket closed. After a bye, release now; otherwise wait until the process is
+        gone (its GPU work may still touch the memory), then release."""
+        self._by_fd.pop(session.conn.fileno(), None)
+        session.close_conn()
+        if session.said_bye:
+            self._end_session(session, "closed")
+            return
+        session.orphaned = True
+        self._by_pidfd[session.pidfd] = session
+        log.info("session %d: control socket closed without bye; waiting for pid %d to exit",
+                 session.sid, session.cred.pid)
+
+    def _on_process_gone(self, session: Session) -> None:
+        self._end_session(session, f"pid {session.cred.pid} exited")
+
+    def _end_session(self, session: Session, why: str) -> None:
+        self.sessions.pop(session.token, None)
+        if session.conn.fileno() >= 0:
+            self._by_fd.pop(session.conn.fileno(), None)
+        self._by_pidfd.pop(session.pidfd, None)
+        try:
+            released = self.registry.release_session(session) if self.registry else 0
+        except Exception:
+            log.exception("session %d: releasing its memory failed", session.sid)
+            released = -1
+        session.close()
+        log.info("session %d ended (%s); released %d allocation(s)", session.sid, why, released)
+
+    # -- message channel ---------------------------------------------------------------------
+    def _drain_router(self) -> None:
+        for _ in range(1000):   # bounded, so the control socket is never starved
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._on_message(frames)
+
+    def _send(self, ident: bytes, msg: dict) -> None:
+        try:
+            self.router.send_multipart([ident, protocol.pack(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.info("reply dropped: %s", exc)
+
+    def _on_message(self, frames: list[bytes]) -> None:
+        ident = frames[0]
+        session = self.sessions.get(ident)
+        rid = 0
+        try:
+            if session is None or session.orphaned:
+                raise PeerRefused("unknown or expired session token; reconnect with ipcpool.connect()")
+            if len(frames) != 2:
+                raise ProtocolError(f"expected one message frame, got {len(frames) - 1}")
+            msg = protocol.unpack(frames[1])
+            rid = protocol.request_id(msg)
+            op, fields = protocol.validate(msg, protocol.REQUESTS)
+            session.backend.peer_progressed()
+            reply = self._handle(session, op, fields)
+            if op in protocol.ONE_WAY:
+                return
+            self._send(ident, protocol.ok_reply(rid, **reply))
+        except IpcPoolError as exc:
+            log.info("request from %s failed: %s", f"session {session.sid}" if session else "unknown peer", exc)
+            self._send(ident, protocol.error_reply(rid, exc))
+        except Exception as exc:   # a bug of ours: keep serving, tell the client
+            log.exception("internal error handling a request")
+            self._send(ident, protocol.error_reply(rid, IpcPoolError(f"internal broker error: {exc}")))
+
+    def _handle(self, session: Session, op: str, f: dict) -> dict:
+        reg = self.registry
+        if op == "allocate":
+            alloc = reg.allocate(session, f["nbytes"], f["pool"])
+            return self._export_fields(alloc)
+        if op == "free":
+            reg.free(session, f["alloc"], f.get("done_event", b""))
+            return {}
+        if op == "share":
+            return {"token": reg.share(session, f["alloc"])}
+        if op == "open":
+            alloc = reg.open(session, f["token"])
+            # A fresh ready event on the opener's stream: the one made at allocation may be recycled.
+            return self._export_fields(alloc, alloc.pool.reexport(alloc.handle, alloc.export, session.backend))
+        if op == "stats":
+            return {
+                "backend": self.choice.name, "sessions": len(self.sessions), "pools": reg.stats(),
+                "pid": os.getpid(), "uptime": time.time() - self.started, "version": VERSION,
+            }
+        if op == "reset_high":
+            for pool in [reg.pool(f["pool"])] if "pool" in f else reg.pools.values():
+                pool.reset_high()
+            return {}
+        if op == "trim":
+            reg.pool(f["pool"]).trim(f["keep"])
+            return {}
+        if op == "set_release_threshold":
+            reg.pool(f["pool"]).set_release_threshold(f["bytes"])
+            return {}
+        if op == "bye":
+            session.said_bye = True
+            return {}
+        if op == "ping":
+            return {}
+        raise ProtocolError(f"unhandled op {op}")  # validate() knows every op; kept for safety
+
+    @staticmethod
+    def _export_fields(alloc, export=None) -> dict:
+        e = export or alloc.export
+        return {
+            "alloc": alloc.aid, "pool": alloc.pool.spec.name, "size": e.size, "offset": e.offset,
+            "data": e.data, "event": e.ready_event,
+        }

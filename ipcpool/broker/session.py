@@ -1,0 +1,37 @@
+"""One client session: who it is, how we reach it, and what it holds."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from ..backend.base import SessionContext
+from ..fdpass import PeerCred
+
+
+@dataclass(eq=False)
+class Session:
+    sid: int
+    token: bytes
+    cred: PeerCred
+    conn: socket.socket
+    pidfd: int
+    backend: SessionContext
+    # alloc id -> number of opens (the owner's own allocation counts in ``owned``)
+    owned: set[int] = field(default_factory=set)
+    opened: dict[int, int] = field(default_factory=dict)
+    pools_sent: set[str] = field(default_factory=set)
+    said_bye: bool = False
+    orphaned: bool = False   # control socket closed; waiting for the process to be gone
+
+    def close_conn(self) -> None:
+        if self.conn.fileno() >= 0:
+            self.conn.close()
+
+    def close(self) -> None:
+        self.close_conn()
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+        self.backend.close()

@@ -1,0 +1,373 @@
+"""What a worker imports: ``connect()``, ``Client.allocate``, ``Buffer``.
+
+A client opens the control socket (hello -> session token), then a ZeroMQ DEALER whose routing id
+is that token. Requests go over ZeroMQ; pool FDs come once per pool over the control socket. The
+control socket also tells us the broker died: EOF there while we wait for a reply is BrokerGone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import warnings
+import weakref
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from . import fdpass, paths, protocol
+from .backend import client_backend
+from .backend.base import ClientPool, Export, ImportedMemory
+from .errors import BrokerGone, ClosedError, IpcPoolError, PeerRefused, ProtocolError, error_from_wire
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 30.0
+
+
+def connect(socket_dir: str | os.PathLike | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> Client:
+    """Open a session with the broker serving ``socket_dir`` (default: see ``paths``)."""
+    return Client(socket_dir, timeout=timeout)
+
+
+def _warn_unclosed(pid: int, socks: list) -> None:
+    # Runs from weakref.finalize: never touches the Client itself.
+    if os.getpid() != pid:
+        return
+    warnings.warn("ipcpool.Client was not closed; use `with ipcpool.connect() as c:`", ResourceWarning, stacklevel=2)
+    for s in socks:
+        s.close()
+
+
+class Client:
+    def __init__(self, socket_dir: str | os.PathLike | None = None, *, timeout: float = DEFAULT_TIMEOUT):
+        self.socket_dir = paths.resolve(socket_dir)
+        self.timeout = timeout
+        self._lock = threading.RLock()
+        self._closed = False
+        self._next_id = 1
+        self._pools: dict[str, ClientPool] = {}
+        self._buffers: dict[int, Buffer] = {}
+        self.async_errors: list[IpcPoolError] = []
+        self._control = self._open_control()
+        try:
+            hello = self._hello()
+            self.session = hello["session"]
+            self.backend_name = hello["backend"]
+            self.pool_names = tuple(hello["pools"])
+            self._backend = client_backend(self.backend_name)
+            self._zctx = zmq.Context.instance()
+            self._dealer = self._zctx.socket(zmq.DEALER)
+            self._dealer.setsockopt(zmq.IDENTITY, hello["token"])
+            self._dealer.setsockopt(zmq.LINGER, 1000)
+            self._dealer.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE)
+            self._dealer.connect(self._check_endpoint(hello["endpoint"]))
+        except BaseException:
+            self._control.close()
+            raise
+        self._finalizer = weakref.finalize(self, _warn_unclosed, os.getpid(), [self._dealer, self._control])
+
+    # -- session set-up -----------------------------------------------------------------------
+    def _open_control(self) -> socket.socket:
+        path = self.socket_dir / paths.CONTROL_NAME
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(str(path))
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            raise BrokerGone(
+                f"no broker is serving {self.socket_dir} ({exc.strerror}); start one with "
+                "`ipcpool broker`, or point IPCPOOL_SOCKET_DIR at the directory it serves"
+            ) from exc
+        except PermissionError as exc:
+            sock.close()
+            raise PeerRefused(
+                f"permission denied on {path}: this user may not reach the broker; ask the "
+                "operator to add it to the broker's group"
+            ) from exc
+        except OSError as exc:
+            sock.close()
+            raise BrokerGone(f"cannot connect to the broker at {path}: {exc}") from exc
+        return sock
+
+    def _control_call(self, msg: dict) -> tuple[dict, list[int]]:
+        try:
+            fdpass.send(self._control, msg)
+            got = fdpass.recv(self._control)
+        except (socket.timeout, TimeoutError) as exc:
+            raise BrokerGone(f"the broker did not answer within {self.timeout:.0f} s") from exc
+        except (ConnectionError, BrokenPipeError) as exc:
+            raise BrokerGone("the broker closed the connection") from exc
+        if got is None:
+            raise BrokerGone("the broker closed the connection")
+        reply, fds = got
+        if not reply.get("ok"):
+            for fd in fds:
+                os.close(fd)
+            raise error_from_wire(reply.get("code", 1), str(reply.get("error", "unknown error")))
+        return reply, fds
+
+    @staticmethod
+    def _check_endpoint(endpoint: str) -> str:
+        # ZeroMQ retries a refused ipc connect silently; say it plainly instead of timing out later.
+        path = endpoint.removeprefix("ipc://")
+        if endpoint.startswith("ipc://") and not os.access(path, os.R_OK | os.W_OK):
+            raise PeerRefused(
+                f"permission denied on {path}: this user may not reach the broker's message "
+                "channel; ask the operator to add it to the broker's group"
+            )
+        return endpoint
+
+    def _hello(self) -> dict:
+        reply, fds = self._control_call({"op": "hello", "version": protocol.PROTOCOL_VERSION, "pid": os.getpid()})
+        for fd in fds:
+            os.close(fd)
+        for key, kind in (("token", bytes), ("session", int), ("backend", str), ("endpoint", str), ("pools", list)):
+            if not isinstance(reply.get(key), kind):
+                raise ProtocolError(f"hello reply lacks {key!r}")
+        return reply
+
+    def _pool(self, name: str) -> ClientPool:
+        pool = self._pools.get(name)
+        if pool is None:
+            reply, fds = self._control_call({"op": "pool_fd", "pool": name})
+            if len(fds) != 1 or not isinstance(reply.get("info"), dict):
+                for fd in fds:
+                    os.close(fd)
+                raise ProtocolError(f"pool {name!r}: expected one FD and its info, got {len(fds)} FD(s)")
+            pool = self._pools[name] = self._backend.import_pool(reply["info"], fds[0])
+        return pool
+
+    # -- requests -----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this ipcpool client is closed")
+
+    def _send(self, op: str, **fields) -> int:
+        rid = self._next_id
+        self._next_id += 1
+        try:
+            self._dealer.send(protocol.pack({"op": op, "id": rid, **fields}))
+        except zmq.ZMQError as exc:
+            raise BrokerGone(f"cannot send to the broker: {exc}") from exc
+        return rid
+
+    def _call(self, op: str, **fields) -> dict:
+        with self._lock:
+            self._check_open()
+            rid = self._send(op, **fields)
+            return self._wait_reply(rid)
+
+    def _wait_reply(self, rid: int) -> dict:
+        poller = zmq.Poller()
+        poller.register(self._dealer, zmq.POLLIN)
+        poller.register(self._control.fileno(), zmq.POLLIN)
+        remaining_ms = int(self.timeout * 1000)
+        while True:
+            events = dict(poller.poll(remaining_ms))
+            if not events:
+                raise BrokerGone(f"the broker did not answer within {self.timeout:.0f} s")
+            if self._dealer in events:
+                reply = protocol.unpack(self._dealer.recv())
+                self._backend.broker_progressed()
+                if reply.get("id") == rid:
+                    if reply.get("ok"):
+                        return reply
+                    raise error_from_wire(reply.get("code", 1), str(reply.get("error", "unknown error")))
+                if not reply.get("ok"):   # the error of an earlier one-way request
+                    err = error_from_wire(reply.get("code", 1), str(reply.get("error")))
+                    log.error("broker rejected an earlier request: %s", err)
+                    self.async_errors.append(err)
+                continue
+            if self._control.fileno() in events:
+                # Nothing is sent on the control socket unasked: readable means EOF or an error.
+                raise BrokerGone("the broker went away (its control socket closed)")
+
+    def allocate(self, nbytes: int, *, pool: str = "default", stream: Any = None) -> Buffer:
+        """Allocate ``nbytes`` from the broker's pool ``pool``; on CUDA, ``stream`` waits for it."""
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
+            raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
+        with self._lock:
+            reply = self._call("allocate", nbytes=nbytes, pool=pool)
+            return self._adopt(reply, stream, owner=True)
+
+    def open(self, token: bytes, *, stream: Any = None) -> Buffer:
+        """Open an allocation another session shared with ``Buffer.share()``."""
+        with self._lock:
+            reply = self._call("open", token=bytes(token))
+            return self._adopt(reply, stream, owner=False)
+
+    def _adopt(self, reply: dict, stream: Any, owner: bool) -> Buffer:
+        export = Export(size=reply["size"], offset=reply["offset"], data=reply["data"], ready_event=reply["event"])
+        try:
+            memory = self._pool(reply["pool"]).import_allocation(export, stream)
+        except BaseException:
+            self._send("free", alloc=reply["alloc"])   # give it back; nothing was imported
+            raise
+        buf = Buffer(self, reply["alloc"], reply["pool"], memory, owner)
+        self._buffers[id(buf)] = buf
+        return buf
+
+    def _free(self, buf: Buffer, stream: Any) -> None:
+        with self._lock:
+            self._buffers.pop(id(buf), None)
+            if self._closed:
+                return
+            done = self._pools[buf.pool].release(buf._memory, stream)
+            fields = {"alloc": buf.alloc_id}
+            if done:
+                fields["done_event"] = done
+            self._send("free", **fields)
+
+    def share(self, buf: Buffer) -> bytes:
+        return self._call("share", alloc=buf.alloc_id)["token"]
+
+    def stats(self) -> dict:
+        """Per-pool ``reserved``, ``used``, ``reserved_high``, ``used_high``; ``sessions``."""
+        reply = self._call("stats")
+        reply.pop("id"), reply.pop("ok")
+        return reply
+
+    def reset_high(self, pool: str | None = None) -> None:
+        self._call("reset_high", **({"pool": pool} if pool else {}))
+
+    def trim(self, pool: str, keep: int = 0) -> None:
+        self._call("trim", pool=pool, keep=keep)
+
+    def set_release_threshold(self, pool: str, nbytes: int) -> None:
+        self._call("set_release_threshold", pool=pool, bytes=nbytes)
+
+    @property
+    def backend(self) -> str:
+        return self.backend_name
+
+    # -- closing ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free what is still held (in order: our imports first), say bye, close. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                for buf in list(self._buffers.values()):
+                    buf.free()
+                self._call("bye")
+            except IpcPoolError as exc:
+                log.info("closing a session whose broker is gone: %s", exc)
+            finally:
+                self._closed = True
+                self._finalizer.detach()
+                self._dealer.close()
+                self._control.close()
+                for pool in self._pools.values():
+                    pool.close()
+                self._pools.clear()
+                self._backend.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"session {self.session}"
+        return f"<ipcpool.Client {self.backend_name} {self.socket_dir} {state}>"
+
+
+class Buffer:
+    """Memory from the broker. Free it (or use ``with``); the client frees leftovers on close."""
+
+    def __init__(self, client: Client, alloc_id: int, pool: str, memory: ImportedMemory, owner: bool):
+        self._client = client
+        self.alloc_id = alloc_id
+        self.pool = pool
+        self._memory = memory
+        self.owner = owner
+        self._freed = False
+
+    def _live(self) -> ImportedMemory:
+        if self._freed:
+            raise ClosedError("this buffer was freed")
+        return self._memory
+
+    @property
+    def size(self) -> int:
+        return self._memory.size
+
+    @property
+    def ptr(self) -> int:
+        return self._live().ptr
+
+    @property
+    def device(self) -> int | None:
+        return getattr(self._memory, "device", None)
+
+    @property
+    def view(self) -> memoryview:
+        """A writable memoryview (host backend)."""
+        mem = self._live()
+        if not hasattr(mem, "view"):
+            raise AttributeError("view: only host-backend buffers are CPU-addressable; use DLPack")
+        return mem.view
+
+    @property
+    def __array_interface__(self) -> dict:
+        mem = self._live()
+        if not hasattr(mem, "view"):
+            raise AttributeError("__array_interface__: not host memory")
+        return {"version": 3, "shape": (mem.size,), "typestr": "|u1", "data": (mem.ptr, False)}
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        mem = self._live()
+        if not hasattr(mem, "cuda_array_interface"):
+            raise AttributeError("__cuda_array_interface__: not CUDA memory")
+        return mem.cuda_array_interface
+
+    def __dlpack__(self, **kwargs):
+        mem = self._live()
+        if not hasattr(mem, "dlpack"):
+            raise AttributeError("__dlpack__: not CUDA memory")
+        return mem.dlpack(**kwargs)
+
+    def __dlpack_device__(self):
+        mem = self._live()
+        if not hasattr(mem, "dlpack_device"):
+            raise AttributeError("__dlpack_device__: not CUDA memory")
+        return mem.dlpack_device()
+
+    def share(self) -> bytes:
+        """A token another session passes to ``Client.open`` to use this memory too. The broker
+        frees the memory only once the owner and every opener have freed it."""
+        self._live()
+        return self._client.share(self)
+
+    def free(self, stream: Any = None) -> None:
+        """Give the memory back (on CUDA: released on ``stream``, freed by the broker after)."""
+        if self._freed:
+            return
+        self._freed = True
+        self._client._free(self, stream)
+
+    close = free
+
+    @property
+    def freed(self) -> bool:
+        return self._freed
+
+    def __enter__(self) -> Buffer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        return f"<ipcpool.Buffer {self.size} bytes from {self.pool!r}{' (freed)' if self._freed else ''}>"

@@ -1,0 +1,168 @@
+"""Broker configuration: TOML in, a checked ``Config`` out. A bad value names its key."""
+
+from __future__ import annotations
+
+import grp
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .backend.base import REUSE_POLICIES, PoolSpec
+from .errors import IpcPoolError
+
+
+class ConfigError(IpcPoolError):
+    """The configuration file is unreadable or holds a bad value."""
+
+    code = 20
+
+
+@dataclass(frozen=True)
+class Quota:
+    bytes: int = 0   # 0: unlimited
+
+
+@dataclass(frozen=True)
+class Config:
+    socket_dir: Path | None = None
+    backend: str = "auto"
+    allow_uids: frozenset[int] = frozenset()
+    allow_gids: frozenset[int] = frozenset()
+    pools: tuple[PoolSpec, ...] = (PoolSpec("default"),)
+    quotas: dict[int, Quota] = field(default_factory=dict)
+    default_quota: Quota = Quota()
+
+    def quota_for(self, uid: int) -> Quota:
+        return self.quotas.get(uid, self.default_quota)
+
+    def allowed(self, uid: int, gid: int) -> bool:
+        # Default (nothing configured): the broker's own uid and root.
+        uids = self.allow_uids or frozenset({os.getuid(), 0})
+        return uid in uids or gid in self.allow_gids
+
+
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _size(value: Any, key: str) -> int:
+    """An int of bytes, or a string like "512M", "8GiB"."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a size, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{key}: must not be negative, got {value}")
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower().removesuffix("ib").removesuffix("b")
+        unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
+        number = text[: len(text) - len(unit)].strip()
+        try:
+            return int(float(number) * _SIZE_UNITS[unit])
+        except ValueError:
+            pass
+    raise ConfigError(f"{key}: expected a size such as 1073741824 or \"1G\", got {value!r}")
+
+
+def _expect(value: Any, kind: type, key: str):
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def _known(table: dict, keys: set[str], where: str) -> None:
+    unknown = set(table) - keys
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+
+
+def _pool(table: Any, i: int) -> PoolSpec:
+    where = f"pools[{i}]"
+    _expect(table, dict, where)
+    _known(table, {"name", "max_size", "release_threshold", "device", "reuse", "peer_access"}, where)
+    name = _expect(table.get("name"), str, f"{where}.name")
+    if not name or len(name) > 64 or not name.replace("-", "").replace("_", "").isalnum():
+        raise ConfigError(f"{where}.name: 1-64 letters, digits, '-' or '_', got {name!r}")
+    reuse = dict.fromkeys(REUSE_POLICIES, True)
+    for k, v in _expect(table.get("reuse", {}), dict, f"{where}.reuse").items():
+        if k not in REUSE_POLICIES:
+            raise ConfigError(f"{where}.reuse.{k}: unknown policy; known: {', '.join(REUSE_POLICIES)}")
+        reuse[k] = _expect(v, bool, f"{where}.reuse.{k}")
+    threshold = table.get("release_threshold")
+    peers = _expect(table.get("peer_access", []), list, f"{where}.peer_access")
+    device = _expect(table.get("device", 0), int, f"{where}.device")
+    if device < 0:
+        raise ConfigError(f"{where}.device: must be >= 0")
+    return PoolSpec(
+        name=name,
+        max_size=_size(table.get("max_size", 0), f"{where}.max_size"),
+        release_threshold=None if threshold is None else _size(threshold, f"{where}.release_threshold"),
+        device=device,
+        reuse=reuse,
+        peer_access=tuple(_expect(p, int, f"{where}.peer_access[{j}]") for j, p in enumerate(peers)),
+    )
+
+
+def _gid(value: Any, key: str) -> int:
+    if isinstance(value, str):
+        try:
+            return grp.getgrnam(value).gr_gid
+        except KeyError:
+            raise ConfigError(f"{key}: no group named {value!r}") from None
+    return _expect(value, int, key)
+
+
+def parse(data: dict[str, Any]) -> Config:
+    _known(data, {"socket_dir", "backend", "access", "pools", "quotas"}, "config")
+    backend = _expect(data.get("backend", "auto"), str, "backend")
+    if backend not in ("auto", "host", "cuda"):
+        raise ConfigError(f"backend: one of auto, host, cuda; got {backend!r}")
+    access = _expect(data.get("access", {}), dict, "access")
+    _known(access, {"uids", "gids", "groups"}, "access")
+    uids = [_expect(u, int, f"access.uids[{i}]") for i, u in enumerate(access.get("uids", []))]
+    gids = [_gid(g, f"access.gids[{i}]") for i, g in enumerate(access.get("gids", []))]
+    gids += [_gid(g, f"access.groups[{i}]") for i, g in enumerate(access.get("groups", []))]
+    pools_raw = _expect(data.get("pools", [{"name": "default"}]), list, "pools")
+    pools = tuple(_pool(t, i) for i, t in enumerate(pools_raw))
+    if not pools:
+        raise ConfigError("pools: at least one pool is needed")
+    names = [p.name for p in pools]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"pools: duplicate pool names in {names}")
+    quotas_raw = _expect(data.get("quotas", {}), dict, "quotas")
+    default_quota = Quota()
+    quotas: dict[int, Quota] = {}
+    for key, table in quotas_raw.items():
+        _expect(table, dict, f"quotas.{key}")
+        _known(table, {"bytes"}, f"quotas.{key}")
+        quota = Quota(bytes=_size(table.get("bytes", 0), f"quotas.{key}.bytes"))
+        if key == "default":
+            default_quota = quota
+        elif key.isdigit():
+            quotas[int(key)] = quota
+        else:
+            raise ConfigError(f"quotas.{key}: expected a numeric uid or 'default'")
+    socket_dir = data.get("socket_dir")
+    return Config(
+        socket_dir=Path(_expect(socket_dir, str, "socket_dir")) if socket_dir is not None else None,
+        backend=backend,
+        allow_uids=frozenset(uids),
+        allow_gids=frozenset(gids),
+        pools=pools,
+        quotas=quotas,
+        default_quota=default_quota,
+    )
+
+
+def load(path: str | os.PathLike | None) -> Config:
+    if path is None:
+        return Config()
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
+    return parse(data)

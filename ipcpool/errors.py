@@ -1,0 +1,91 @@
+"""One error root with meaningful subclasses, each with a stable wire code.
+
+Codes are registered by ``__init_subclass__`` so the broker can send ``code`` and the client can
+raise the same class on its side without an if/elif chain.
+"""
+
+from __future__ import annotations
+
+_BY_CODE: dict[int, type[IpcPoolError]] = {}
+
+
+class IpcPoolError(Exception):
+    """Root of every error ipcpool raises."""
+
+    code = 1
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:
+            if cls.code in _BY_CODE:
+                raise TypeError(f"wire code {cls.code} used twice ({_BY_CODE[cls.code].__name__})")
+            _BY_CODE[cls.code] = cls
+
+
+_BY_CODE[IpcPoolError.code] = IpcPoolError
+
+
+class ClosedError(IpcPoolError):
+    """Used after you closed it (the client, a buffer)."""
+
+    code = 2
+
+
+class BrokerGone(IpcPoolError):
+    """The broker is not running, or went away mid-session."""
+
+    code = 3
+
+
+class PeerRefused(IpcPoolError):
+    """The broker refused this process (uid/gid not allowed, or a bad session token)."""
+
+    code = 4
+
+
+class QuotaExceeded(IpcPoolError):
+    """The request would take the caller's uid over its quota."""
+
+    code = 5
+
+
+class OutOfMemory(IpcPoolError):
+    """The pool cannot hold the request."""
+
+    code = 6
+
+
+class UnknownPool(IpcPoolError):
+    """No pool of that name is configured."""
+
+    code = 7
+
+
+class ProtocolError(IpcPoolError):
+    """A malformed, oversized or out-of-version message."""
+
+    code = 8
+
+
+class BackendUnavailable(IpcPoolError):
+    """The requested memory backend cannot run here (no driver, no device, missing feature)."""
+
+    code = 9
+
+
+class InvalidRequest(IpcPoolError):
+    """A well-formed request with a bad argument (size, unknown allocation, ...)."""
+
+    code = 10
+
+
+class AllocationTooLarge(InvalidRequest):
+    """A single allocation above what an importer can safely map."""
+
+    code = 11
+
+
+def error_from_wire(code: int, message: str) -> IpcPoolError:
+    """Rebuild the error the broker reported; unknown codes fall back to the root class."""
+    cls = _BY_CODE.get(code, IpcPoolError) if isinstance(code, int) else IpcPoolError
+    return cls(message)

@@ -1,0 +1,76 @@
+"""The control socket's framing: one msgpack message per SOCK_SEQPACKET datagram, FDs by SCM_RIGHTS.
+
+SEQPACKET keeps message boundaries, so there is no length read from the wire to trust; an oversized
+message is cut by the kernel and reported with MSG_TRUNC. FDs received alongside a message that
+fails any check are closed before the error is raised, so a bad peer cannot leak FDs into us.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import socket
+import struct
+from dataclasses import dataclass
+
+from . import protocol
+from .errors import ProtocolError
+
+_UCRED = struct.Struct("3i")
+# Linux >= 6.5: a pidfd for the peer, taken at connect time (no pid-reuse race).
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
+MAX_FDS = 16
+
+
+@dataclass(frozen=True)
+class PeerCred:
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_cred(sock: socket.socket) -> PeerCred:
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    return PeerCred(*_UCRED.unpack(raw))
+
+
+def peer_pidfd(sock: socket.socket, pid: int) -> int:
+    """A pidfd for the peer process: SO_PEERPIDFD where the kernel has it, else pidfd_open."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, 4)
+        return struct.unpack("i", raw)[0]
+    except OSError:
+        return os.pidfd_open(pid)
+
+
+def send(sock: socket.socket, msg: dict, fds: tuple[int, ...] = ()) -> None:
+    data = protocol.pack(msg)
+    if len(data) > protocol.MAX_MESSAGE:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {protocol.MAX_MESSAGE}")
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sock.sendmsg([data], anc)
+
+
+def recv(sock: socket.socket, max_fds: int = MAX_FDS) -> tuple[dict, list[int]] | None:
+    """Receive one message and its FDs; None on EOF. The caller owns the returned FDs."""
+    data, anc, flags, _ = sock.recvmsg(
+        protocol.MAX_MESSAGE + 1, socket.CMSG_SPACE(max_fds * array.array("i").itemsize)
+    )
+    fds: list[int] = []
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            arr = array.array("i")
+            arr.frombytes(payload[: len(payload) - len(payload) % arr.itemsize])
+            fds.extend(arr)
+    try:
+        if flags & socket.MSG_CTRUNC:
+            raise ProtocolError(f"too many file descriptors in one message (at most {max_fds})")
+        if flags & socket.MSG_TRUNC or len(data) > protocol.MAX_MESSAGE:
+            raise ProtocolError(f"message exceeds the limit of {protocol.MAX_MESSAGE} bytes")
+        if not data and not fds:
+            return None
+        return protocol.unpack(data), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise

@@ -1,0 +1,138 @@
+"""Versioned, bounded messages <-> msgpack, shared by the broker and the client.
+
+Each request is a msgpack map ``{"op": str, "id": int, ...}``; each reply is
+``{"id": int, "ok": True, ...}`` or ``{"id": int, "ok": False, "code": int, "error": str}``.
+Requests are checked field by field against a schema before the broker acts on them, so bad input
+becomes an error reply (never an ``assert``, never a crash).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .errors import IpcPoolError, ProtocolError
+
+PROTOCOL_VERSION = 1
+
+# Limits. A message carries at most a few handles of 64 bytes, a name and small metadata.
+MAX_MESSAGE = 64 * 1024          # bytes on either channel
+MAX_STR = 4096
+MAX_BIN = 1024
+MAX_ARRAY = 1024
+MAX_MAP = 256
+MAX_NAME = 255
+HANDLE_BYTES = 64                # CUDA pointer export data and IPC event handles
+
+_UNPACK_LIMITS = dict(
+    max_str_len=MAX_STR,
+    max_bin_len=MAX_BIN,
+    max_array_len=MAX_ARRAY,
+    max_map_len=MAX_MAP,
+    max_ext_len=0,
+)
+
+
+def pack(obj: dict) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(data: bytes) -> dict:
+    """Decode one message; anything but a bounded msgpack map is a ProtocolError."""
+    if len(data) > MAX_MESSAGE:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE}")
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, **_UNPACK_LIMITS)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError(f"undecodable message: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"message must be a map, got {type(obj).__name__}")
+    return obj
+
+
+@dataclass(frozen=True)
+class Field:
+    kind: type | tuple[type, ...]
+    required: bool = True
+    max_len: int | None = None
+    min_value: int | None = None
+
+
+def _u64(required: bool = True) -> Field:
+    return Field(int, required, min_value=0)
+
+
+def _bin(required: bool = True, max_len: int = HANDLE_BYTES) -> Field:
+    return Field(bytes, required, max_len=max_len)
+
+
+def _name(required: bool = True) -> Field:
+    return Field(str, required, max_len=MAX_NAME)
+
+
+# Requests on the message channel, op -> schema (besides "op" and "id").
+REQUESTS: dict[str, dict[str, Field]] = {
+    "allocate": {"nbytes": _u64(), "pool": _name()},
+    "free": {"alloc": _u64(), "done_event": _bin(required=False)},
+    "share": {"alloc": _u64()},
+    "open": {"token": _bin(max_len=32)},
+    "bye": {},
+    "stats": {},
+    "reset_high": {"pool": _name(required=False)},
+    "trim": {"pool": _name(), "keep": _u64()},
+    "set_release_threshold": {"pool": _name(), "bytes": _u64()},
+    "ping": {},
+}
+
+# One-way requests: the broker acts and sends no reply (ordering per session is kept by ZeroMQ).
+ONE_WAY = frozenset({"free"})
+
+# Requests on the control socket.
+CONTROL: dict[str, dict[str, Field]] = {
+    "hello": {"version": _u64(), "pid": _u64(required=False)},
+    "pool_fd": {"pool": _name()},
+}
+
+
+def validate(msg: dict, schemas: dict[str, dict[str, Field]]) -> tuple[str, dict[str, Any]]:
+    """Check a decoded message against its op's schema; return (op, fields)."""
+    op = msg.get("op")
+    if not isinstance(op, str) or op not in schemas:
+        raise ProtocolError(f"unknown op {op!r}")
+    schema = schemas[op]
+    extra = set(msg) - set(schema) - {"op", "id"}
+    if extra:
+        raise ProtocolError(f"{op}: unexpected fields {sorted(extra)}")
+    fields: dict[str, Any] = {}
+    for key, spec in schema.items():
+        if key not in msg or msg[key] is None:
+            if spec.required:
+                raise ProtocolError(f"{op}: missing field {key!r}")
+            continue
+        value = msg[key]
+        # bool is an int in Python; never accept it where a number is meant.
+        if not isinstance(value, spec.kind) or (spec.kind is int and isinstance(value, bool)):
+            raise ProtocolError(f"{op}: field {key!r} must be {spec.kind.__name__}")
+        if spec.max_len is not None and len(value) > spec.max_len:
+            raise ProtocolError(f"{op}: field {key!r} longer than {spec.max_len}")
+        if spec.min_value is not None and value < spec.min_value:
+            raise ProtocolError(f"{op}: field {key!r} must be >= {spec.min_value}")
+        if spec.kind is int and value >= 1 << 64:
+            raise ProtocolError(f"{op}: field {key!r} out of range")
+        fields[key] = value
+    return op, fields
+
+
+def request_id(msg: dict) -> int:
+    rid = msg.get("id", 0)
+    return rid if isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid < 1 << 63 else 0
+
+
+def ok_reply(rid: int, **fields) -> dict:
+    return {"id": rid, "ok": True, **fields}
+
+
+def error_reply(rid: int, exc: IpcPoolError) -> dict:
+    return {"id": rid, "ok": False, "code": exc.code, "error": str(exc)}
