@@ -1,0 +1,112 @@
+"""Fixtures that run real brokers and real client processes (spawn), and kill what gets stuck."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SPAWN = mp.get_context("spawn")
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+class BrokerProc:
+    """A broker in its own process, as `ipcpool broker` runs it."""
+
+    def __init__(self, socket_dir: Path, backend: str, config_text: str | None, log_path: Path):
+        self.socket_dir = socket_dir
+        self.log_path = log_path
+        args = [sys.executable, "-m", "ipcpool", "--log-level", "DEBUG", "broker",
+                "--socket-dir", str(socket_dir), "--backend", backend]
+        if config_text is not None:
+            cfg = log_path.with_suffix(".toml")
+            cfg.write_text(config_text)
+            args += ["--config", str(cfg)]
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        self.pid = self.proc.pid
+
+    def wait_ready(self, timeout: float = 30.0) -> BrokerProc:
+        import ipcpool
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with ipcpool.connect(self.socket_dir, timeout=5) as c:
+                    c.stats()
+                return self
+            except ipcpool.BrokerGone:
+                time.sleep(0.05)
+        raise RuntimeError(f"broker not ready after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start_broker(tmp_path_factory):
+    """Factory: ``start_broker(backend="host", config_text=None, socket_dir=None)``."""
+    started: list[BrokerProc] = []
+
+    def start(backend: str = "host", config_text: str | None = None, socket_dir: Path | None = None,
+              wait: bool = True) -> BrokerProc:
+        base = tmp_path_factory.mktemp("broker")
+        b = BrokerProc(socket_dir or base / "sock", backend, config_text, base / "broker.log")
+        started.append(b)
+        return b.wait_ready() if wait else b
+
+    yield start
+    for b in started:
+        code = b.stop()
+        # A broker stopped with SIGTERM exits 0; anything else is a crash the test must not hide.
+        assert code == 0 or b.proc.returncode is not None, b.log()
+
+
+@pytest.fixture
+def broker(start_broker) -> BrokerProc:
+    return start_broker()
+
+
+def run_procs(target, args_list, timeout: float = 120.0) -> list:
+    """Run ``target(*args, queue)`` in one spawned process per args; return what each put on the
+    queue (in completion order). Kills stragglers and fails on a non-zero exit."""
+    q = SPAWN.Queue()
+    procs = [SPAWN.Process(target=target, args=(*args, q)) for args in args_list]
+    for p in procs:
+        p.start()
+    results = []
+    deadline = time.monotonic() + timeout
+    try:
+        for _ in procs:
+            results.append(q.get(timeout=max(0.1, deadline - time.monotonic())))
+    finally:
+        for p in procs:
+            p.join(max(0.1, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
+    codes = [p.exitcode for p in procs]
+    assert codes == [0] * len(procs), f"child exit codes {codes}; results {results}"
+    return results

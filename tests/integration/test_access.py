@@ -1,0 +1,82 @@
+"""Who may use the broker: filesystem permissions first, then the uid/gid allow-list."""
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import ipcpool
+
+NOBODY = 65534
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs a client as another uid")
+
+
+@pytest.fixture
+def open_dir():
+    """A socket directory another uid can traverse (pytest's tmp dirs are private)."""
+    d = Path(tempfile.mkdtemp(prefix="ipcpool-access-"))
+    os.chmod(d, 0o711)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def as_nobody(socket_dir) -> str:
+    """Connect from a forked child that dropped to uid/gid nobody (the interpreter lives under a
+    private home, so a fresh exec as nobody could not even start Python)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            try:
+                with ipcpool.connect(socket_dir, timeout=10) as c:
+                    out = f"OK {c.stats()['sessions']}"
+            except ipcpool.IpcPoolError as e:
+                out = f"{type(e).__name__} {e}"
+            os.write(w, out.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return out
+
+
+@needs_root
+def test_sockets_are_private_by_default(start_broker, open_dir):
+    b = start_broker(socket_dir=open_dir / "s")
+    assert (os.stat(b.socket_dir).st_mode & 0o777) == 0o750
+    assert (os.stat(b.socket_dir / "broker.sock").st_mode & 0o777) == 0o660
+    out = as_nobody(b.socket_dir)
+    assert out.startswith("PeerRefused permission denied"), out
+
+
+@needs_root
+def test_uid_not_on_the_allow_list_is_refused(start_broker, open_dir):
+    b = start_broker(socket_dir=open_dir / "s")
+    os.chmod(b.socket_dir, 0o755)                   # let it reach the socket: the broker must refuse
+    os.chmod(b.socket_dir / "broker.sock", 0o666)
+    out = as_nobody(b.socket_dir)
+    assert out.startswith(f"PeerRefused uid {NOBODY}") and "not allowed" in out, out
+    assert f"refused pid" in b.log()
+    with ipcpool.connect(b.socket_dir) as c:         # root still is allowed, nothing leaked
+        assert c.stats()["sessions"] == 1
+
+
+@needs_root
+def test_allow_listed_uid_is_served(start_broker, open_dir):
+    b = start_broker(socket_dir=open_dir / "s", config_text=f"[access]\nuids = [0, {NOBODY}]\n")
+    os.chmod(b.socket_dir, 0o755)
+    os.chmod(b.socket_dir / "broker.sock", 0o666)
+    out = as_nobody(b.socket_dir)       # the message channel is still 0660: told plainly
+    assert out.startswith("PeerRefused permission denied") and "message channel" in out, out
+    os.chmod(b.socket_dir / "broker.zmq", 0o666)
+    assert as_nobody(b.socket_dir) == "OK 1"

@@ -1,0 +1,63 @@
+import pytest
+
+from ipcpool.config import ConfigError, load, parse
+
+
+def test_defaults():
+    cfg = parse({})
+    assert [p.name for p in cfg.pools] == ["default"]
+    assert cfg.allowed(0, 12345)
+    import os
+    assert cfg.allowed(os.getuid(), 0)
+    assert not cfg.allowed(54321, 54321)
+
+
+def test_full_config(tmp_path):
+    f = tmp_path / "b.toml"
+    f.write_text(
+        'backend = "host"\nsocket_dir = "/run/x"\n'
+        '[access]\nuids = [1000]\ngids = [27]\ngroups = ["root"]\n'
+        '[[pools]]\nname = "weights"\nmax_size = "2G"\nrelease_threshold = "512MiB"\npeer_access = [1]\n'
+        '[pools.reuse]\nallow_opportunistic = false\n'
+        '[quotas.default]\nbytes = "1G"\n[quotas.1000]\nbytes = 4096\n'
+    )
+    cfg = load(f)
+    (pool,) = cfg.pools
+    assert pool.max_size == 2 << 30 and pool.release_threshold == 512 << 20
+    assert pool.reuse["allow_opportunistic"] is False and pool.reuse["follow_event_dependencies"] is True
+    assert pool.peer_access == (1,)
+    assert cfg.allowed(1000, 1) and cfg.allowed(5, 27) and cfg.allowed(5, 0)
+    assert cfg.quota_for(1000).bytes == 4096 and cfg.quota_for(7).bytes == 1 << 30
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ('backend = "gpu"', "backend"),
+        ('bogus = 1', "bogus"),
+        ('[[pools]]\nname = "a b"', "pools[0].name"),
+        ('[[pools]]\nname = "a"\nmax_size = "lots"', "pools[0].max_size"),
+        ('[[pools]]\nname = "a"\nmax_size = -5', "pools[0].max_size"),
+        ('[[pools]]\nname = "a"\n[pools.reuse]\nfast = true', "pools[0].reuse.fast"),
+        ('[[pools]]\nname = "a"\n[[pools]]\nname = "a"', "duplicate"),
+        ('[access]\ngroups = ["no-such-group-here"]', "access.groups[0]"),
+        ('[access]\nuids = ["root"]', "access.uids[0]"),
+        ('[quotas.bob]\nbytes = 1', "quotas.bob"),
+        ('pools = []', "pools"),
+    ],
+)
+def test_bad_values_name_their_key(tmp_path, text, key):
+    f = tmp_path / "b.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load(f)
+    assert key in str(info.value)
+
+
+def test_unreadable_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[pools]\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load(bad)

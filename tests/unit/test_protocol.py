@@ -1,0 +1,56 @@
+import msgpack
+import pytest
+
+from ipcpool import protocol
+from ipcpool.errors import ProtocolError
+
+
+def test_roundtrip_and_validation():
+    msg = protocol.unpack(protocol.pack({"op": "allocate", "id": 3, "nbytes": 10, "pool": "default"}))
+    assert protocol.validate(msg, protocol.REQUESTS) == ("allocate", {"nbytes": 10, "pool": "default"})
+    assert protocol.request_id(msg) == 3
+
+
+@pytest.mark.parametrize(
+    "msg, match",
+    [
+        ({"op": "nope"}, "unknown op"),
+        ({"nbytes": 1}, "unknown op"),
+        ({"op": "allocate", "pool": "default"}, "missing field 'nbytes'"),
+        ({"op": "allocate", "nbytes": "1", "pool": "default"}, "must be int"),
+        ({"op": "allocate", "nbytes": True, "pool": "default"}, "must be int"),
+        ({"op": "allocate", "nbytes": -1, "pool": "default"}, ">= 0"),
+        ({"op": "allocate", "nbytes": 1 << 64, "pool": "default"}, "out of range"),
+        ({"op": "allocate", "nbytes": 1, "pool": "x" * 300}, "longer than"),
+        ({"op": "allocate", "nbytes": 1, "pool": "d", "evil": 1}, "unexpected fields"),
+        ({"op": "free", "alloc": 1, "done_event": b"x" * 65}, "longer than 64"),
+    ],
+)
+def test_bad_requests_are_protocol_errors(msg, match):
+    with pytest.raises(ProtocolError, match=match):
+        protocol.validate(msg, protocol.REQUESTS)
+
+
+@pytest.mark.parametrize(
+    "data, match",
+    [
+        (b"\xc1", "undecodable"),                                  # never-used msgpack byte
+        (protocol.pack({"op": "stats"})[:-2], "undecodable"),       # truncated
+        (msgpack.packb([1, 2, 3]), "must be a map"),
+        (b"\x00" * (protocol.MAX_MESSAGE + 1), "exceeds the limit"),
+        (msgpack.packb({"op": "x" * (protocol.MAX_STR + 1)}), "undecodable"),
+        (msgpack.packb({1: 2}), "undecodable"),                     # non-str keys
+        (msgpack.packb({"a": msgpack.ExtType(1, b"x")}), "undecodable"),
+    ],
+)
+def test_bad_bytes_are_protocol_errors(data, match):
+    with pytest.raises(ProtocolError, match=match):
+        protocol.unpack(data)
+
+
+def test_error_reply_carries_code():
+    from ipcpool.errors import OutOfMemory, error_from_wire
+
+    reply = protocol.error_reply(5, OutOfMemory("full"))
+    err = error_from_wire(reply["code"], reply["error"])
+    assert type(err) is OutOfMemory and str(err) == "full"
