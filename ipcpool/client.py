@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = 30.0
 
 
+class _NotYet(Exception):
+    """A reply to an earlier request arrived first; keep waiting for ours."""
+
+
 def connect(socket_dir: str | os.PathLike | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> Client:
     """Open a session with the broker serving ``socket_dir`` (default: see ``paths``)."""
     return Client(socket_dir, timeout=timeout)
@@ -65,6 +69,9 @@ class Client:
             self._dealer.setsockopt(zmq.LINGER, 1000)
             self._dealer.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE)
             self._dealer.connect(self._check_endpoint(hello["endpoint"]))
+            self._poller = zmq.Poller()
+            self._poller.register(self._dealer, zmq.POLLIN)
+            self._poller.register(self._control.fileno(), zmq.POLLIN)
         except BaseException:
             self._control.close()
             raise
@@ -163,29 +170,35 @@ class Client:
             return self._wait_reply(rid)
 
     def _wait_reply(self, rid: int) -> dict:
-        poller = zmq.Poller()
-        poller.register(self._dealer, zmq.POLLIN)
-        poller.register(self._control.fileno(), zmq.POLLIN)
-        remaining_ms = int(self.timeout * 1000)
+        timeout_ms = int(self.timeout * 1000)
         while True:
-            events = dict(poller.poll(remaining_ms))
+            try:   # the common case: the reply is already there, no poll needed
+                return self._take_reply(rid, self._dealer.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                pass
+            except _NotYet:
+                continue
+            events = dict(self._poller.poll(timeout_ms))
             if not events:
                 raise BrokerGone(f"the broker did not answer within {self.timeout:.0f} s")
             if self._dealer in events:
-                reply = protocol.unpack(self._dealer.recv())
-                self._backend.broker_progressed()
-                if reply.get("id") == rid:
-                    if reply.get("ok"):
-                        return reply
-                    raise error_from_wire(reply.get("code", 1), str(reply.get("error", "unknown error")))
-                if not reply.get("ok"):   # the error of an earlier one-way request
-                    err = error_from_wire(reply.get("code", 1), str(reply.get("error")))
-                    log.error("broker rejected an earlier request: %s", err)
-                    self.async_errors.append(err)
                 continue
             if self._control.fileno() in events:
                 # Nothing is sent on the control socket unasked: readable means EOF or an error.
                 raise BrokerGone("the broker went away (its control socket closed)")
+
+    def _take_reply(self, rid: int, data: bytes) -> dict:
+        reply = protocol.unpack(data)
+        self._backend.broker_progressed()
+        if reply.get("id") == rid:
+            if reply.get("ok"):
+                return reply
+            raise error_from_wire(reply.get("code", 1), str(reply.get("error", "unknown error")))
+        if not reply.get("ok"):   # the error of an earlier one-way request
+            err = error_from_wire(reply.get("code", 1), str(reply.get("error")))
+            log.error("broker rejected an earlier request: %s", err)
+            self.async_errors.append(err)
+        raise _NotYet
 
     def allocate(self, nbytes: int, *, pool: str = "default", stream: Any = None) -> Buffer:
         """Allocate ``nbytes`` from the broker's pool ``pool``; on CUDA, ``stream`` waits for it."""

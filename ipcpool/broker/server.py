@@ -114,6 +114,10 @@ class Broker:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
+        self._poller = zmq.Poller()
+        self._poller.register(self.router, zmq.POLLIN)
+        for fd in (self.listener.fileno(), self._wake_r.fileno()):
+            self._watch(fd)
 
     def close(self) -> None:
         for s in list(self.sessions.values()):
@@ -161,14 +165,14 @@ class Broker:
                 signal.signal(sig, handler)
         log.info("broker stopping (%d sessions)", len(self.sessions))
 
+    def _watch(self, fd: int) -> None:
+        self._poller.register(fd, zmq.POLLIN)
+
+    def _unwatch(self, fd: int) -> None:
+        self._poller.unregister(fd)
+
     def poll_once(self, timeout_ms: int) -> None:
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.listener.fileno(), zmq.POLLIN)
-        poller.register(self._wake_r.fileno(), zmq.POLLIN)
-        for fd in (*self._by_fd, *self._pending, *self._by_pidfd):
-            poller.register(fd, zmq.POLLIN)
-        events = dict(poller.poll(timeout_ms))
+        events = dict(self._poller.poll(timeout_ms))
         if self._wake_r.fileno() in events:
             try:
                 self._wake_r.recv(4096)
@@ -186,7 +190,8 @@ class Broker:
                     self._on_control(self._by_fd[fd])
                 elif fd in self._by_pidfd:
                     self._on_process_gone(self._by_pidfd[fd])
-        self._expire_pending()
+        if self._pending:
+            self._expire_pending()
 
     # -- control socket ----------------------------------------------------------------------
     def _accept(self) -> None:
@@ -200,6 +205,7 @@ class Broker:
                 return
             conn.setblocking(False)
             self._pending[conn.fileno()] = (conn, time.monotonic())
+            self._watch(conn.fileno())
 
     def _expire_pending(self) -> None:
         now = time.monotonic()
@@ -207,6 +213,7 @@ class Broker:
             if now - since > HELLO_TIMEOUT:
                 log.warning("dropping a connection that sent no hello in %.0f s", HELLO_TIMEOUT)
                 del self._pending[fd]
+                self._unwatch(fd)
                 conn.close()
 
     def _reply_and_drop(self, conn: socket.socket, exc: IpcPoolError) -> None:
@@ -218,6 +225,7 @@ class Broker:
 
     def _on_hello(self, fd: int) -> None:
         conn, _ = self._pending.pop(fd)
+        self._unwatch(fd)
         try:
             got = fdpass.recv(conn, max_fds=0)
             if got is None:
@@ -242,6 +250,7 @@ class Broker:
             pidfd = fdpass.peer_pidfd(conn, cred.pid)
         except BlockingIOError:
             self._pending[fd] = (conn, time.monotonic())
+            self._watch(fd)
             return
         except IpcPoolError as exc:
             log.warning("control hello rejected: %s", exc)
@@ -257,6 +266,7 @@ class Broker:
         self._next_sid += 1
         self.sessions[session.token] = session
         self._by_fd[fd] = session
+        self._watch(fd)
         log.info("session %d opened: pid %d uid %d", session.sid, cred.pid, cred.uid)
         self._send_control(session, protocol.ok_reply(
             0, token=session.token, session=session.sid, backend=self.choice.name,
@@ -300,13 +310,15 @@ class Broker:
     def _orphan(self, session: Session) -> None:
         """The control socket closed. After a bye, release now; otherwise wait until the process is
         gone (its GPU work may still touch the memory), then release."""
-        self._by_fd.pop(session.conn.fileno(), None)
+        if self._by_fd.pop(session.conn.fileno(), None) is not None:
+            self._unwatch(session.conn.fileno())
         session.close_conn()
         if session.said_bye:
             self._end_session(session, "closed")
             return
         session.orphaned = True
         self._by_pidfd[session.pidfd] = session
+        self._watch(session.pidfd)
         log.info("session %d: control socket closed without bye; waiting for pid %d to exit",
                  session.sid, session.cred.pid)
 
@@ -315,9 +327,9 @@ class Broker:
 
     def _end_session(self, session: Session, why: str) -> None:
         self.sessions.pop(session.token, None)
-        if session.conn.fileno() >= 0:
-            self._by_fd.pop(session.conn.fileno(), None)
-        self._by_pidfd.pop(session.pidfd, None)
+        for fd, table in ((session.conn.fileno(), self._by_fd), (session.pidfd, self._by_pidfd)):
+            if fd >= 0 and table.pop(fd, None) is not None:
+                self._unwatch(fd)
         try:
             released = self.registry.release_session(session) if self.registry else 0
         except Exception:
