@@ -109,5 +109,8 @@ def test_no_fd_leak_over_thousands_of_sessions(broker):
     assert sum(run_procs(_churn, [(broker.socket_dir, 500)] * 4, timeout=300)) == 2000
     run_procs(_die_holding, [(broker.socket_dir,)] * 20, timeout=120)
     assert _wait_used(broker.socket_dir, 0) == (0, 1)
-    after = fd_count(broker.pid)
-    assert after <= before + 2, f"broker FDs grew from {before} to {after}"
+    # ZeroMQ closes a departed peer's connection from its I/O thread, a moment later: let it settle.
+    deadline = time.monotonic() + 5
+    while (after := fd_count(broker.pid)) > before + 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert after <= before + 2, f"broker FDs grew from {before} to {after} over 2020 sessions"
