@@ -1,6 +1,6 @@
 """ipcpool: share GPU (or host) memory between processes through a broker daemon."""
 
-from .client import Buffer, Client, connect
+from .client import Buffer, Client, Subscription, connect
 from .errors import (
     AllocationTooLarge,
     BackendUnavailable,
@@ -8,11 +8,15 @@ from .errors import (
     ClosedError,
     InvalidRequest,
     IpcPoolError,
+    ObjectAborted,
+    ObjectExists,
+    ObjectNotFound,
     OutOfMemory,
     PeerRefused,
     ProtocolError,
     QuotaExceeded,
     UnknownPool,
+    WaitTimeout,
 )
 
 __version__ = "0.1.0"
@@ -24,12 +28,17 @@ __all__ = [
     "Buffer",
     "Client",
     "ClosedError",
+    "ObjectAborted",
+    "ObjectExists",
+    "ObjectNotFound",
     "InvalidRequest",
     "IpcPoolError",
     "OutOfMemory",
     "PeerRefused",
     "ProtocolError",
     "QuotaExceeded",
+    "Subscription",
     "UnknownPool",
+    "WaitTimeout",
     "connect",
 ]

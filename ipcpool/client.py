@@ -7,10 +7,12 @@ control socket also tells us the broker died: EOF there while we wait for a repl
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import socket
 import threading
+import time
 import warnings
 import weakref
 from pathlib import Path
@@ -21,7 +23,15 @@ import zmq
 from . import fdpass, paths, protocol
 from .backend import client_backend
 from .backend.base import ClientPool, Export, ImportedMemory
-from .errors import BrokerGone, ClosedError, IpcPoolError, PeerRefused, ProtocolError, error_from_wire
+from .errors import (
+    BrokerGone,
+    ClosedError,
+    InvalidRequest,
+    IpcPoolError,
+    PeerRefused,
+    ProtocolError,
+    error_from_wire,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +65,7 @@ class Client:
         self._next_id = 1
         self._pools: dict[str, ClientPool] = {}
         self._buffers: dict[int, Buffer] = {}
+        self._watches: dict[int, collections.deque] = {}
         self.async_errors: list[IpcPoolError] = []
         self._control = self._open_control()
         try:
@@ -163,14 +174,16 @@ class Client:
             raise BrokerGone(f"cannot send to the broker: {exc}") from exc
         return rid
 
-    def _call(self, op: str, **fields) -> dict:
+    def _call(self, op: str, _wait: float | None = 0.0, **fields) -> dict:
+        """A request and its reply. ``_wait`` is how long the broker may legitimately hold the
+        reply back (a get waiting for a seal; None: without limit), on top of ``self.timeout``."""
         with self._lock:
             self._check_open()
             rid = self._send(op, **fields)
-            return self._wait_reply(rid)
+            return self._wait_reply(rid, None if _wait is None else self.timeout + _wait)
 
-    def _wait_reply(self, rid: int) -> dict:
-        timeout_ms = int(self.timeout * 1000)
+    def _wait_reply(self, rid: int, timeout: float | None) -> dict:
+        timeout_ms = -1 if timeout is None else int(timeout * 1000)
         while True:
             try:   # the common case: the reply is already there, no poll needed
                 return self._take_reply(rid, self._dealer.recv(zmq.NOBLOCK))
@@ -180,7 +193,7 @@ class Client:
                 continue
             events = dict(self._poller.poll(timeout_ms))
             if not events:
-                raise BrokerGone(f"the broker did not answer within {self.timeout:.0f} s")
+                raise BrokerGone(f"the broker did not answer within {timeout:.0f} s")
             if self._dealer in events:
                 continue
             if self._control.fileno() in events:
@@ -189,6 +202,11 @@ class Client:
 
     def _take_reply(self, rid: int, data: bytes) -> dict:
         reply = protocol.unpack(data)
+        if "notify" in reply:   # a watch's notification, not a reply
+            queue = self._watches.get(reply.get("watch"))
+            if queue is not None and isinstance(reply.get("object"), dict):
+                queue.append(reply["object"])
+            raise _NotYet
         self._backend.broker_progressed()
         if reply.get("id") == rid:
             if reply.get("ok"):
@@ -214,16 +232,121 @@ class Client:
             reply = self._call("open", token=bytes(token))
             return self._adopt(reply, stream, owner=False)
 
-    def _adopt(self, reply: dict, stream: Any, owner: bool) -> Buffer:
+    def _adopt(self, reply: dict, stream: Any, owner: bool, *, name: str | None = None,
+               readonly: bool = False) -> Buffer:
         export = Export(size=reply["size"], offset=reply["offset"], data=reply["data"], ready_event=reply["event"])
         try:
             memory = self._pool(reply["pool"]).import_allocation(export, stream)
         except BaseException:
             self._send("free", alloc=reply["alloc"])   # give it back; nothing was imported
             raise
-        buf = Buffer(self, reply["alloc"], reply["pool"], memory, owner)
+        buf = Buffer(self, reply["alloc"], reply["pool"], memory, owner, name=name,
+                     meta=reply.get("meta"), readonly=readonly)
         self._buffers[id(buf)] = buf
         return buf
+
+    # -- named objects --------------------------------------------------------------------------
+    def create(self, name: str, nbytes: int, *, pool: str = "default", meta: dict | None = None,
+               stream: Any = None) -> Buffer:
+        """A new named object, writable by this client alone until ``Buffer.seal()``."""
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
+            raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
+        fields = {"name": name, "nbytes": nbytes, "pool": pool}
+        if meta:
+            fields["meta"] = _wire_meta(meta)
+        with self._lock:
+            reply = self._call("create", **fields)
+            reply["meta"] = fields.get("meta", {})
+            return self._adopt(reply, stream, owner=True, name=name)
+
+    def _seal(self, buf: Buffer, stream: Any) -> None:
+        with self._lock:
+            self._check_open()
+            self._buffers.pop(id(buf), None)
+            done = self._pools[buf.pool].release(buf._memory, stream)
+            self._call("seal", name=buf.name, alloc=buf.alloc_id, **({"done_event": done} if done else {}))
+
+    def get(self, name: str, *, stream: Any = None, timeout: float | None = None) -> Buffer:
+        """A read lease on object ``name``; on CUDA ``stream`` waits for the seal. Blocks until the
+        object is sealed, or ``timeout`` seconds pass (WaitTimeout); ``timeout=0`` never waits."""
+        fields: dict[str, Any] = {"name": name}
+        if timeout is not None:
+            fields["timeout_ms"] = max(0, int(timeout * 1000))
+        with self._lock:
+            reply = self._call("get", _wait=timeout, **fields)
+            return self._adopt(reply, stream, owner=False, name=name, readonly=True)
+
+    def release(self, lease: Buffer, stream: Any = None) -> None:
+        """Let go of a lease (the same as ``lease.release(stream)``)."""
+        lease.free(stream)
+
+    def delete(self, name: str) -> None:
+        """Remove ``name``; its memory is freed once the last lease is released."""
+        self._call("delete", name=name)
+
+    def list(self, prefix: str = "") -> list[dict]:
+        """Objects whose name starts with ``prefix``: name, size, pool, state, leases, meta."""
+        return self._call("list", prefix=prefix)["objects"]
+
+    def subscribe(self, prefix: str = "", *, existing: bool = False) -> Subscription:
+        """Be told of each object sealed under ``prefix`` (and, with ``existing``, those sealed
+        already), without polling the broker."""
+        with self._lock:
+            reply = self._call("watch", prefix=prefix, existing=existing)
+            queue = self._watches[reply["watch"]] = collections.deque(reply["existing"])
+            return Subscription(self, reply["watch"], prefix, queue)
+
+    def _next_event(self, wid: int, timeout: float | None) -> dict | None:
+        queue = self._watches[wid]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while not queue:
+                self._check_open()
+                left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+                events = dict(self._poller.poll(left))
+                if self._control.fileno() in events and self._dealer not in events:
+                    raise BrokerGone("the broker went away (its control socket closed)")
+                if self._dealer in events:
+                    try:
+                        self._take_reply(-1, self._dealer.recv(zmq.NOBLOCK))
+                    except (_NotYet, zmq.Again):
+                        pass
+                elif deadline is not None and time.monotonic() >= deadline:
+                    return None
+            return queue.popleft()
+
+    def _unwatch(self, wid: int) -> None:
+        if self._watches.pop(wid, None) is not None and not self._closed:
+            self._call("unwatch", watch=wid)
+
+    # -- tensors and arrays (torch, CuPy, numpy: imported only when used) -------------------------
+    def put_tensor(self, name: str, tensor: Any, *, pool: str = "default", stream: Any = None,
+                   user: dict | None = None) -> None:
+        """Store a torch tensor, CuPy or numpy array as a new sealed object (dtype and shape kept)."""
+        from . import interop
+
+        interop.put(self, name, tensor, pool=pool, stream=stream, user=user)
+
+    def get_tensor(self, name: str, *, stream: Any = None, timeout: float | None = None) -> Any:
+        """Object ``name`` as a torch tensor, zero-copy. The lease lasts until ``release_all(name)``
+        or close."""
+        from . import interop
+
+        return interop.get(self, name, "torch", stream=stream, timeout=timeout)
+
+    def get_array(self, name: str, *, stream: Any = None, timeout: float | None = None) -> Any:
+        """Object ``name`` as a CuPy array (CUDA backend) or numpy array (host backend), zero-copy."""
+        from . import interop
+
+        return interop.get(self, name, "cupy" if self.backend_name == "cuda" else "numpy",
+                           stream=stream, timeout=timeout)
+
+    def release_all(self, name: str, stream: Any = None) -> int:
+        """Release every lease this client holds on ``name``; returns how many."""
+        leases = [b for b in self._buffers.values() if b.name == name and b.readonly]
+        for b in leases:
+            b.free(stream)
+        return len(leases)
 
     def _free(self, buf: Buffer, stream: Any) -> None:
         with self._lock:
@@ -298,12 +421,16 @@ class Client:
 class Buffer:
     """Memory from the broker. Free it (or use ``with``); the client frees leftovers on close."""
 
-    def __init__(self, client: Client, alloc_id: int, pool: str, memory: ImportedMemory, owner: bool):
+    def __init__(self, client: Client, alloc_id: int, pool: str, memory: ImportedMemory, owner: bool,
+                 *, name: str | None = None, meta: dict | None = None, readonly: bool = False):
         self._client = client
         self.alloc_id = alloc_id
         self.pool = pool
         self._memory = memory
         self.owner = owner
+        self.name = name
+        self.meta = meta or {}
+        self.readonly = readonly
         self._freed = False
 
     def _live(self) -> ImportedMemory:
@@ -329,21 +456,23 @@ class Buffer:
         mem = self._live()
         if not hasattr(mem, "view"):
             raise AttributeError("view: only host-backend buffers are CPU-addressable; use DLPack")
-        return mem.view
+        return mem.view.toreadonly() if self.readonly else mem.view
 
     @property
     def __array_interface__(self) -> dict:
         mem = self._live()
         if not hasattr(mem, "view"):
             raise AttributeError("__array_interface__: not host memory")
-        return {"version": 3, "shape": (mem.size,), "typestr": "|u1", "data": (mem.ptr, False)}
+        return {"version": 3, "shape": (mem.size,), "typestr": "|u1", "data": (mem.ptr, self.readonly)}
 
     @property
     def __cuda_array_interface__(self) -> dict:
         mem = self._live()
         if not hasattr(mem, "cuda_array_interface"):
             raise AttributeError("__cuda_array_interface__: not CUDA memory")
-        return mem.cuda_array_interface
+        cai = dict(mem.cuda_array_interface)
+        cai["data"] = (cai["data"][0], self.readonly)
+        return cai
 
     def __dlpack__(self, **kwargs):
         mem = self._live()
@@ -370,7 +499,29 @@ class Buffer:
         self._freed = True
         self._client._free(self, stream)
 
-    close = free
+    close = release = free
+
+    def seal(self, stream: Any = None) -> None:
+        """Finish writing a named object: after the work on ``stream``, it is immutable and readers
+        may have it. This buffer is given up (``get`` the object to read it again)."""
+        if self.name is None or self.readonly:
+            raise InvalidRequest("only a buffer from Client.create() can be sealed")
+        self._live()
+        self._freed = True
+        self._client._seal(self, stream)
+
+    def write(self, data, offset: int = 0, stream: Any = None) -> None:
+        """Copy host bytes into this buffer at ``offset`` (on CUDA, ordered on ``stream``)."""
+        mem = self._live()
+        if self.readonly:
+            raise InvalidRequest("this buffer is a read-only lease")
+        src = memoryview(data).cast("B")
+        if offset < 0 or offset + src.nbytes > mem.size:
+            raise ValueError(f"{src.nbytes} bytes at offset {offset} do not fit in {mem.size}")
+        if hasattr(mem, "view"):
+            mem.view[offset : offset + src.nbytes] = src
+        else:
+            mem.copy_from_host(src, offset, self._client._backend, stream)
 
     @property
     def freed(self) -> bool:
@@ -383,4 +534,53 @@ class Buffer:
         self.free()
 
     def __repr__(self) -> str:
-        return f"<ipcpool.Buffer {self.size} bytes from {self.pool!r}{' (freed)' if self._freed else ''}>"
+        what = f"object {self.name!r}" if self.name else "buffer"
+        return f"<ipcpool.Buffer {what} {self.size} bytes from {self.pool!r}{' (freed)' if self._freed else ''}>"
+
+
+class Subscription:
+    """Objects sealed under a prefix, as they are sealed: ``for info in sub`` or ``sub.next(t)``."""
+
+    def __init__(self, client: Client, wid: int, prefix: str, queue: collections.deque):
+        self._client = client
+        self.wid = wid
+        self.prefix = prefix
+        self._queue = queue
+
+    def next(self, timeout: float | None = None) -> dict | None:
+        """The next sealed object's info (name, size, meta, ...), or None after ``timeout`` s."""
+        return self._client._next_event(self.wid, timeout)
+
+    def __iter__(self):
+        while True:
+            yield self.next()
+
+    def close(self) -> None:
+        self._client._unwatch(self.wid)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _wire_meta(meta: dict) -> dict:
+    """Metadata as it travels: dtype as a name ("float32"), shape as a list of ints."""
+    out = {}
+    if meta.get("dtype") is not None:
+        out["dtype"] = dtype_name(meta["dtype"])
+    if meta.get("shape") is not None:
+        out["shape"] = [int(d) for d in meta["shape"]]
+    if meta.get("user"):
+        out["user"] = dict(meta["user"])
+    unknown = set(meta) - {"dtype", "shape", "user"}
+    if unknown:
+        raise ValueError(f"meta: unknown keys {sorted(unknown)}; use dtype, shape and user")
+    return out
+
+
+def dtype_name(dtype: Any) -> str:
+    """'float32' for numpy/CuPy dtypes, torch dtypes and plain strings alike."""
+    name = getattr(dtype, "name", None) or str(dtype)
+    return name.removeprefix("torch.")

@@ -85,6 +85,30 @@ class AllocationTooLarge(InvalidRequest):
     code = 11
 
 
+class ObjectExists(InvalidRequest):
+    """A named object of that name already exists."""
+
+    code = 12
+
+
+class ObjectNotFound(InvalidRequest):
+    """No sealed object of that name (and the caller chose not to wait)."""
+
+    code = 13
+
+
+class ObjectAborted(IpcPoolError):
+    """The object's writer went away (or deleted it) before sealing it."""
+
+    code = 14
+
+
+class WaitTimeout(IpcPoolError):
+    """What was waited for did not happen within the timeout."""
+
+    code = 15
+
+
 def error_from_wire(code: int, message: str) -> IpcPoolError:
     """Rebuild the error the broker reported; unknown codes fall back to the root class."""
     cls = _BY_CODE.get(code, IpcPoolError) if isinstance(code, int) else IpcPoolError

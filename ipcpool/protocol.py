@@ -8,12 +8,14 @@ becomes an error reply (never an ``assert``, never a crash).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-from .errors import IpcPoolError, ProtocolError
+from .errors import InvalidRequest, IpcPoolError, ProtocolError
 
 PROTOCOL_VERSION = 1
 
@@ -58,6 +60,47 @@ class Field:
     required: bool = True
     max_len: int | None = None
     min_value: int | None = None
+    check: Callable[[str, Any], None] | None = None   # raises ProtocolError / InvalidRequest
+
+
+# Object names: path-like, so prefixes ("weights/layer1/") group them.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,254}")
+DTYPE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+MAX_DIMS = 32
+MAX_USER_KEYS = 64
+
+
+def check_object_name(key: str, name: str) -> None:
+    if not NAME_RE.fullmatch(name) or "//" in name or "/../" in f"/{name}/" or "/./" in f"/{name}/":
+        raise InvalidRequest(
+            f"{key}: invalid object name {name[:80]!r}: 1-255 characters of letters, digits and "
+            "'._:/-', starting with a letter or digit, without empty, '.' or '..' path parts"
+        )
+
+
+def check_meta(key: str, meta: dict) -> None:
+    """Object metadata: optional dtype (a numpy-style name), shape, and a small user map."""
+    unknown = set(meta) - {"dtype", "shape", "user"}
+    if unknown:
+        raise InvalidRequest(f"{key}: unknown metadata keys {sorted(map(str, unknown))}")
+    dtype = meta.get("dtype")
+    if dtype is not None and not (isinstance(dtype, str) and DTYPE_RE.fullmatch(dtype)):
+        raise InvalidRequest(f"{key}.dtype: a dtype name such as 'float32', got {dtype!r}")
+    shape = meta.get("shape")
+    if shape is not None and not (
+        isinstance(shape, list) and len(shape) <= MAX_DIMS
+        and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 62 for d in shape)
+    ):
+        raise InvalidRequest(f"{key}.shape: a list of at most {MAX_DIMS} non-negative ints")
+    user = meta.get("user")
+    if user is not None:
+        if not isinstance(user, dict) or len(user) > MAX_USER_KEYS:
+            raise InvalidRequest(f"{key}.user: a map of at most {MAX_USER_KEYS} entries")
+        for k, v in user.items():
+            if not isinstance(k, str) or len(k) > 64:
+                raise InvalidRequest(f"{key}.user: keys are strings of at most 64 characters")
+            if not isinstance(v, (str, int, float, bool)) or (isinstance(v, str) and len(v) > 1024):
+                raise InvalidRequest(f"{key}.user[{k!r}]: a string (at most 1024), number or bool")
 
 
 def _u64(required: bool = True) -> Field:
@@ -72,6 +115,10 @@ def _name(required: bool = True) -> Field:
     return Field(str, required, max_len=MAX_NAME)
 
 
+def _object_name(required: bool = True) -> Field:
+    return Field(str, required, check=check_object_name)   # the check bounds its length
+
+
 # Requests on the message channel, op -> schema (besides "op" and "id").
 REQUESTS: dict[str, dict[str, Field]] = {
     "allocate": {"nbytes": _u64(), "pool": _name()},
@@ -84,6 +131,13 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "trim": {"pool": _name(), "keep": _u64()},
     "set_release_threshold": {"pool": _name(), "bytes": _u64()},
     "ping": {},
+    "create": {"name": _object_name(), "nbytes": _u64(), "pool": _name(), "meta": Field(dict, False, check=check_meta)},
+    "seal": {"name": _object_name(), "alloc": _u64(), "done_event": _bin(required=False)},
+    "get": {"name": _object_name(), "timeout_ms": _u64(required=False)},
+    "delete": {"name": _object_name()},
+    "list": {"prefix": Field(str, False, max_len=MAX_NAME)},
+    "watch": {"prefix": Field(str, True, max_len=MAX_NAME), "existing": Field(bool, False)},
+    "unwatch": {"watch": _u64()},
 }
 
 # One-way requests: the broker acts and sends no reply (ordering per session is kept by ZeroMQ).
@@ -121,6 +175,8 @@ def validate(msg: dict, schemas: dict[str, dict[str, Field]]) -> tuple[str, dict
             raise ProtocolError(f"{op}: field {key!r} must be >= {spec.min_value}")
         if spec.kind is int and value >= 1 << 64:
             raise ProtocolError(f"{op}: field {key!r} out of range")
+        if spec.check is not None:
+            spec.check(key, value)
         fields[key] = value
     return op, fields
 

@@ -73,6 +73,10 @@ class SessionContext(ABC):
         reply (it waits on a ready event before it sends again): events named in those replies may
         be recycled (R4)."""
 
+    def peer_gone(self) -> None:
+        """The session's process has exited (pidfd), so its GPU work is over: events it named but
+        never completed must no longer hold frees back. Call before releasing its memory."""
+
     @abstractmethod
     def close(self) -> None: ...
 
@@ -108,6 +112,16 @@ class BrokerPool(ABC):
         newly recorded on ``session``'s stream where the backend has events."""
         return export
 
+    def seal(self, handle: object, session: SessionContext, done_event: bytes) -> bytes:
+        """The writer of a named object finished (its writes and the release of its import are
+        done at ``done_event``). Order the eventual free after it, as ``add_release`` does, and
+        return a handle of an event of the broker's own that completes after ``done_event``: readers
+        wait on it. It is recorded once, never again, and lives until the handle is freed (R1, R4).
+        Empty where the backend has no events."""
+        if done_event:
+            self.add_release(handle, session, done_event)
+        return b""
+
     def add_release(self, handle: object, session: SessionContext, done_event: bytes) -> None:
         """Another importer (a session that opened a shared allocation) released its import: order
         the eventual ``free`` after ``done_event``. The wait must be enqueued now, on ``session``'s
@@ -138,6 +152,13 @@ class BrokerBackend(ABC):
 
     @abstractmethod
     def open_session(self) -> SessionContext: ...
+
+    def broker_context(self) -> SessionContext:
+        """A context of the broker's own, for work no live session orders (a named object deleted
+        after its last reader left). Its stream never waits on a client's event (R3)."""
+        if getattr(self, "_own_context", None) is None:
+            self._own_context = self.open_session()
+        return self._own_context
 
     def close(self) -> None:
         """Release backend-wide resources (after every pool is closed)."""

@@ -1,11 +1,13 @@
-"""Pools and allocations, with ownership, shared opens and per-uid accounting.
+"""Pools and allocations, with holders and per-uid accounting.
 
-An allocation is freed once: when its owner has freed it and every session that opened it has
-released it (or died). Each release's done event is handed to the backend as it arrives (R2, R4).
+An allocation has holders: sessions (the one that allocated it, sessions that opened it or hold a
+lease on it) and named objects (an object holds its memory until it is deleted). It is freed once,
+when its last holder lets go; each holder's done event reaches the backend as it arrives (R2, R4).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import secrets
 from dataclasses import dataclass, field
@@ -24,10 +26,13 @@ class Allocation:
     pool: BrokerPool
     handle: object
     export: Export
-    owner: Session | None
     uid: int
+    holders: collections.Counter = field(default_factory=collections.Counter)
     share_token: bytes | None = None
-    openers: dict[int, int] = field(default_factory=dict)  # session id -> open count
+
+    @property
+    def size(self) -> int:
+        return self.export.size
 
 
 class Registry:
@@ -37,7 +42,7 @@ class Registry:
         self.pools: dict[str, BrokerPool] = {}
         self.allocations: dict[int, Allocation] = {}
         self.by_token: dict[bytes, Allocation] = {}
-        self.bytes_by_uid: dict[int, int] = {}
+        self.bytes_by_uid: collections.Counter = collections.Counter()
         self._next_aid = 1
 
     def create_pools(self) -> None:
@@ -57,6 +62,7 @@ class Registry:
             ) from None
 
     def allocate(self, session: Session, nbytes: int, pool_name: str) -> Allocation:
+        """A new allocation, held once by ``session`` and counted against its uid's quota."""
         pool = self.pool(pool_name)
         if nbytes <= 0:
             raise InvalidRequest(f"allocation size must be positive, got {nbytes}")
@@ -68,27 +74,32 @@ class Registry:
             )
         uid = session.cred.uid
         quota = self.config.quota_for(uid).bytes
-        held = self.bytes_by_uid.get(uid, 0)
+        held = self.bytes_by_uid[uid]
         if quota and held + nbytes > quota:
             raise QuotaExceeded(
                 f"uid {uid} holds {held} bytes; {nbytes} more would pass its quota of {quota} bytes: "
                 "free some memory or ask the operator to raise quotas"
             )
         handle, export = pool.allocate(nbytes, session.backend)
-        alloc = Allocation(self._next_aid, pool, handle, export, session, uid)
+        alloc = Allocation(self._next_aid, pool, handle, export, uid)
         self._next_aid += 1
         self.allocations[alloc.aid] = alloc
-        self.bytes_by_uid[uid] = held + nbytes
-        session.owned.add(alloc.aid)
+        self.bytes_by_uid[uid] += nbytes
+        self.hold(alloc, session)
         return alloc
 
-    def _owned(self, session: Session, aid: int) -> Allocation:
-        if aid not in session.owned:
+    def hold(self, alloc: Allocation, holder: object) -> None:
+        alloc.holders[holder] += 1
+        if isinstance(holder, Session):
+            holder.held[alloc.aid] += 1
+
+    def held_by(self, session: Session, aid: int) -> Allocation:
+        if not session.held.get(aid):
             raise InvalidRequest(f"allocation {aid} is not held by this session")
         return self.allocations[aid]
 
     def share(self, session: Session, aid: int) -> bytes:
-        alloc = self._owned(session, aid)
+        alloc = self.held_by(session, aid)
         if alloc.share_token is None:
             alloc.share_token = secrets.token_bytes(16)
             self.by_token[alloc.share_token] = alloc
@@ -98,56 +109,48 @@ class Registry:
         alloc = self.by_token.get(token)
         if alloc is None:
             raise InvalidRequest("no shared allocation has that token (freed, or never shared)")
-        alloc.openers[session.sid] = alloc.openers.get(session.sid, 0) + 1
-        session.opened[alloc.aid] = session.opened.get(alloc.aid, 0) + 1
+        self.hold(alloc, session)
         return alloc
 
-    def free(self, session: Session, aid: int, done_event: bytes = b"") -> None:
-        """The owner frees, or an opener releases, one hold on ``aid``."""
-        if aid in session.owned:
-            alloc = self.allocations[aid]
-            session.owned.discard(aid)
-            alloc.owner = None
-        elif session.opened.get(aid):
-            alloc = self.allocations[aid]
-            session.opened[aid] -= 1
-            alloc.openers[session.sid] -= 1
-            if not session.opened[aid]:
-                del session.opened[aid]
-                del alloc.openers[session.sid]
-        else:
-            raise InvalidRequest(f"allocation {aid} is not held by this session")
-        self._settle(alloc, session, done_event)
+    def free(self, session: Session, aid: int, done_event: bytes = b"") -> Allocation:
+        """``session`` lets go of one hold on ``aid`` (after ``done_event``, where given)."""
+        alloc = self.held_by(session, aid)
+        session.held[aid] -= 1
+        if not session.held[aid]:
+            del session.held[aid]
+        self.unhold(alloc, session, done_event, session)
+        return alloc
 
-    def _settle(self, alloc: Allocation, session: Session, done_event: bytes) -> None:
-        if alloc.owner is not None or alloc.openers:
-            if done_event:
-                alloc.pool.add_release(alloc.handle, session.backend, done_event)
+    def unhold(self, alloc: Allocation, holder: object, done_event: bytes, via: Session | None) -> None:
+        """Drop one hold; free the memory after the last. ``via`` is the session on whose stream
+        the backend orders the work (None: any live context will do, nothing to wait for)."""
+        alloc.holders[holder] -= 1
+        if alloc.holders[holder] <= 0:
+            del alloc.holders[holder]
+        ctx = via.backend if via is not None else None
+        if alloc.holders:
+            if done_event and ctx is not None:
+                alloc.pool.add_release(alloc.handle, ctx, done_event)
             return
         del self.allocations[alloc.aid]
         if alloc.share_token is not None:
             del self.by_token[alloc.share_token]
-        self.bytes_by_uid[alloc.uid] -= alloc.export.size
-        alloc.pool.free(alloc.handle, session.backend, done_event)
+        self.bytes_by_uid[alloc.uid] -= alloc.size
+        alloc.pool.free(alloc.handle, ctx if ctx is not None else self.backend.broker_context(), done_event)
 
     def release_session(self, session: Session) -> int:
-        """Drop everything a session holds (it said bye, or its process is gone)."""
+        """Drop every hold of a session (it said bye, or its process is gone)."""
         count = 0
-        for aid in list(session.owned):
-            self.free(session, aid)
-            count += 1
-        for aid, n in list(session.opened.items()):
+        for aid, n in list(session.held.items()):
             for _ in range(n):
                 self.free(session, aid)
             count += 1
         return count
 
     def stats(self) -> dict[str, dict]:
-        out = {}
-        for name, pool in self.pools.items():
-            s = pool.stats().as_dict()
-            s["allocations"] = sum(1 for a in self.allocations.values() if a.pool is pool)
-            out[name] = s
+        out = {name: {**pool.stats().as_dict(), "allocations": 0} for name, pool in self.pools.items()}
+        for alloc in self.allocations.values():
+            out[alloc.pool.spec.name]["allocations"] += 1
         return out
 
     def close(self) -> None:

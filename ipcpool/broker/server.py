@@ -23,7 +23,9 @@ import zmq
 from .. import fdpass, paths, protocol
 from ..backend import Choice, broker_backend
 from ..config import Config
-from ..errors import IpcPoolError, PeerRefused, ProtocolError
+from ..backend.base import Export
+from ..errors import IpcPoolError, PeerRefused, ProtocolError, WaitTimeout
+from .objects import NamedObject, ObjectTable, abort_error
 from .registry import Registry
 from .session import Session
 
@@ -83,6 +85,7 @@ class Broker:
             self.backend = broker_backend(self.choice.name)
             self.registry = Registry(self.config, self.backend)
             self.registry.create_pools()
+            self.objects = ObjectTable(self.registry)
             self._bind()
         except BaseException:
             self.close()
@@ -172,6 +175,9 @@ class Broker:
         self._poller.unregister(fd)
 
     def poll_once(self, timeout_ms: int) -> None:
+        deadline = self.objects.next_deadline()
+        if deadline is not None:
+            timeout_ms = max(0, min(timeout_ms, int((deadline - time.monotonic()) * 1000) + 1))
         events = dict(self._poller.poll(timeout_ms))
         if self._wake_r.fileno() in events:
             try:
@@ -192,6 +198,10 @@ class Broker:
                     self._on_process_gone(self._by_pidfd[fd])
         if self._pending:
             self._expire_pending()
+        if deadline is not None:
+            for name, w in self.objects.expired(time.monotonic()):
+                self._send(w.session.token, protocol.error_reply(
+                    w.rid, WaitTimeout(f"object {name!r} was not sealed within the timeout")))
 
     # -- control socket ----------------------------------------------------------------------
     def _accept(self) -> None:
@@ -331,6 +341,12 @@ class Broker:
             if fd >= 0 and table.pop(fd, None) is not None:
                 self._unwatch(fd)
         try:
+            if self.registry is not None:
+                aborted, orphans = self.objects.end_session(session)
+                for obj in aborted:
+                    log.info("session %d: object %r aborted (never sealed)", session.sid, obj.name)
+                for name, w in orphans:
+                    self._send(w.session.token, protocol.error_reply(w.rid, abort_error(name)))
             released = self.registry.release_session(session) if self.registry else 0
         except Exception:
             log.exception("session %d: releasing its memory failed", session.sid)
@@ -366,8 +382,8 @@ class Broker:
             rid = protocol.request_id(msg)
             op, fields = protocol.validate(msg, protocol.REQUESTS)
             session.backend.peer_progressed()
-            reply = self._handle(session, op, fields)
-            if op in protocol.ONE_WAY:
+            reply = self._handle(session, op, fields, rid)
+            if reply is None or op in protocol.ONE_WAY:   # None: answered later (a waiting get)
                 return
             self._send(ident, protocol.ok_reply(rid, **reply))
         except IpcPoolError as exc:
@@ -377,8 +393,8 @@ class Broker:
             log.exception("internal error handling a request")
             self._send(ident, protocol.error_reply(rid, IpcPoolError(f"internal broker error: {exc}")))
 
-    def _handle(self, session: Session, op: str, f: dict) -> dict:
-        reg = self.registry
+    def _handle(self, session: Session, op: str, f: dict, rid: int) -> dict | None:
+        reg, objects = self.registry, self.objects
         if op == "allocate":
             alloc = reg.allocate(session, f["nbytes"], f["pool"])
             return self._export_fields(alloc)
@@ -394,6 +410,7 @@ class Broker:
         if op == "stats":
             return {
                 "backend": self.choice.name, "sessions": len(self.sessions), "pools": reg.stats(),
+                "objects": len(objects.objects),
                 "pid": os.getpid(), "uptime": time.time() - self.started, "version": VERSION,
             }
         if op == "reset_high":
@@ -411,7 +428,51 @@ class Broker:
             return {}
         if op == "ping":
             return {}
+        if op == "create":
+            obj = objects.create(session, f["name"], f["nbytes"], f["pool"], f.get("meta", {}))
+            return self._export_fields(obj.alloc)
+        if op == "seal":
+            obj = objects.seal(session, f["name"], f["alloc"], f.get("done_event", b""))
+            self._announce(obj)
+            return {}
+        if op == "get":
+            obj = objects.lease(session, f["name"])
+            if obj is not None:
+                return self._lease_fields(obj)
+            timeout = f.get("timeout_ms")
+            objects.wait(session, f["name"], rid, None if timeout is None else timeout / 1000)
+            return None
+        if op == "delete":
+            obj = objects.delete(session, f["name"])
+            if not obj.sealed:
+                for w in objects.take_waiters(obj.name):
+                    self._send(w.session.token, protocol.error_reply(w.rid, abort_error(obj.name)))
+            return {}
+        if op == "list":
+            return {"objects": objects.list(f.get("prefix", ""))}
+        if op == "watch":
+            w = objects.watch(session, f["prefix"])
+            existing = [o for o in objects.list(f["prefix"]) if o["state"] == "sealed"] if f.get("existing") else []
+            return {"watch": w.wid, "existing": existing}
+        if op == "unwatch":
+            objects.unwatch(session, f["watch"])
+            return {}
         raise ProtocolError(f"unhandled op {op}")  # validate() knows every op; kept for safety
+
+    def _announce(self, obj: NamedObject) -> None:
+        """A seal settles the gets waiting for it and tells the watchers of its prefix."""
+        for w in self.objects.take_waiters(obj.name):
+            if w.session.token in self.sessions:
+                self.objects.lease(w.session, obj.name)
+                self._send(w.session.token, protocol.ok_reply(w.rid, **self._lease_fields(obj)))
+        info = obj.info()
+        for watch in self.objects.watchers(obj.name):
+            self._send(watch.session.token, {"notify": "sealed", "watch": watch.wid, "object": info})
+
+    def _lease_fields(self, obj: NamedObject) -> dict:
+        e = obj.alloc.export
+        lease = Export(size=e.size, offset=e.offset, data=e.data, ready_event=obj.seal_event)
+        return {**self._export_fields(obj.alloc, lease), "name": obj.name, "meta": obj.meta}
 
     @staticmethod
     def _export_fields(alloc, export=None) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import socket
 from dataclasses import dataclass, field
@@ -18,9 +19,7 @@ class Session:
     conn: socket.socket
     pidfd: int
     backend: SessionContext
-    # alloc id -> number of opens (the owner's own allocation counts in ``owned``)
-    owned: set[int] = field(default_factory=set)
-    opened: dict[int, int] = field(default_factory=dict)
+    held: collections.Counter = field(default_factory=collections.Counter)   # alloc id -> holds
     pools_sent: set[str] = field(default_factory=set)
     said_bye: bool = False
     orphaned: bool = False   # control socket closed; waiting for the process to be gone

@@ -7,8 +7,9 @@ from ipcpool import errors
 def test_public_surface_is_explicit():
     assert sorted(ipcpool.__all__) == sorted(
         ["AllocationTooLarge", "BackendUnavailable", "BrokerGone", "Buffer", "Client", "ClosedError",
-         "InvalidRequest", "IpcPoolError", "OutOfMemory", "PeerRefused", "ProtocolError", "QuotaExceeded",
-         "UnknownPool", "connect"]
+         "InvalidRequest", "IpcPoolError", "ObjectAborted", "ObjectExists", "ObjectNotFound", "OutOfMemory",
+         "PeerRefused", "ProtocolError", "QuotaExceeded", "Subscription", "UnknownPool", "WaitTimeout",
+         "connect"]
     )
     for name in ipcpool.__all__:
         assert getattr(ipcpool, name) is not None

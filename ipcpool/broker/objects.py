@@ -1,0 +1,172 @@
+"""Named objects: create (one writer) -> seal -> get (leases) -> delete, and who waits for what.
+
+An object is one holder of its allocation (see ``registry``); its writer and each reader are
+others. So the memory is freed exactly once, after the object is deleted and every session that
+touched it has let go, each with its done event (R2). Waiting ``get``s and prefix watches are kept
+here; the server sends their replies when a seal (or an abort, or a timeout) settles them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..errors import InvalidRequest, IpcPoolError, ObjectAborted, ObjectExists, ObjectNotFound
+from .registry import Allocation, Registry
+from .session import Session
+
+
+@dataclass(eq=False)
+class NamedObject:
+    name: str
+    alloc: Allocation
+    writer: Session | None
+    meta: dict
+    created: float = field(default_factory=time.time)
+    sealed: bool = False
+    seal_event: bytes = b""
+
+    @property
+    def state(self) -> str:
+        return "sealed" if self.sealed else "writing"
+
+    def leases(self) -> int:
+        return sum(n for h, n in self.alloc.holders.items() if isinstance(h, Session) and h is not self.writer)
+
+    def info(self) -> dict:
+        return {
+            "name": self.name, "size": self.alloc.size, "pool": self.alloc.pool.spec.name,
+            "state": self.state, "leases": self.leases(), "created": self.created, "meta": self.meta,
+        }
+
+
+@dataclass(eq=False)
+class Waiter:
+    """A ``get`` that arrived before its object was sealed; answered later."""
+
+    session: Session
+    rid: int
+    deadline: float | None
+
+
+@dataclass(eq=False)
+class Watch:
+    wid: int
+    session: Session
+    prefix: str
+
+
+class ObjectTable:
+    def __init__(self, registry: Registry):
+        self.registry = registry
+        self.objects: dict[str, NamedObject] = {}
+        self.waiters: dict[str, list[Waiter]] = {}
+        self.watches: dict[int, Watch] = {}
+        self._next_wid = 1
+
+    def create(self, session: Session, name: str, nbytes: int, pool: str, meta: dict) -> NamedObject:
+        if name in self.objects:
+            raise ObjectExists(f"an object named {name!r} already exists; delete it first or pick another name")
+        alloc = self.registry.allocate(session, nbytes, pool)   # the writer's hold
+        obj = NamedObject(name, alloc, session, meta)
+        self.registry.hold(alloc, obj)
+        self.objects[name] = obj
+        return obj
+
+    def seal(self, session: Session, name: str, aid: int, done_event: bytes) -> NamedObject:
+        obj = self.objects.get(name)
+        if obj is None or obj.writer is not session or obj.alloc.aid != aid:
+            raise InvalidRequest(f"{name!r} is not an object this session is writing")
+        alloc = obj.alloc
+        obj.seal_event = alloc.pool.seal(alloc.handle, session.backend, done_event)
+        obj.sealed = True
+        obj.writer = None
+        self.registry.free(session, aid)   # the writer's import: its done event is ordered by seal()
+        return obj
+
+    def lease(self, session: Session, name: str) -> NamedObject | None:
+        """A read lease on a sealed object, or None where it is not sealed yet."""
+        obj = self.objects.get(name)
+        if obj is None or not obj.sealed:
+            return None
+        self.registry.hold(obj.alloc, session)
+        return obj
+
+    def wait(self, session: Session, name: str, rid: int, timeout_s: float | None) -> None:
+        if timeout_s == 0:
+            obj = self.objects.get(name)
+            state = "is still being written" if obj else "does not exist"
+            raise ObjectNotFound(f"object {name!r} {state}; pass a timeout to wait for its seal")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.waiters.setdefault(name, []).append(Waiter(session, rid, deadline))
+
+    def take_waiters(self, name: str) -> list[Waiter]:
+        return self.waiters.pop(name, [])
+
+    def expired(self, now: float) -> list[tuple[str, Waiter]]:
+        out = []
+        for name, ws in list(self.waiters.items()):
+            keep = []
+            for w in ws:
+                (out.append((name, w)) if w.deadline is not None and w.deadline <= now else keep.append(w))
+            if keep:
+                self.waiters[name] = keep
+            else:
+                del self.waiters[name]
+        return out
+
+    def next_deadline(self) -> float | None:
+        deadlines = [w.deadline for ws in self.waiters.values() for w in ws if w.deadline is not None]
+        return min(deadlines, default=None)
+
+    def delete(self, session: Session, name: str) -> NamedObject:
+        obj = self.objects.get(name)
+        if obj is None:
+            raise ObjectNotFound(f"no object named {name!r}")
+        if not obj.sealed and obj.writer is not session:
+            raise InvalidRequest(f"object {name!r} is being written by another session; only its writer may delete it now")
+        self._drop(obj)
+        return obj
+
+    def _drop(self, obj: NamedObject) -> None:
+        del self.objects[obj.name]
+        # The object's own hold; the memory goes once the readers (and a writer) let go too.
+        self.registry.unhold(obj.alloc, obj, b"", None)
+
+    def list(self, prefix: str = "") -> list[dict]:
+        return [o.info() for name, o in sorted(self.objects.items()) if name.startswith(prefix)]
+
+    def watch(self, session: Session, prefix: str) -> Watch:
+        w = Watch(self._next_wid, session, prefix)
+        self._next_wid += 1
+        self.watches[w.wid] = w
+        return w
+
+    def unwatch(self, session: Session, wid: int) -> None:
+        w = self.watches.get(wid)
+        if w is None or w.session is not session:
+            raise InvalidRequest(f"watch {wid} is not one of this session's")
+        del self.watches[wid]
+
+    def watchers(self, name: str) -> list[Watch]:
+        return [w for w in self.watches.values() if name.startswith(w.prefix)]
+
+    def end_session(self, session: Session) -> tuple[list[NamedObject], list[tuple[str, Waiter]]]:
+        """A session is gone: abort what it was writing, forget its waits and watches. Returns the
+        aborted objects and the waiters (of any session) that were waiting for them."""
+        for wid in [wid for wid, w in self.watches.items() if w.session is session]:
+            del self.watches[wid]
+        for name, ws in list(self.waiters.items()):
+            ws[:] = [w for w in ws if w.session is not session]
+            if not ws:
+                del self.waiters[name]
+        aborted = [o for o in self.objects.values() if o.writer is session]
+        orphans = []
+        for obj in aborted:
+            self._drop(obj)
+            orphans += [(obj.name, w) for w in self.take_waiters(obj.name)]
+        return aborted, orphans
+
+
+def abort_error(name: str) -> IpcPoolError:
+    return ObjectAborted(f"object {name!r} was abandoned before it was sealed (its writer went away or deleted it)")

@@ -1,0 +1,110 @@
+"""Named objects as torch tensors, CuPy arrays and numpy arrays, zero-copy.
+
+The libraries are imported only here and only when used: ipcpool depends on none of them. An
+object's bytes are viewed as its metadata's dtype and shape; the lease stays with the client until
+``Client.release_all(name)`` or close, however long the tensor lives.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+from .client import Client, dtype_name
+from .errors import InvalidRequest
+
+
+def _kind(obj: Any) -> str:
+    module = type(obj).__module__.split(".")[0]
+    if module in ("torch", "cupy", "numpy"):
+        return module
+    raise TypeError(f"put_tensor takes a torch tensor, a CuPy or a numpy array, not {type(obj).__name__}")
+
+
+def _contiguous_bytes(obj: Any, kind: str) -> tuple[Any, int]:
+    """A flat uint8 view of a C-contiguous copy (no copy where it already is) and its size."""
+    if kind == "torch":
+        flat = obj.detach().contiguous().reshape(-1).view(__import__("torch").uint8)
+    else:
+        xp = __import__(kind)
+        flat = xp.ascontiguousarray(obj).reshape(-1).view(xp.uint8)
+    return flat, int(flat.numel() if kind == "torch" else flat.size)
+
+
+def put(client: Client, name: str, obj: Any, *, pool: str, stream: Any, user: dict | None) -> None:
+    kind = _kind(obj)
+    on_gpu = kind == "cupy" or (kind == "torch" and obj.is_cuda)
+    if on_gpu != (client.backend_name == "cuda"):
+        where = "GPU" if on_gpu else "host"
+        raise InvalidRequest(f"a {where} {kind} object cannot go into a {client.backend_name}-backend broker")
+    flat, nbytes = _contiguous_bytes(obj, kind)
+    meta = {"dtype": dtype_name(obj.dtype), "shape": list(obj.shape)}
+    if user:
+        meta["user"] = user
+    buf = client.create(name, max(nbytes, 1), pool=pool, meta=meta, stream=stream)
+    try:
+        if not on_gpu:
+            if nbytes:
+                buf.view[:nbytes] = memoryview(flat.numpy() if kind == "torch" else flat).cast("B")
+            buf.seal()
+            return
+        if kind == "torch":
+            import torch
+
+            torch_stream = _torch_stream(stream, obj.device)
+            with torch.cuda.stream(torch_stream):
+                torch.from_dlpack(buf)[:nbytes].copy_(flat, non_blocking=True)
+            buf.seal(stream=torch_stream)
+        else:
+            import cupy
+
+            cupy_stream = stream if stream is not None else cupy.cuda.get_current_stream()
+            with cupy_stream:
+                cupy.asarray(buf)[:nbytes] = flat
+            buf.seal(stream=cupy_stream)
+    except BaseException:
+        if not buf.freed:
+            buf.free()
+            client.delete(name)
+        raise
+
+
+def _torch_stream(stream: Any, device: Any) -> Any:
+    import torch
+
+    if stream is None:
+        return torch.cuda.current_stream(device)
+    if isinstance(stream, torch.cuda.Stream):
+        return stream
+    raise TypeError("put_tensor/get_tensor take a torch.cuda.Stream (or None) as stream")
+
+
+def get(client: Client, name: str, kind: str, *, stream: Any, timeout: float | None) -> Any:
+    lease = client.get(name, stream=stream, timeout=timeout)
+    dtype, shape = lease.meta.get("dtype"), lease.meta.get("shape")
+    if dtype is None or shape is None:
+        lease.free()
+        raise InvalidRequest(f"object {name!r} has no dtype/shape metadata; use Client.get() for raw bytes")
+    count = math.prod(shape)
+    if kind == "torch":
+        import torch
+
+        torch_dtype = getattr(torch, dtype, None)
+        if not isinstance(torch_dtype, torch.dtype):
+            lease.free()
+            raise InvalidRequest(f"object {name!r}: torch has no dtype {dtype!r}")
+        if client.backend_name == "cuda":
+            raw = torch.from_dlpack(lease)
+        else:
+            import numpy
+
+            with warnings.catch_warnings():   # a lease is read-only by contract, not by page bits
+                warnings.simplefilter("ignore", UserWarning)
+                raw = torch.from_numpy(numpy.asarray(lease).view(numpy.uint8))
+        itemsize = torch.empty((), dtype=torch_dtype).element_size()
+        return raw[: count * itemsize].view(torch_dtype).reshape(shape)
+    xp = __import__(kind)
+    arr = xp.asarray(lease)
+    np_dtype = xp.dtype(dtype)
+    return arr[: count * np_dtype.itemsize].view(np_dtype).reshape(shape)

@@ -1,0 +1,191 @@
+"""Named objects on the host backend: create, seal, get, release, delete, list, watch, death."""
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import ipcpool
+from tests.conftest import SPAWN, run_procs
+
+
+def used(c):
+    return c.stats()["pools"]["default"]["used"]
+
+
+def test_create_seal_get_and_metadata(broker):
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        buf = w.create("models/a", 4096, meta={"dtype": "float32", "shape": [32, 32], "user": {"v": 2}})
+        np.asarray(buf)[:] = 9
+        (info,) = w.list("models/")
+        assert info["state"] == "writing" and info["size"] == 4096 and info["meta"]["shape"] == [32, 32]
+        buf.seal()
+        assert buf.freed
+        lease = r.get("models/a")
+        assert lease.readonly and lease.meta == {"dtype": "float32", "shape": [32, 32], "user": {"v": 2}}
+        assert bytes(lease.view[:4]) == b"\x09" * 4
+        with pytest.raises(TypeError):
+            lease.view[0] = 1                      # a read-only memoryview
+        assert not np.asarray(lease).flags.writeable
+        assert w.list("models/")[0] == {**info, "state": "sealed", "leases": 1}
+        lease.release()
+        assert w.list()[0]["leases"] == 0
+
+
+def test_names_are_unique_and_validated(broker):
+    with ipcpool.connect(broker.socket_dir) as c:
+        c.create("x", 10).seal()
+        with pytest.raises(ipcpool.ObjectExists, match="already exists"):
+            c.create("x", 10)
+        for bad in ["", "/abs", "a//b", "a/../b", "sp ace", "x" * 256, "ä"]:
+            with pytest.raises(ipcpool.InvalidRequest, match="invalid object name"):
+                c.create(bad, 10)
+        with pytest.raises(ipcpool.InvalidRequest, match="dtype"):
+            c.create("y", 10, meta={"dtype": "Float 32"})
+        with pytest.raises(ValueError, match="unknown keys"):
+            c.create("y", 10, meta={"color": "red"})
+        assert [o["name"] for o in c.list()] == ["x"]
+
+
+def test_get_waits_for_the_seal(broker):
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        got = {}
+
+        def reader():
+            t0 = time.monotonic()
+            with r.get("late", timeout=10) as lease:
+                got["bytes"] = bytes(lease.view[:5])
+            got["waited"] = time.monotonic() - t0
+
+        t = threading.Thread(target=reader)
+        t.start()
+        time.sleep(0.3)
+        buf = w.create("late", 5)
+        buf.view[:] = b"hello"
+        buf.seal()
+        t.join(10)
+        assert got["bytes"] == b"hello" and got["waited"] >= 0.25
+
+
+def test_get_timeout_and_no_wait(broker):
+    with ipcpool.connect(broker.socket_dir) as c:
+        with pytest.raises(ipcpool.ObjectNotFound, match="does not exist"):
+            c.get("nothing", timeout=0)
+        t0 = time.monotonic()
+        with pytest.raises(ipcpool.WaitTimeout, match="not sealed within"):
+            c.get("nothing", timeout=0.3)
+        assert 0.25 < time.monotonic() - t0 < 3
+        c.create("half", 8)
+        with pytest.raises(ipcpool.ObjectNotFound, match="still being written"):
+            c.get("half", timeout=0)
+        assert c.stats()["sessions"] == 1          # the session survives its failed gets
+
+
+def test_delete_is_deferred_while_leased(broker):
+    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as r:
+        buf = c.create("d", 1 << 20)
+        buf.view[:3] = b"abc"
+        buf.seal()
+        lease = r.get("d")
+        c.delete("d")
+        assert c.list() == [] and used(c) == 1 << 20     # gone by name, memory still leased
+        assert bytes(lease.view[:3]) == b"abc"
+        c.create("d", 16).seal()                          # the name is free again
+        lease.release()
+        assert used(c) == 256                             # only the new "d" (one aligned block)
+        with pytest.raises(ipcpool.ObjectNotFound):
+            c.delete("nope")
+
+
+def _writer_dies(socket_dir, out):
+    c = ipcpool.connect(socket_dir)
+    c.create("sealed/1", 1 << 20).seal()
+    c.create("unsealed/1", 1 << 20)
+    lease = c.get("sealed/1")
+    out.put(os.getpid())
+    time.sleep(600)
+
+
+def test_death_aborts_unsealed_keeps_sealed_releases_leases(broker):
+    with ipcpool.connect(broker.socket_dir) as c:
+        out = SPAWN.Queue()
+        p = SPAWN.Process(target=_writer_dies, args=(broker.socket_dir, out))
+        p.start()
+        pid = out.get(timeout=60)
+        assert {o["name"]: (o["state"], o["leases"]) for o in c.list()} == {
+            "sealed/1": ("sealed", 1), "unsealed/1": ("writing", 0)}
+        waiting = {}
+        t = threading.Thread(target=lambda: waiting.setdefault("err", _expect_error(broker.socket_dir)))
+        t.start()
+        time.sleep(0.3)
+        os.kill(pid, signal.SIGKILL)
+        p.join(10)
+        t.join(10)
+        assert isinstance(waiting["err"], ipcpool.ObjectAborted)
+        deadline = time.monotonic() + 10
+        while c.list() != [] and len(c.list()) != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while (objs := c.list()) and objs[0]["leases"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [(o["name"], o["state"], o["leases"]) for o in c.list()] == [("sealed/1", "sealed", 0)]
+        assert used(c) == 1 << 20
+        c.delete("sealed/1")
+        assert used(c) == 0
+
+
+def _expect_error(socket_dir):
+    with ipcpool.connect(socket_dir) as c:
+        try:
+            c.get("unsealed/1", timeout=30)
+        except ipcpool.IpcPoolError as exc:
+            return exc
+    return None
+
+
+def test_subscribe_sees_seals_under_a_prefix(broker):
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        w.create("w/old", 4).seal()
+        with r.subscribe("w/", existing=True) as sub:
+            assert sub.next(1)["name"] == "w/old"
+            assert sub.next(0.1) is None
+            w.create("other/x", 4).seal()               # not under the prefix
+            w.create("w/new", 4, meta={"user": {"step": 7}}).seal()
+            info = sub.next(5)
+            assert info["name"] == "w/new" and info["meta"]["user"] == {"step": 7}
+            assert [o["name"] for o in r.list("w/")] == ["w/new", "w/old"]   # requests work between events
+        w.create("w/after", 4).seal()
+        assert r.stats()["objects"] == 4
+
+
+def _consumer(socket_dir, i, out):
+    with ipcpool.connect(socket_dir) as c:
+        arr = c.get_array("shared/table", timeout=30)
+        out.put((i, arr.dtype.name, arr.shape, float(arr.sum())))
+        c.release_all("shared/table")
+
+
+def test_numpy_put_and_get_across_processes(broker):
+    table = np.arange(12, dtype=np.float64).reshape(3, 4)
+    with ipcpool.connect(broker.socket_dir) as c:
+        c.put_tensor("shared/table", table, user={"src": "test"})
+        results = run_procs(_consumer, [(broker.socket_dir, i) for i in range(4)])
+        assert sorted(results) == [(i, "float64", (3, 4), 66.0) for i in range(4)]
+        mine = c.get_array("shared/table")
+        assert mine.base is not None and np.array_equal(mine, table)   # a view, not a copy
+        assert c.release_all("shared/table") == 1
+        with pytest.raises(TypeError, match="takes a torch tensor, a CuPy or a numpy array"):
+            c.put_tensor("shared/list", [1, 2, 3])
+        assert [o["name"] for o in c.list("shared/")] == ["shared/table"]
+
+
+def test_torch_cpu_tensor_roundtrip(broker):
+    torch = pytest.importorskip("torch")
+    t = torch.arange(10, dtype=torch.bfloat16).reshape(2, 5)
+    with ipcpool.connect(broker.socket_dir) as c:
+        c.put_tensor("t", t)
+        back = c.get_tensor("t")
+        assert back.dtype == torch.bfloat16 and back.shape == (2, 5) and torch.equal(back, t)
