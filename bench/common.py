@@ -71,10 +71,3 @@ def write_json(name: str, data: dict) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
-
-
-def progress(label: str, done: int, total: int) -> None:
-    width = 30
-    filled = width * done // total
-    end = "\n" if done == total else ""
-    print(f"\r{label:<28} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}", end=end, flush=True)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, broker, machine, percentiles, progress, write_json  # noqa: E402
+from bench.common import RESULTS, broker, machine, percentiles, write_json  # noqa: E402
+from ipcpool.progress import Progress  # noqa: E402
 
 CTX = mp.get_context("spawn")
 WARMUP = 200
@@ -47,15 +48,14 @@ def raw_pingpong(iterations: int) -> list[int]:
         c.connect(path)
         msg = b"x" * 64
         samples = []
-        for i in range(WARMUP + iterations):
-            t0 = time.perf_counter_ns()
-            c.send(msg)
-            c.recv(4096)
-            if i >= WARMUP:
-                samples.append(time.perf_counter_ns() - t0)
-            if i % 2000 == 0:
-                progress("raw AF_UNIX ping-pong", min(i, WARMUP + iterations), WARMUP + iterations)
-        progress("raw AF_UNIX ping-pong", WARMUP + iterations, WARMUP + iterations)
+        with Progress("raw AF_UNIX ping-pong", WARMUP + iterations, stream=sys.stdout) as bar:
+            for i in range(WARMUP + iterations):
+                t0 = time.perf_counter_ns()
+                c.send(msg)
+                c.recv(4096)
+                if i >= WARMUP:
+                    samples.append(time.perf_counter_ns() - t0)
+                bar.update()
         c.close()
         server.join(10)
     return samples
@@ -92,15 +92,14 @@ def raw_zmq_pingpong(iterations: int) -> list[int]:
         d.connect(endpoint)
         msg = b"x" * 64
         samples = []
-        for i in range(WARMUP + iterations):
-            t0 = time.perf_counter_ns()
-            d.send(msg)
-            d.recv()
-            if i >= WARMUP:
-                samples.append(time.perf_counter_ns() - t0)
-            if i % 2000 == 0:
-                progress("raw pyzmq ping-pong", i, WARMUP + iterations)
-        progress("raw pyzmq ping-pong", WARMUP + iterations, WARMUP + iterations)
+        with Progress("raw pyzmq ping-pong", WARMUP + iterations, stream=sys.stdout) as bar:
+            for i in range(WARMUP + iterations):
+                t0 = time.perf_counter_ns()
+                d.send(msg)
+                d.recv()
+                if i >= WARMUP:
+                    samples.append(time.perf_counter_ns() - t0)
+                bar.update()
         d.send(b"stop")
         d.close(1000)
         ctx.term()
@@ -133,11 +132,11 @@ def ipcpool_clients(socket_dir: Path, clients: int, iterations: int) -> dict:
     t0 = time.perf_counter()
     start.set()
     samples: list[int] = []
-    label = f"ipcpool, {clients} client(s)"
-    for i in range(clients):
-        s, _ = out.get(timeout=600)
-        samples += s
-        progress(label, i + 1, clients)
+    with Progress(f"ipcpool, {clients} client(s)", clients, stream=sys.stdout) as bar:
+        for _ in range(clients):
+            s, _ = out.get(timeout=600)
+            samples += s
+            bar.update()
     wall = time.perf_counter() - t0
     for p in procs:
         p.join(30)

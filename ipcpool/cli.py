@@ -1,4 +1,4 @@
-"""`ipcpool ...`: broker, stats, demo, doctor. The only place that configures logging."""
+"""`ipcpool ...`: broker, stats, ls, rm, load, demo, doctor. The only place that configures logging."""
 
 from __future__ import annotations
 
@@ -52,6 +52,50 @@ def cmd_stats(args) -> int:
     return 0
 
 
+def cmd_ls(args) -> int:
+    from .client import connect
+
+    with connect(args.socket_dir) as client:
+        objects = client.list(args.prefix)
+    if args.json:
+        print(json.dumps(objects, indent=2))
+        return 0
+    rows = [("NAME", "SIZE", "DTYPE", "SHAPE", "STATE", "LEASES")]
+    for o in objects:
+        shape = o["meta"].get("shape")
+        rows.append((o["name"], _human(o["size"]), o["meta"].get("dtype") or "-",
+                     "x".join(map(str, shape)) if shape is not None else "-", o["state"], str(o["leases"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) if i in (0, 2, 3, 4) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    print(f"{len(objects)} object(s), {_human(sum(o['size'] for o in objects))}")
+    return 0
+
+
+def cmd_rm(args) -> int:
+    from .client import connect
+
+    failed = 0
+    with connect(args.socket_dir) as client:
+        for name in args.names:
+            try:
+                client.delete(name)
+            except IpcPoolError as exc:
+                print(f"ipcpool rm: {name}: {exc}", file=sys.stderr)
+                failed += 1
+    return 1 if failed else 0
+
+
+def cmd_load(args) -> int:
+    from .client import connect
+    from .loader import load
+
+    with connect(args.socket_dir) as client:
+        names = load(client, args.file, prefix=args.prefix, pool=args.pool)
+    print(f"loaded {len(names)} tensor(s) from {args.file} as sealed objects under {args.prefix or '(no prefix)'}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from .demo import run
 
@@ -94,6 +138,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--socket-dir")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("ls", help="named objects: name, size, dtype, shape, state, leases")
+    p.add_argument("prefix", nargs="?", default="")
+    p.add_argument("--socket-dir")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser("rm", help="delete named objects (freed once no lease holds them)")
+    p.add_argument("names", nargs="+")
+    p.add_argument("--socket-dir")
+    p.set_defaults(func=cmd_rm)
+
+    p = sub.add_parser("load", help="stream a safetensors file into sealed named objects")
+    p.add_argument("file")
+    p.add_argument("--prefix", default="")
+    p.add_argument("--pool", default="default")
+    p.add_argument("--socket-dir")
+    p.set_defaults(func=cmd_load)
 
     p = sub.add_parser("demo", help="a producer process and a consumer process share memory")
     p.add_argument("--socket-dir")

@@ -1,0 +1,54 @@
+"""`ipcpool load`, `ls` and `rm` against a real broker."""
+
+import json
+
+import numpy as np
+import pytest
+
+import ipcpool
+from tests.integration.test_cli import ipcpool_cmd
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+
+def test_load_ls_rm(broker, tmp_path):
+    tensors = {
+        "embed.weight": np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32),
+        "layer0.bias": np.arange(7, dtype=np.int64),
+        "empty": np.zeros((0, 3), dtype=np.float16),
+    }
+    path = tmp_path / "m.safetensors"
+    safetensors_numpy.save_file(tensors, str(path), metadata={"format": "np"})
+    sd = str(broker.socket_dir)
+
+    out = ipcpool_cmd("load", str(path), "--prefix", "m/", "--socket-dir", sd)
+    assert out.returncode == 0, out.stderr
+    assert "loaded 3 tensor(s)" in out.stdout and "loading m.safetensors" in out.stderr
+
+    with ipcpool.connect(sd) as c:
+        for name, ref in tensors.items():
+            got = c.get_array("m/" + name)
+            assert got.dtype == ref.dtype and got.shape == ref.shape and np.array_equal(got, ref)
+            assert c.release_all("m/" + name) == 1
+        assert c.list("m/embed")[0]["meta"]["user"] == {"format": "np"}
+
+    table = ipcpool_cmd("ls", "m/", "--socket-dir", sd).stdout.splitlines()
+    assert table[0].split() == ["NAME", "SIZE", "DTYPE", "SHAPE", "STATE", "LEASES"]
+    assert table[1].split() == ["m/embed.weight", "8.0", "KiB", "float32", "64x32", "sealed", "0"]
+    assert table[-1].startswith("3 object(s)")
+    listed = json.loads(ipcpool_cmd("ls", "--json", "--socket-dir", sd).stdout)
+    assert sorted(o["name"] for o in listed) == ["m/embed.weight", "m/empty", "m/layer0.bias"]
+
+    rm = ipcpool_cmd("rm", "m/empty", "m/nope", "--socket-dir", sd)
+    assert rm.returncode == 1 and "m/nope: no object named 'm/nope'" in rm.stderr
+    assert [o["name"] for o in json.loads(ipcpool_cmd("ls", "--json", "--socket-dir", sd).stdout)] == [
+        "m/embed.weight", "m/layer0.bias"]
+
+
+def test_load_refuses_a_broken_file(broker, tmp_path):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\xff" * 8 + b"{}")
+    out = ipcpool_cmd("load", str(bad), "--socket-dir", str(broker.socket_dir))
+    assert out.returncode == 2 and "header length" in out.stderr
+    with ipcpool.connect(broker.socket_dir) as c:
+        assert c.list() == []
