@@ -66,8 +66,22 @@ def machine() -> dict:
     return info
 
 
-def write_json(name: str, data: dict) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def gpu_device() -> dict:
+    """The GPU, driver and CUDA library versions a GPU result was measured with."""
+    import cuda.core
+    from cuda.bindings import driver as cu
+    from cuda.core import Device
+
+    version = cu.cuDriverGetVersion()[1]
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip().splitlines()
+    return {"device": Device(0).name, "cuda_driver_api": f"{version // 1000}.{version % 1000 // 10}",
+            "driver": smi[0] if smi else None, "cuda_core": cuda.core.__version__}
+
+
+def write_json(name: str, data: dict, out_dir: Path = RESULTS) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path

@@ -74,9 +74,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # The largest single pool allocation an importer may be handed. Importing a larger one kills the
-# importer (segfault inside the pointer import; see DESIGN.md). Measured with
-# scripts/probe_import_limit.py, one child process per size:
-#   (provisional until the probe has run; see the report in bench/results/import_limit_*.json)
+# importer (SIGSEGV inside the pointer import, after the pool import succeeded; DESIGN.md).
+# Measured 2026-11-22 on an NVIDIA H200, driver 580.159.04 (CUDA 13.0), cuda.core 1.2.0,
+# cuda-bindings 13.3.1, with scripts/probe_import_limit.py (one child process per size, a fresh
+# 8 GiB-max pool each): every size up to 5.125 GiB (5502926848 B) imported and was written end to
+# end; 5.140625 GiB (5519704064 B) and above segfaulted (5.25, 5.5, 6 GiB too). The boundary is not
+# 4 GiB there, but it is undocumented and may move with the driver, device or pool layout: keep a
+# wide margin below the first failure. An allocation placed after a 3 GiB one failed at the same
+# point (5.125 ok, 5.25 GiB not). Results: bench/results/import_limit_h200*_20261122.json.
 IMPORT_LIMIT = 1 << 32
 
 _tls = threading.local()
@@ -132,13 +137,14 @@ def _check_device(device: int) -> None:
 
 
 class _CudaSession(SessionContext):
-    """One stream per device, and the events retired on it."""
+    """One stream per device (allocations and ready events; R3), and the events retired on it."""
 
     def __init__(self, backend: CudaBrokerBackend):
         self._backend = backend
         self._streams: dict[int, Stream] = {}
         self.graveyard = Graveyard()
         self.closed = False
+        self.peer_dead = False
 
     def stream(self, device: int) -> Stream:
         if self.closed:
@@ -154,6 +160,13 @@ class _CudaSession(SessionContext):
 
     def peer_progressed(self) -> None:
         self.graveyard.sweep()
+        self._backend.sweep()
+
+    def peer_gone(self) -> None:
+        """The client's process has exited, so its GPU work is over: its done events, which may now
+        never complete, no longer hold frees back."""
+        self.peer_dead = True
+        self._backend.sweep()
 
     def close(self) -> None:
         if self.closed:
@@ -161,25 +174,66 @@ class _CudaSession(SessionContext):
         self.closed = True
         self.graveyard.sweep()
         if len(self.graveyard):
-            # Hand what is still pending to the backend; it sweeps it later. Never block here: a
-            # pending wait may be on a slow (or dead) client's event.
+            # Hand what is still pending to the backend; it sweeps it later. Never block here.
             self._backend.adopt(self.graveyard)
         self.graveyard = Graveyard()
         # Destroying a stream with work queued is fine: the work completes, then it is released.
         for stream in self._streams.values():
             stream.close()
         self._streams.clear()
+        self._backend.sweep()
+
+
+class _DoneWait:
+    """A client's done event, bound when its message is read: the session's stream waits on it
+    right away (a wait binds to the record it follows; the client may destroy or reuse the event
+    once the broker has read the message, and a query of an opened event whose exporter destroyed
+    it, or died, never reports completion: R4), and a local marker recorded after that wait is
+    polled without blocking. The free itself runs on the backend's stream once the marker is done,
+    or once the client's process is gone: a stream that waits on a dead process's event never moves
+    on (seen on an H200: still blocked 15 s after the kill), and nothing queued behind it would."""
+
+    __slots__ = ("marker", "session", "stream")
+
+    def __init__(self, handle: bytes, session: _CudaSession, device: int):
+        self.session = session
+        self.stream = None
+        if session.closed:  # a late message: wait on a stream of its own, never a shared one (R3)
+            self.stream = stream = _make_current(device).create_stream()
+        else:
+            stream = session.stream(device)
+        try:
+            wait_ipc(stream, handle)
+        except CUDAError as exc:
+            # The client keeps its done events alive until the broker has read them, so this
+            # means it is gone (and its work with it).
+            log.warning("cannot open a done event (%s): the client is gone; not waiting for it", exc)
+            self.marker = None
+            return
+        self.marker = stream.record()
+
+    def settle(self) -> bool:
+        """True (and the marker dropped) once nothing more needs waiting for. Never blocks."""
+        if self.marker is not None and not (self.session.peer_dead or self.marker.is_done):
+            return False
+        if self.marker is not None:
+            self.marker.close()
+            self.marker = None
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+        return True
 
 
 class _Allocation:
-    __slots__ = ("buffer", "size", "ready", "extra", "deps", "freed")
+    __slots__ = ("buffer", "size", "ready", "extra", "waits", "freed")
 
     def __init__(self, buffer: Buffer, size: int, ready: Any):
         self.buffer = buffer
         self.size = size
         self.ready = ready          # the ready IPC event: alive until the free has run (R4)
-        self.extra: list[Any] = []  # ready events recorded for other sessions (reexport)
-        self.deps: list[Any] = []   # events (on session streams) that the free must follow
+        self.extra: list[Any] = []  # ready/seal events recorded for other sessions, likewise
+        self.waits: list[_DoneWait] = []  # importers' done events the free must follow (R2)
         self.freed = False
 
 
@@ -255,6 +309,7 @@ class CudaPool(BrokerPool):
                 f"({IMPORT_LIMIT} bytes); allocate several smaller buffers"
             )
         sess = _as_session(session)
+        self._backend.sweep()  # frees whose importers are done give their memory back first
         stream = sess.stream(self.device)
         try:
             buf = self._mr.allocate(nbytes, stream=stream)
@@ -283,54 +338,47 @@ class CudaPool(BrokerPool):
 
     def add_release(self, handle: object, session: SessionContext, done_event: bytes) -> None:
         alloc = _as_alloc(handle)
-        if not done_event:
-            return
+        if done_event:
+            alloc.waits.append(_DoneWait(done_event, _as_session(session), self.device))  # now (R4)
+        self._backend.sweep()
+
+    def seal(self, handle: object, session: SessionContext, done_event: bytes) -> bytes:
+        """The writer is done at ``done_event``: the free follows it, and readers get a broker event
+        recorded once, after a wait on it on the writer's session stream (its own stream: R3)."""
+        alloc = _as_alloc(handle)
         sess = _as_session(session)
-        if sess.closed:
-            return
         stream = sess.stream(self.device)
-        wait_ipc(stream, done_event)  # enqueued now (R4); the free will follow this marker
-        alloc.deps.append(stream.record())
+        stream.wait(alloc.ready)
+        if done_event:
+            alloc.waits.append(_DoneWait(done_event, sess, self.device))  # the wait, on stream
+        event, sealed = record_ipc(stream)
+        alloc.extra.append(event)
+        return sealed
 
     def free(self, handle: object, session: SessionContext, done_event: bytes = b"") -> None:
+        """R2 without host synchronisation: the session's stream waits on the done event now, and
+        the memory is freed on the backend's own stream once the marker after that wait (and after
+        every ``add_release`` wait) has completed, as seen by polling at each later call into the
+        backend, or once the client's process is gone (``peer_gone``). See ``_DoneWait``."""
         alloc = _as_alloc(handle)
         if alloc.freed:
             raise InvalidRequest("allocation freed twice")
         alloc.freed = True
-        sess = _as_session(session)
-        if done_event and sess.closed:
-            # A message after the session ended: still honour the event, on the backend's stream.
-            log.warning("pool %r: free with a done event after its session closed", self.spec.name)
-            stream = self._backend.reaper(self.device)
-            wait_ipc(stream, done_event)
-            stream.wait(alloc.ready)
-            graveyard = self._backend.graveyard
-        elif done_event:
-            stream = sess.stream(self.device)
-            try:
-                wait_ipc(stream, done_event)  # R2: the importer's free runs first
-            except CUDAError as exc:
-                # The client keeps its done events alive until the broker has read them, so this
-                # only happens once it is gone (its work stopped with it).
-                log.warning("pool %r: cannot open a done event (%s); freeing without it", self.spec.name, exc)
-            graveyard = sess.graveyard
-        else:
-            # A dead client's allocation (or one with nothing to wait for): free on the backend's
-            # own stream, so a session stream stuck on a dead peer's event cannot hold it back.
-            stream = self._backend.reaper(self.device)
-            stream.wait(alloc.ready)
-            graveyard = self._backend.graveyard
-        for dep in alloc.deps:
-            stream.wait(dep)
+        if done_event:
+            alloc.waits.append(_DoneWait(done_event, _as_session(session), self.device))
+        self._backend.defer_free(self, alloc)
+
+    def _free_now(self, alloc: _Allocation) -> None:
+        """Every importer is done: free on the backend's stream, after the allocation itself."""
+        stream = self._backend.reaper(self.device)
+        stream.wait(alloc.ready)  # (no wait on alloc.extra: a seal event may never complete)
         alloc.buffer.close(stream=stream)
-        graveyard.bury(stream, alloc.ready, *alloc.extra, *alloc.deps)
+        self._backend.graveyard.bury(stream, alloc.ready, *alloc.extra)
         alloc.extra = []
-        alloc.deps = []
-        graveyard.sweep()
-        self._backend.sweep()
 
     # -- statistics and policy
     def stats(self) -> PoolStats:
+        self._backend.sweep()
         p = self._pool
         return PoolStats(
             reserved=drv.get_u64(p, "reserved"),
@@ -351,6 +399,8 @@ class CudaPool(BrokerPool):
 
     def trim(self, keep: int) -> None:
         # Let the driver learn which stream-ordered frees have completed (non-blocking), then trim.
+        # Memory that an importer still has mapped is not released (seen on an H200, driver
+        # 580.159: nothing while a client kept the pool imported, everything once they had left).
         self._backend.query_streams()
         drv.trim_to(self._pool, max(0, int(keep)))
 
@@ -389,6 +439,7 @@ class CudaBrokerBackend(BrokerBackend):
         self._orphans: list[Graveyard] = []
         self._sessions: weakref.WeakSet[_CudaSession] = weakref.WeakSet()
         self._pools: list[CudaPool] = []
+        self._pending: list[tuple[CudaPool, _Allocation]] = []  # frees waiting on done events
 
     def create_pool(self, spec: PoolSpec) -> BrokerPool:
         pool = CudaPool(self, spec)
@@ -401,6 +452,7 @@ class CudaBrokerBackend(BrokerBackend):
         return session
 
     def reaper(self, device: int) -> Stream:
+        """The backend's own stream on ``device``: frees run here; it never waits on a client."""
         stream = self._reapers.get(device)
         if stream is None:
             stream = self._reapers[device] = _make_current(device).create_stream()
@@ -409,7 +461,25 @@ class CudaBrokerBackend(BrokerBackend):
     def adopt(self, graveyard: Graveyard) -> None:
         self._orphans.append(graveyard)
 
+    def defer_free(self, pool: CudaPool, alloc: _Allocation) -> None:
+        self._pending.append((pool, alloc))
+        self.sweep()
+
+    @property
+    def pending_frees(self) -> int:
+        return len(self._pending)
+
     def sweep(self) -> None:
+        """Never blocks: run the frees whose importers are done; drop events nobody needs."""
+        if self._pending:
+            waiting = []
+            for pool, alloc in self._pending:
+                alloc.waits = [w for w in alloc.waits if not w.settle()]
+                if alloc.waits:
+                    waiting.append((pool, alloc))
+                else:
+                    pool._free_now(alloc)
+            self._pending = waiting
         self.graveyard.sweep()
         if self._orphans:
             for g in self._orphans:
@@ -425,9 +495,10 @@ class CudaBrokerBackend(BrokerBackend):
         self.sweep()
 
     def close(self) -> None:
-        # Every pool is closed by now; what remains is bookkeeping. Blocking is fine at shutdown,
-        # but a session stream may wait on a dead peer forever: sweep, do not drain those.
+        # Every pool is closed by now; what remains is bookkeeping. Never wait on a client here.
         self.sweep()
+        for pool, alloc in self._pending:
+            log.warning("pool %r: a free still waits on a client at shutdown", pool.spec.name)
         for stream in self._reapers.values():
             stream.sync()
         self.graveyard.drain()
@@ -491,6 +562,18 @@ class CudaMemory(ImportedMemory):
 
     def dlpack_device(self) -> tuple[int, int]:
         return self.buffer.__dlpack_device__()
+
+    def copy_from_host(self, src: memoryview, offset: int, backend: CudaClientBackend, stream: Any) -> None:
+        """Host bytes into this memory at ``offset``, ordered on ``stream`` (``Buffer.write``)."""
+        self.buffer  # raises once released
+        with _OnDevice(self.device):
+            s = backend.stream(stream, self.device)
+            try:
+                drv.copy_from_host(self._ptr + offset, src, int(s.handle))
+            except IpcPoolError:
+                raise
+            except CUDAError as exc:
+                raise _translate(exc, "copying host bytes to the GPU") from exc
 
     def _take(self) -> Buffer:
         buf = self._buffer

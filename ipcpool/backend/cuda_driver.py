@@ -7,6 +7,7 @@ access on an *imported* pool, peer checks and stream queries.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 from cuda.bindings import driver as cu
@@ -114,8 +115,23 @@ def query_stream(stream: Any) -> bool:
 
 def current_context() -> Any:
     """The calling thread's current context (a CUcontext; 0 when none)."""
-    return check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    result = cu.cuCtxGetCurrent()
+    if result[0] == cu.CUresult.CUDA_ERROR_NOT_INITIALIZED:
+        check(cu.cuInit(0), "cuInit")
+        result = cu.cuCtxGetCurrent()
+    return check(result, "cuCtxGetCurrent")
 
 
 def restore_context(ctx: Any) -> None:
     check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+def copy_from_host(dst_ptr: int, src: memoryview, stream_handle: int) -> None:
+    """Copy host bytes to device memory on a stream. From pageable memory the call returns once
+    the source has been staged, so ``src`` may be reused at once."""
+    staged = bytearray(src) if src.readonly else src
+    n = len(staged)
+    if n == 0:
+        return
+    address = ctypes.addressof((ctypes.c_ubyte * n).from_buffer(staged))
+    check(cu.cuMemcpyHtoDAsync(dst_ptr, address, n, cu.CUstream(stream_handle)), "cuMemcpyHtoDAsync")

@@ -333,6 +333,8 @@ class Broker:
                  session.sid, session.cred.pid)
 
     def _on_process_gone(self, session: Session) -> None:
+        # Its GPU work is over: done events it named but never completed must not hold frees back.
+        session.backend.peer_gone()
         self._end_session(session, f"pid {session.cred.pid} exited")
 
     def _end_session(self, session: Session, why: str) -> None:

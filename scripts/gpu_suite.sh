@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Run on the GPU machine (the `run` tool, with `.whl` carried): installs the carried wheels, shows
+# the device, runs the GPU tests, the backend smoke test and the benchmark, and ends with a table.
+# Logs and results go to $OUT (or ./gpu-out when OUT is unset).
+#   scripts/gpu_suite.sh [quick|bench|full]   quick: tests + smoke; bench: + the benchmarks
+#                                             (round trip, hand-off on GPU and host, host round
+#                                             trip); full (default): + the import-limit probe
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODE=${1:-full}
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+{
+  python3 --version
+  python3 -c "import cuda.core, cuda.bindings, zmq; print('cuda.core', cuda.core.__version__, '| cuda.bindings', cuda.bindings.__version__, '| pyzmq', zmq.__version__)"
+  python3 -c "import torch, cupy; print('torch', torch.__version__, '| cupy', cupy.__version__)" 2>&1 | tail -1
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
+  python3 -m ipcpool doctor 2>/dev/null || python3 -c "import json; from ipcpool.backend.cuda_caps import capabilities; print(json.dumps(capabilities(), indent=1))"
+} 2>&1 | tee "$OUT/env.txt"
+
+python3 -m pytest -m gpu tests/gpu -v -p no:cacheprovider --timeout 150 2>&1 | tee "$OUT/gpu-tests.log"
+TESTS_RC=${PIPESTATUS[0]}
+
+timeout 240 python3 scripts/cuda_smoke.py --out "$OUT/smoke.json" > "$OUT/smoke.log" 2>&1
+SMOKE_RC=$?
+
+PROBE_RC=skipped BENCH_RC=skipped
+if [ "$MODE" = full ]; then
+  timeout 330 python3 scripts/probe_import_limit.py --out "$OUT/import_limit.json" >> "$OUT/smoke.log" 2>&1
+  PROBE_RC=$?
+fi
+if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
+  timeout 240 python3 bench/gpu_roundtrip.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench.log"
+  BENCH_RC=${PIPESTATUS[0]}
+  timeout 240 python3 bench/handoff.py --backend cuda --handoffs 1000 2>&1 | tr '\r' '\n' | grep -v '^\w.*\] [0-9]*/' | tee "$OUT/handoff_cuda.log"
+  timeout 120 python3 bench/handoff.py --backend host --handoffs 1000 2>&1 | tr '\r' '\n' | grep -v '^\w.*\] [0-9]*/' | tee "$OUT/handoff_host.log"
+  timeout 180 python3 bench/host_roundtrip.py --iterations 5000 2>&1 | tr '\r' '\n' | grep -v '\] [0-9]*/' | tee "$OUT/host_roundtrip.log"
+  cp bench/results/handoff_*.json bench/results/handoff_*.png bench/results/host_roundtrip.* "$OUT/" 2>/dev/null
+fi
+
+echo
+echo "================ summary ================"
+grep -E "passed|failed|error" "$OUT/gpu-tests.log" | tail -1
+printf '%-22s %s\n' "gpu tests rc" "$TESTS_RC" "smoke rc" "$SMOKE_RC" "import probe rc" "$PROBE_RC" "benchmark rc" "$BENCH_RC"
+python3 - "$OUT" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+s = out / "smoke.json"
+if s.exists():
+    d = json.loads(s.read_text())
+    for k, v in d.get("checks", {}).items():
+        print(f"  smoke {k:<34} {'ok' if v else 'FAIL'}")
+    for k in ("free_ordered", "free_unordered", "dead_peer"):
+        if k in d:
+            print(f"  smoke {k:<34} {d[k]}")
+p = out / "import_limit.json"
+if p.exists():
+    d = json.loads(p.read_text())
+    print(f"  import limit: largest ok {d['largest_ok']} B, smallest failure {d['smallest_failure']} B")
+PY
+sed -n '/^what /,$p' "$OUT/bench.log" 2>/dev/null
+for f in handoff_cuda handoff_host host_roundtrip; do sed -n '/p50 µs/,$p' "$OUT/$f.log" 2>/dev/null; done
+# Only 8 files come back from the device: pack everything into one.
+tar -czf /tmp/gpu-results.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/gpu-results.tgz "$OUT/results.tgz"
