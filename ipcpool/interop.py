@@ -53,8 +53,8 @@ def put(client: Client, name: str, obj: Any, *, pool: str, stream: Any, user: di
             import torch
 
             torch_stream = _torch_stream(stream, obj.device)
-            with torch.cuda.stream(torch_stream):
-                torch.from_dlpack(buf)[:nbytes].copy_(flat, non_blocking=True)
+            with torch.cuda.stream(torch_stream):   # (cuda.core exports bytes as int8: view them)
+                torch.from_dlpack(buf).view(torch.uint8)[:nbytes].copy_(flat, non_blocking=True)
             buf.seal(stream=torch_stream)
         else:
             import cupy
@@ -95,7 +95,7 @@ def get(client: Client, name: str, kind: str, *, stream: Any, timeout: float | N
             lease.free()
             raise InvalidRequest(f"object {name!r}: torch has no dtype {dtype!r}")
         if client.backend_name == "cuda":
-            raw = torch.from_dlpack(lease)
+            raw = torch.from_dlpack(lease).view(torch.uint8)
         else:
             import numpy
 

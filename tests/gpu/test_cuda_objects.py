@@ -1,0 +1,156 @@
+"""Named objects on a GPU: seal ordering, zero-copy tensors across processes, death, load."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+import ipcpool
+from tests.conftest import SPAWN, run_procs
+
+pytestmark = pytest.mark.gpu
+
+MiB = 1 << 20
+
+
+def _slow_writer(socket_dir, seconds, out):
+    """Seal right after launching a slow kernel that fills the object: no host sync anywhere."""
+    import cupy
+
+    from tests.gpu.kernels import spin_fill
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with ipcpool.connect(socket_dir) as c:
+        buf = c.create("slow/obj", 16 * MiB, stream=stream)
+        t0 = time.perf_counter()
+        spin_fill(buf.ptr, buf.size, seconds, 0x5A, stream)
+        buf.seal(stream=stream)
+        out.put(("sealed_after_s", time.perf_counter() - t0))
+        stream.synchronize()
+
+
+def _reader(socket_dir, out):
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with ipcpool.connect(socket_dir) as c:
+        lease = c.get("slow/obj", stream=stream, timeout=60)
+        with stream:
+            arr = cupy.asarray(lease)
+            ok = bool((arr == 0x5A).all().item())          # runs on stream, after the seal event
+        lease.release(stream=stream)
+        stream.synchronize()
+    out.put(("reader_saw_the_writes", ok))
+
+
+def test_readers_wait_for_the_writers_kernel_not_the_seal_call(start_broker):
+    """Fails if the seal event is ignored: the reader would see the pool's old bytes."""
+    b = start_broker(backend="cuda")
+    out = SPAWN.Queue()
+    procs = [SPAWN.Process(target=_slow_writer, args=(b.socket_dir, 1.0, out)),
+             SPAWN.Process(target=_reader, args=(b.socket_dir, out))]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert results["sealed_after_s"] < 0.5            # seal returned while the kernel still ran
+    assert results["reader_saw_the_writes"] is True
+
+
+def _torch_consumer(socket_dir, i, out):
+    import torch
+
+    stream = torch.cuda.Stream()
+    with ipcpool.connect(socket_dir) as c:
+        t = c.get_tensor("w/embed", stream=stream, timeout=60)
+        lease = next(b for b in c._buffers.values() if b.name == "w/embed")
+        with torch.cuda.stream(stream):
+            total = float(t.double().sum().item())
+        out.put((i, str(t.dtype), tuple(t.shape), total, t.data_ptr() == lease.ptr))
+        c.release_all("w/embed", stream=stream)
+
+
+def test_put_tensor_outlives_its_producer_and_is_zero_copy(start_broker):
+    import torch
+
+    b = start_broker(backend="cuda")
+    ref = torch.arange(4096 * 16, dtype=torch.float32, device="cuda").reshape(4096, 16) / 7
+    expected = float(ref.double().sum().item())
+    with ipcpool.connect(b.socket_dir) as producer:
+        producer.put_tensor("w/embed", ref.to(torch.bfloat16).to(torch.float32))
+    # the producer is gone; the object stays
+    results = run_procs(_torch_consumer, [(b.socket_dir, i) for i in range(3)])
+    for _, dtype, shape, total, zero_copy in results:
+        assert dtype == "torch.float32" and shape == (4096, 16) and zero_copy
+        assert abs(total - expected) / expected < 1e-2
+    with ipcpool.connect(b.socket_dir) as c:
+        assert c.list("w/")[0]["leases"] == 0
+        c.delete("w/embed")
+        assert c.stats()["pools"]["default"]["used"] == 0
+
+
+def test_cupy_put_and_get(start_broker):
+    import cupy
+
+    b = start_broker(backend="cuda")
+    with ipcpool.connect(b.socket_dir) as c:
+        a = cupy.arange(1000, dtype=cupy.int32).reshape(10, 100)
+        c.put_tensor("c/a", a)
+        got = c.get_array("c/a")
+        assert got.dtype == cupy.int32 and got.shape == (10, 100) and bool((got == a).all())
+        c.release_all("c/a")
+
+
+def _dies_while_writing(socket_dir, out):
+    c = ipcpool.connect(socket_dir)
+    c.create("dead/sealed", 8 * MiB).seal()
+    c.create("dead/unsealed", 8 * MiB)
+    c.get("dead/sealed")
+    out.put(os.getpid())
+    time.sleep(600)
+
+
+def test_writer_death_on_a_gpu(start_broker):
+    b = start_broker(backend="cuda")
+    out = SPAWN.Queue()
+    p = SPAWN.Process(target=_dies_while_writing, args=(b.socket_dir, out))
+    p.start()
+    pid = out.get(timeout=120)
+    os.kill(pid, signal.SIGKILL)
+    p.join(30)
+    with ipcpool.connect(b.socket_dir) as c:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            objs = [(o["name"], o["state"], o["leases"]) for o in c.list()]
+            if objs == [("dead/sealed", "sealed", 0)]:
+                break
+            time.sleep(0.1)
+        assert objs == [("dead/sealed", "sealed", 0)]
+        c.delete("dead/sealed")
+        deadline = time.monotonic() + 20
+        while c.stats()["pools"]["default"]["used"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert c.stats()["pools"]["default"]["used"] == 0
+
+
+def test_load_safetensors_onto_the_gpu(start_broker, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    b = start_broker(backend="cuda")
+    tensors = {"a": torch.randn(300, 70), "b": torch.arange(10, dtype=torch.int64)}
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path))
+    from ipcpool.loader import load
+
+    with ipcpool.connect(b.socket_dir) as c:
+        assert load(c, path, prefix="m/", show_progress=False) == ["m/a", "m/b"]
+        for name, ref in tensors.items():
+            got = c.get_tensor("m/" + name)
+            assert got.is_cuda and got.dtype == ref.dtype and torch.equal(got.cpu(), ref)
+        assert c.release_all("m/a") == 1 and c.release_all("m/b") == 1
