@@ -106,13 +106,21 @@ class _OnDevice:
     context (a torch or cupy user on another device must not find its current device changed)."""
 
     __slots__ = ("device", "prev")
+    # Each device's primary context, once retained. Device.set_current() retains it again on every
+    # call (~0.4 ms measured on an H100); switching to a known context is one cheap driver call.
+    _primary: dict[int, Any] = {}
 
     def __init__(self, device: int):
         self.device = device
 
     def __enter__(self) -> None:
         self.prev = drv.current_context()
-        Device(self.device).set_current()
+        ctx = self._primary.get(self.device)
+        if ctx is None:
+            Device(self.device).set_current()
+            self._primary[self.device] = drv.current_context()
+        elif int(self.prev) != int(ctx):
+            drv.restore_context(ctx)
 
     def __exit__(self, *exc: Any) -> None:
         if int(self.prev) != 0 and int(self.prev) != int(drv.current_context()):
@@ -658,6 +666,7 @@ class CudaClientBackend(ClientBackend):
         except (CUDAError, RuntimeError, OSError) as exc:
             raise BackendUnavailable(f"CUDA is not usable here: {exc}") from exc
         self._replies = 0
+        self._foreign: dict[int, Stream] = {}
         # Done events we recorded, with the reply count when recorded. One is destroyed once the
         # broker has certainly opened it (two replies later: a reply means the broker read every
         # earlier message) and it has completed.
@@ -694,7 +703,14 @@ class CudaClientBackend(ClientBackend):
                 return LEGACY_DEFAULT_STREAM
             if handle == 2:
                 return PER_THREAD_DEFAULT_STREAM
-            return Device(device).create_stream(obj)
+            # A non-owning wrapper per foreign stream, kept: a handle reused by a later stream
+            # is that stream, so the wrapper stays right.
+            wrapped = self._foreign.get(handle)
+            if wrapped is None:
+                if len(self._foreign) >= 256:
+                    self._foreign.pop(next(iter(self._foreign)))
+                wrapped = self._foreign[handle] = Device(device).create_stream(obj)
+            return wrapped
         for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy Stream
             handle = getattr(obj, attr, None)
             if isinstance(handle, int):
