@@ -78,7 +78,7 @@ class Client:
             self._dealer = self._zctx.socket(zmq.DEALER)
             self._dealer.setsockopt(zmq.IDENTITY, hello["token"])
             self._dealer.setsockopt(zmq.LINGER, 1000)
-            self._dealer.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE)
+            self._dealer.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REPLY)
             self._dealer.connect(self._check_endpoint(hello["endpoint"]))
             self._poller = zmq.Poller()
             self._poller.register(self._dealer, zmq.POLLIN)
@@ -201,7 +201,7 @@ class Client:
                 raise BrokerGone("the broker went away (its control socket closed)")
 
     def _take_reply(self, rid: int, data: bytes) -> dict:
-        reply = protocol.unpack(data)
+        reply = protocol.unpack(data, protocol.MAX_REPLY)
         if "notify" in reply:   # a watch's notification, not a reply
             queue = self._watches.get(reply.get("watch"))
             if queue is not None and isinstance(reply.get("object"), dict):
@@ -234,7 +234,8 @@ class Client:
 
     def _adopt(self, reply: dict, stream: Any, owner: bool, *, name: str | None = None,
                readonly: bool = False) -> Buffer:
-        export = Export(size=reply["size"], offset=reply["offset"], data=reply["data"], ready_event=reply["event"])
+        export = Export(size=reply["size"], offset=reply["offset"], data=reply["data"],
+                        ready_event=reply["event"], sub=bool(reply.get("sub")))
         try:
             memory = self._pool(reply["pool"]).import_allocation(export, stream)
         except BaseException:
@@ -275,6 +276,24 @@ class Client:
         with self._lock:
             reply = self._call("get", _wait=timeout, **fields)
             return self._adopt(reply, stream, owner=False, name=name, readonly=True)
+
+    def get_many(self, names: list[str], *, stream: Any = None) -> list[Buffer]:
+        """Read leases on many sealed objects in one request (all or none; no waiting): how a
+        restarted worker attaches to its weights."""
+        names = list(names)
+        out: list[Buffer] = []
+        with self._lock:
+            for start in range(0, len(names), protocol.MAX_BATCH):
+                batch = names[start : start + protocol.MAX_BATCH]
+                try:
+                    reply = self._call("get_many", names=batch)
+                    for name, lease in zip(batch, reply["leases"]):
+                        out.append(self._adopt(lease, stream, owner=False, name=name, readonly=True))
+                except BaseException:
+                    for buf in out:
+                        buf.free(stream)
+                    raise
+        return out
 
     def release(self, lease: Buffer, stream: Any = None) -> None:
         """Let go of a lease (the same as ``lease.release(stream)``)."""

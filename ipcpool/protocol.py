@@ -20,7 +20,9 @@ from .errors import InvalidRequest, IpcPoolError, ProtocolError
 PROTOCOL_VERSION = 1
 
 # Limits. A message carries at most a few handles of 64 bytes, a name and small metadata.
-MAX_MESSAGE = 64 * 1024          # bytes on either channel
+MAX_MESSAGE = 64 * 1024          # bytes of a request, on either channel
+MAX_REPLY = 16 << 20             # bytes of a broker's reply (a batch of leases is larger)
+MAX_BATCH = 1024                 # names in one get_many
 MAX_STR = 4096
 MAX_BIN = 1024
 MAX_ARRAY = 1024
@@ -41,10 +43,10 @@ def pack(obj: dict) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
-def unpack(data: bytes) -> dict:
+def unpack(data: bytes, limit: int = MAX_MESSAGE) -> dict:
     """Decode one message; anything but a bounded msgpack map is a ProtocolError."""
-    if len(data) > MAX_MESSAGE:
-        raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE}")
+    if len(data) > limit:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {limit}")
     try:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=True, **_UNPACK_LIMITS)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
@@ -115,6 +117,15 @@ def _name(required: bool = True) -> Field:
     return Field(str, required, max_len=MAX_NAME)
 
 
+def check_names(key: str, names: list) -> None:
+    if not names:
+        raise InvalidRequest(f"{key}: at least one name")
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            raise InvalidRequest(f"{key}[{i}]: a name is a string")
+        check_object_name(f"{key}[{i}]", name)
+
+
 def _object_name(required: bool = True) -> Field:
     return Field(str, required, check=check_object_name)   # the check bounds its length
 
@@ -134,6 +145,7 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "create": {"name": _object_name(), "nbytes": _u64(), "pool": _name(), "meta": Field(dict, False, check=check_meta)},
     "seal": {"name": _object_name(), "alloc": _u64(), "done_event": _bin(required=False)},
     "get": {"name": _object_name(), "timeout_ms": _u64(required=False)},
+    "get_many": {"names": Field(list, max_len=MAX_BATCH, check=check_names)},
     "delete": {"name": _object_name()},
     "list": {"prefix": Field(str, False, max_len=MAX_NAME)},
     "watch": {"prefix": Field(str, True, max_len=MAX_NAME), "existing": Field(bool, False)},

@@ -54,15 +54,17 @@ class PoolStats:
 class Export:
     """One allocation as it travels to a client.
 
-    ``offset`` locates host memory in the pool's mapping (0 for CUDA); ``data`` is the 64-byte
-    pointer export data (empty on the host); ``ready_event`` the 64-byte IPC handle of an event
-    recorded after the allocation (empty where there is nothing to wait for).
+    ``offset`` locates the memory in what ``data`` names: the pool's mapping on the host, a slab
+    when ``sub`` is set (CUDA: a larger allocation the client imports once). ``data`` is the
+    64-byte pointer export data (empty on the host); ``ready_event`` the 64-byte IPC handle of an
+    event recorded after the allocation (empty where there is nothing to wait for).
     """
 
     size: int
     offset: int = 0
     data: bytes = b""
     ready_event: bytes = b""
+    sub: bool = False
 
 
 class SessionContext(ABC):

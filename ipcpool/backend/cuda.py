@@ -31,6 +31,7 @@ from ..errors import (
     OutOfMemory,
 )
 from ..protocol import HANDLE_BYTES
+from .allocator import RangeAllocator
 from .base import (
     REUSE_POLICIES,
     BrokerBackend,
@@ -83,6 +84,8 @@ log = logging.getLogger(__name__)
 # wide margin below the first failure. An allocation placed after a 3 GiB one failed at the same
 # point (5.125 ok, 5.25 GiB not). Results: bench/results/import_limit_h200*_20261122.json.
 IMPORT_LIMIT = 1 << 32
+SLAB_SIZE = 1 << 30
+SLAB_ALIGN = 512
 
 _tls = threading.local()
 
@@ -233,13 +236,31 @@ class _DoneWait:
         return True
 
 
-class _Allocation:
-    __slots__ = ("buffer", "size", "ready", "extra", "waits", "freed")
+class _Slab:
+    """One pool allocation that small allocations are carved from. Clients import it once and
+    address its ranges by offset, so a small allocation costs the broker no driver call and the
+    client no pointer import. A range goes back to the slab only once every importer's done event
+    has completed (the same markers as a free: R2), so a range is idle on the GPU when it is handed
+    out again and needs no ready event. Slabs live as long as their pool: a client's cached import
+    must never outlive the memory it maps."""
 
-    def __init__(self, buffer: Buffer, size: int, ready: Any):
+    __slots__ = ("buffer", "data", "ranges")
+
+    def __init__(self, buffer: Buffer, data: bytes, size: int):
         self.buffer = buffer
+        self.data = data
+        self.ranges = RangeAllocator(size, SLAB_ALIGN)
+
+
+class _Allocation:
+    __slots__ = ("buffer", "size", "ready", "extra", "waits", "freed", "slab", "offset")
+
+    def __init__(self, buffer: Buffer | None, size: int, ready: Any, slab: _Slab | None = None, offset: int = 0):
+        self.buffer = buffer
+        self.slab = slab            # set for a range of a slab (buffer is then None)
+        self.offset = offset
         self.size = size
-        self.ready = ready          # the ready IPC event: alive until the free has run (R4)
+        self.ready = ready          # the ready IPC event (None for a slab range): alive until the free has run (R4)
         self.extra: list[Any] = []  # ready/seal events recorded for other sessions, likewise
         self.waits: list[_DoneWait] = []  # importers' done events the free must follow (R2)
         self.freed = False
@@ -283,6 +304,14 @@ class CudaPool(BrokerPool):
             raise
         self._peers = peers
         self._closed = False
+        # Slabs: a slab is at most 1 GiB (under the import limit) and at most an eighth of a
+        # bounded pool; allocations up to a sixteenth of a slab are carved from slabs.
+        bound = spec.max_size // 8 if spec.max_size else SLAB_SIZE
+        self.slab_size = max(2 << 20, min(SLAB_SIZE, bound) // (2 << 20) * (2 << 20))
+        self.slab_item_max = self.slab_size // 16
+        self._slabs: list[_Slab] = []
+        self._slab_used = 0
+        self._used_high = 0
 
     # -- export
     @property
@@ -299,6 +328,7 @@ class CudaPool(BrokerPool):
             "peer_access": list(self._peers),
             "handle_type": "posix_fd",
             "max_allocation": IMPORT_LIMIT,
+            "slab_size": self.slab_size,
         }
 
     @property
@@ -318,6 +348,8 @@ class CudaPool(BrokerPool):
             )
         sess = _as_session(session)
         self._backend.sweep()  # frees whose importers are done give their memory back first
+        if nbytes <= self.slab_item_max:
+            return self._carve(nbytes)
         stream = sess.stream(self.device)
         try:
             buf = self._mr.allocate(nbytes, stream=stream)
@@ -332,12 +364,45 @@ class CudaPool(BrokerPool):
         sess.graveyard.sweep()
         return _Allocation(buf, nbytes, ready), Export(size=nbytes, offset=0, data=data, ready_event=ready_handle)
 
+    def _carve(self, nbytes: int) -> tuple[object, Export]:
+        for slab in self._slabs:
+            try:
+                offset = slab.ranges.allocate(nbytes)
+                break
+            except OutOfMemory:
+                continue
+        else:
+            slab = self._new_slab()
+            offset = slab.ranges.allocate(nbytes)
+        self._slab_used += slab.ranges.rounded(nbytes)
+        self._used_high = max(self._used_high, self._used())
+        export = Export(size=nbytes, offset=offset, data=slab.data, sub=True)
+        return _Allocation(None, nbytes, None, slab, offset), export
+
+    def _new_slab(self) -> _Slab:
+        stream = self._backend.reaper(self.device)
+        try:
+            buf = self._mr.allocate(self.slab_size, stream=stream)
+        except CUDAError as exc:
+            raise _translate(exc, f"pool {self.spec.name!r} cannot reserve a {self.slab_size}-byte slab") from exc
+        stream.sync()   # rare (once per slab): afterwards no range of it ever needs a ready event
+        slab = _Slab(buf, bytes(buf.ipc_descriptor.__reduce__()[1][0]), self.slab_size)
+        self._slabs.append(slab)
+        return slab
+
+    def _used(self) -> int:
+        """Bytes handed out: the driver's count, with each slab counted by its ranges in use."""
+        slabs = len(self._slabs) * self.slab_size
+        return drv.get_u64(self._pool, "used") - slabs + self._slab_used
+
     def reexport(self, handle: object, export: Export, session: SessionContext) -> Export:
         """Another session opens this allocation: its stream follows the allocation (the first
         ready event, a local wait here), then a fresh ready event is recorded there for it."""
         alloc = _as_alloc(handle)
         if alloc.freed:
             raise InvalidRequest("allocation was freed")
+        if alloc.slab is not None:
+            return export   # a slab range is idle on the GPU when handed out: nothing to wait for
         stream = _as_session(session).stream(self.device)
         stream.wait(alloc.ready)
         event, ready_handle = record_ipc(stream)
@@ -356,7 +421,8 @@ class CudaPool(BrokerPool):
         alloc = _as_alloc(handle)
         sess = _as_session(session)
         stream = sess.stream(self.device)
-        stream.wait(alloc.ready)
+        if alloc.ready is not None:
+            stream.wait(alloc.ready)
         if done_event:
             alloc.waits.append(_DoneWait(done_event, sess, self.device))  # the wait, on stream
         event, sealed = record_ipc(stream)
@@ -379,6 +445,13 @@ class CudaPool(BrokerPool):
     def _free_now(self, alloc: _Allocation) -> None:
         """Every importer is done: free on the backend's stream, after the allocation itself."""
         stream = self._backend.reaper(self.device)
+        if alloc.slab is not None:   # every importer's done marker completed: the range is idle
+            alloc.slab.ranges.free(alloc.offset)
+            self._slab_used -= alloc.slab.ranges.rounded(alloc.size)
+            if alloc.extra:
+                self._backend.graveyard.bury(stream, *alloc.extra)
+            alloc.extra = []
+            return
         stream.wait(alloc.ready)  # (no wait on alloc.extra: a seal event may never complete)
         alloc.buffer.close(stream=stream)
         self._backend.graveyard.bury(stream, alloc.ready, *alloc.extra)
@@ -388,11 +461,13 @@ class CudaPool(BrokerPool):
     def stats(self) -> PoolStats:
         self._backend.sweep()
         p = self._pool
+        used = self._used()
+        self._used_high = max(self._used_high, used)
         return PoolStats(
             reserved=drv.get_u64(p, "reserved"),
-            used=drv.get_u64(p, "used"),
+            used=used,
             reserved_high=drv.get_u64(p, "reserved_high"),
-            used_high=drv.get_u64(p, "used_high"),
+            used_high=self._used_high,   # ours: the driver's counts whole slabs
         )
 
     def reuse_policies(self) -> dict[str, bool]:
@@ -404,6 +479,7 @@ class CudaPool(BrokerPool):
     def reset_high(self) -> None:
         drv.set_u64(self._pool, "reserved_high", 0)
         drv.set_u64(self._pool, "used_high", 0)
+        self._used_high = self._used()
 
     def trim(self, keep: int) -> None:
         # Let the driver learn which stream-ordered frees have completed (non-blocking), then trim.
@@ -419,6 +495,9 @@ class CudaPool(BrokerPool):
         if self._closed:
             return
         self._closed = True
+        for slab in self._slabs:
+            slab.buffer.close(stream=self._backend.reaper(self.device))
+        self._slabs.clear()
         self._mr.close()  # also closes the exported FD; memory still in use is released later
 
 
@@ -522,11 +601,12 @@ class CudaBrokerBackend(BrokerBackend):
 class CudaMemory(ImportedMemory):
     """One imported allocation: a cuda.core Buffer over the broker's memory (zero-copy)."""
 
-    def __init__(self, buffer: Buffer, size: int, device: int):
+    def __init__(self, buffer: Buffer, size: int, device: int, whole: bool = True):
         self._buffer: Buffer | None = buffer
         self._ptr = int(buffer.handle)
         self.size = size
         self.device = device
+        self.whole = whole   # False: a range of a slab the pool keeps imported
 
     @property
     def ptr(self) -> int:
@@ -616,6 +696,8 @@ class CudaClientPool(ClientPool):
         except BaseException:
             self._mr.close()
             raise
+        self.slab_size = int(info.get("slab_size", 0))
+        self._slabs: dict[bytes, Buffer] = {}
         self._closed = False
 
     def import_allocation(self, export: Export, stream: Any = None) -> ImportedMemory:
@@ -628,12 +710,27 @@ class CudaClientPool(ClientPool):
                 s = self._backend.stream(stream, self.device)
                 if export.ready_event:
                     wait_ipc(s, export.ready_event)  # R1: before any use of the memory on s
+                if export.sub:
+                    if export.offset + export.size > self.slab_size:
+                        raise InvalidRequest("a slab range lies outside its slab")
+                    slab = self._slab(export.data)
+                    view = Buffer.from_handle(int(slab.handle) + export.offset, export.size, owner=slab)
+                    return CudaMemory(view, export.size, self.device, whole=False)
                 buf = Buffer.from_ipc_descriptor(
                     self._mr, IPCBufferDescriptor._init(bytes(export.data), export.size), stream=s
                 )
         except CUDAError as exc:
             raise _translate(exc, f"importing {export.size} bytes from pool {self.name!r}") from exc
         return CudaMemory(buf, export.size, self.device)
+
+    def _slab(self, data: bytes) -> Buffer:
+        """A slab of the broker's, imported once (slabs live as long as the pool)."""
+        slab = self._slabs.get(data)
+        if slab is None:
+            desc = IPCBufferDescriptor._init(bytes(data), self.slab_size)
+            # Never freed through this import while the pool lives; closed with the pool.
+            slab = self._slabs[data] = Buffer.from_ipc_descriptor(self._mr, desc, stream=LEGACY_DEFAULT_STREAM)
+        return slab
 
     def release(self, memory: ImportedMemory, stream: Any = None) -> bytes:
         if not isinstance(memory, CudaMemory):
@@ -642,8 +739,9 @@ class CudaClientPool(ClientPool):
         try:
             with _OnDevice(self.device):
                 s = self._backend.stream(stream, self.device)
-                buf.close(stream=s)              # cudaFreeAsync of the import, after work on s
-                event, handle = record_ipc(s)    # R2: the broker frees after this
+                if memory.whole:
+                    buf.close(stream=s)          # cudaFreeAsync of the import, after work on s
+                event, handle = record_ipc(s)    # R2: the broker frees (or reuses) after this
         except CUDAError as exc:
             raise _translate(exc, f"releasing memory of pool {self.name!r}") from exc
         self._backend.keep_done(event)
@@ -653,6 +751,9 @@ class CudaClientPool(ClientPool):
         if self._closed:
             return
         self._closed = True
+        for slab in self._slabs.values():
+            slab.close(stream=LEGACY_DEFAULT_STREAM)
+        self._slabs.clear()
         self._mr.close()
 
 

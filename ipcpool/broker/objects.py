@@ -92,6 +92,17 @@ class ObjectTable:
         self.registry.hold(obj.alloc, session)
         return obj
 
+    def lease_many(self, session: Session, names: list[str]) -> list[NamedObject]:
+        """Leases on every one of ``names``, or none: all must be sealed."""
+        objs = [self.objects.get(n) for n in names]
+        missing = [n for n, o in zip(names, objs) if o is None or not o.sealed]
+        if missing:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise ObjectNotFound(f"not sealed (or missing): {', '.join(map(repr, missing[:5]))}{more}")
+        for obj in objs:
+            self.registry.hold(obj.alloc, session)
+        return objs
+
     def wait(self, session: Session, name: str, rid: int, timeout_s: float | None) -> None:
         if timeout_s == 0:
             obj = self.objects.get(name)

@@ -444,6 +444,8 @@ class Broker:
             timeout = f.get("timeout_ms")
             objects.wait(session, f["name"], rid, None if timeout is None else timeout / 1000)
             return None
+        if op == "get_many":
+            return {"leases": [self._lease_fields(o) for o in objects.lease_many(session, f["names"])]}
         if op == "delete":
             obj = objects.delete(session, f["name"])
             if not obj.sealed:
@@ -473,7 +475,7 @@ class Broker:
 
     def _lease_fields(self, obj: NamedObject) -> dict:
         e = obj.alloc.export
-        lease = Export(size=e.size, offset=e.offset, data=e.data, ready_event=obj.seal_event)
+        lease = Export(size=e.size, offset=e.offset, data=e.data, ready_event=obj.seal_event, sub=e.sub)
         return {**self._export_fields(obj.alloc, lease), "name": obj.name, "meta": obj.meta}
 
     @staticmethod
@@ -481,5 +483,5 @@ class Broker:
         e = export or alloc.export
         return {
             "alloc": alloc.aid, "pool": alloc.pool.spec.name, "size": e.size, "offset": e.offset,
-            "data": e.data, "event": e.ready_event,
+            "data": e.data, "event": e.ready_event, "sub": e.sub,
         }

@@ -194,6 +194,55 @@ def test_broker_frees_only_after_the_importers_free_ran(start_broker):
     _wait_used(broker.socket_dir, 0)
 
 
+def _many_reuser(socket_dir, n, freed, filled, kernel_done, out):
+    import cupy
+
+    freed.wait(60)
+    with ipcpool.connect(socket_dir) as c:
+        s = cupy.cuda.Stream(non_blocking=True)
+        bufs = [c.allocate(n, stream=s) for _ in range(64)]
+        arrs = []
+        with s:
+            for b in bufs:
+                arrs.append(cupy.asarray(b))
+                arrs[-1].fill(0xDD)
+        s.synchronize()
+        filled.set()
+        kernel_done.wait(60)
+        with s:
+            n_dd = sum(int((a == 0xDD).sum()) for a in arrs)
+            n_cc = sum(int((a == 0xCC).sum()) for a in arrs)
+        del arrs
+        for b in bufs:
+            b.free(stream=s)
+    out.put(("reuser", n_dd, n_cc, 64 * n))
+
+
+def test_slab_ranges_are_reused_only_after_the_importers_work(start_broker):
+    """Small allocations are ranges of a slab. A range freed behind a long kernel must not be
+    handed out again until that kernel is done: 64 allocations of the same size right after the
+    free (best fit would pick the freed range first) must hold only their own bytes."""
+    n = 1 * MiB
+    broker = start_broker(backend="cuda")
+    freed, filled, kernel_done = SPAWN.Event(), SPAWN.Event(), SPAWN.Event()
+    out = SPAWN.Queue()
+    procs = [SPAWN.Process(target=f, args=(broker.socket_dir, n, freed, filled, kernel_done, out))
+             for f in (_slow_freer, _many_reuser)]
+    for p in procs:
+        p.start()
+    try:
+        results = dict((r[0], r[1:]) for r in (out.get(timeout=120), out.get(timeout=120)))
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    assert [p.exitcode for p in procs] == [0, 0]
+    n_dd, n_cc, total = results["reuser"]
+    assert (n_dd, n_cc) == (total, 0), f"early reuse: {n_cc} bytes of the old owner's late writes"
+    _wait_used(broker.socket_dir, 0)
+
+
 # --- a killed client --------------------------------------------------------------------------
 
 def _holder(socket_dir, out):

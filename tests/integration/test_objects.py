@@ -189,3 +189,23 @@ def test_torch_cpu_tensor_roundtrip(broker):
         c.put_tensor("t", t)
         back = c.get_tensor("t")
         assert back.dtype == torch.bfloat16 and back.shape == (2, 5) and torch.equal(back, t)
+
+
+def test_get_many_is_all_or_nothing(broker):
+    with ipcpool.connect(broker.socket_dir) as c:
+        for i in range(300):
+            b = c.create(f"many/{i:04d}", 64)
+            b.view[:4] = i.to_bytes(4, "little")
+            b.seal()
+        leases = c.get_many([f"many/{i:04d}" for i in range(300)])
+        assert [int.from_bytes(b.view[:4], "little") for b in leases] == list(range(300))
+        assert c.list("many/0000")[0]["leases"] == 1
+        for b in leases:
+            b.release()
+        with pytest.raises(ipcpool.ObjectNotFound, match="'many/x'"):
+            c.get_many(["many/0001", "many/x"])
+        assert c.list("many/0001")[0]["leases"] == 0      # nothing held after the refusal
+        big = c.get_many([f"many/{i % 300:04d}" for i in range(2500)])   # batched by 1024
+        assert len(big) == 2500
+        for b in big:
+            b.release()
