@@ -40,9 +40,11 @@ if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
   timeout 240 python3 bench/gpu_roundtrip.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench.log"
   BENCH_RC=${PIPESTATUS[0]}
   timeout 240 python3 bench/handoff.py --backend cuda --handoffs 1000 2>&1 | tr '\r' '\n' | grep -v '^\w.*\] [0-9]*/' | tee "$OUT/handoff_cuda.log"
+  timeout 300 python3 bench/hot_attach.py --gib 8 2>&1 | tee "$OUT/hot_attach.log"
+  timeout 60 python3 scripts/micro_cuda.py 2>&1 | tee "$OUT/micro.log"
   timeout 120 python3 bench/handoff.py --backend host --handoffs 1000 2>&1 | tr '\r' '\n' | grep -v '^\w.*\] [0-9]*/' | tee "$OUT/handoff_host.log"
   timeout 180 python3 bench/host_roundtrip.py --iterations 5000 2>&1 | tr '\r' '\n' | grep -v '\] [0-9]*/' | tee "$OUT/host_roundtrip.log"
-  cp bench/results/handoff_*.json bench/results/handoff_*.png bench/results/host_roundtrip.* "$OUT/" 2>/dev/null
+  cp bench/results/handoff_*.json bench/results/handoff_*.png bench/results/host_roundtrip.* bench/results/hot_attach.* "$OUT/" 2>/dev/null
 fi
 
 echo
@@ -67,5 +69,7 @@ if p.exists():
 PY
 sed -n '/^what /,$p' "$OUT/bench.log" 2>/dev/null
 for f in handoff_cuda handoff_host host_roundtrip; do sed -n '/p50 µs/,$p' "$OUT/$f.log" 2>/dev/null; done
+sed -n '/^method/,$p' "$OUT/hot_attach.log" 2>/dev/null
+cat "$OUT/micro.log" 2>/dev/null
 # Only 8 files come back from the device: pack everything into one.
 tar -czf /tmp/gpu-results.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/gpu-results.tgz "$OUT/results.tgz"
