@@ -41,20 +41,26 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
 
             stream = torch.cuda.Stream()
         fill = bytes(SIZE)
+        steps = []
         for i in range(n):
             go.get()
             t0 = time.perf_counter_ns()
             buf = c.create(f"h/{i}", SIZE, stream=stream)
+            t1 = time.perf_counter_ns()
             if backend == "cuda":
                 with torch.cuda.stream(stream):
                     torch.from_dlpack(buf).view(torch.uint8).fill_(i % 251)
             else:
                 buf.view[:] = fill
                 buf.view[0] = i % 251
+            t2 = time.perf_counter_ns()
             buf.seal(stream=stream)
+            t3 = time.perf_counter_ns()
             link.put(t0)
+            steps.append((t1 - t0, t2 - t1, t3 - t2))
             acks.get()
             c.delete(f"h/{i}")
+        _report_steps("producer", ("create", "fill", "seal"), steps)
 
 
 def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
@@ -66,9 +72,11 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             import torch
 
             stream = torch.cuda.Stream()
+        steps = []
         for i in range(n):
             go.put(True)
             lease = c.get(f"h/{i}", stream=stream, timeout=60)
+            t_got = time.perf_counter_ns()
             if backend == "cuda":
                 with torch.cuda.stream(stream):
                     value = int(torch.from_dlpack(lease).view(torch.uint8)[0].item())
@@ -77,8 +85,21 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             t1 = time.perf_counter_ns()
             assert value == i % 251, (value, i)
             lease.release(stream=stream)
-            out.put(t1 - link.get())
+            t0 = link.get()
+            steps.append((t_got - t0, t1 - t_got))
+            out.put(t1 - t0)
             acks.put(True)
+        _report_steps("consumer", ("start->got lease", "read"), steps)
+
+
+def _report_steps(who: str, names: tuple[str, ...], steps: list[tuple[int, ...]]) -> None:
+    """p50 of each step, on stderr: where a hand-off spends its time."""
+    steps = steps[WARMUP:]
+    cols = []
+    for k, name in enumerate(names):
+        xs = sorted(s[k] for s in steps)
+        cols.append(f"{name} {xs[len(xs) // 2] / 1000:.1f} µs")
+    print(f"  {who} step p50: " + ", ".join(cols), file=sys.stderr, flush=True)
 
 
 # -- multiprocessing.shared_memory (host peer) ------------------------------------------------------

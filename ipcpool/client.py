@@ -489,9 +489,9 @@ class Buffer:
         mem = self._live()
         if not hasattr(mem, "cuda_array_interface"):
             raise AttributeError("__cuda_array_interface__: not CUDA memory")
-        cai = dict(mem.cuda_array_interface)
-        cai["data"] = (cai["data"][0], self.readonly)
-        return cai
+        # A lease is read-only by contract; the flag stays False because torch refuses any other
+        # ("the read only flag is not supported"), as CuPy ignores it.
+        return mem.cuda_array_interface
 
     def __dlpack__(self, **kwargs):
         mem = self._live()

@@ -71,6 +71,41 @@ def main() -> None:
         j = iter(range(10**6))
         timeit("create", lambda: c.create(f"n/{next(j)}", 1 << 20, stream=tstream).free(stream=tstream), n=200)
         tstream.synchronize()
+        with ipcpool.connect(sock) as reader:
+            rstream = torch.cuda.Stream()
+            steps = {k: [] for k in ("create", "fill", "seal", "get", "dlpack_device", "__dlpack__",
+                                     "from_dlpack(capsule)", "as_tensor(CAI)", "item", "release", "delete")}
+            for k in range(300):
+                name = f"s/{k}"
+                t = [time.perf_counter_ns()]
+                b = c.create(name, 1 << 20, stream=tstream)
+                t.append(time.perf_counter_ns())
+                with torch.cuda.stream(tstream):
+                    torch.from_dlpack(b).view(torch.uint8).fill_(k % 251)
+                t.append(time.perf_counter_ns())
+                b.seal(stream=tstream)
+                t.append(time.perf_counter_ns())
+                lease = reader.get(name, stream=rstream)
+                t.append(time.perf_counter_ns())
+                with torch.cuda.stream(rstream):
+                    lease.__dlpack_device__()
+                    t.append(time.perf_counter_ns())
+                    cap = lease.__dlpack__(stream=rstream.cuda_stream)
+                    t.append(time.perf_counter_ns())
+                    x = torch.from_dlpack(cap).view(torch.uint8)
+                    t.append(time.perf_counter_ns())
+                    torch.as_tensor(lease, device="cuda")
+                    t.append(time.perf_counter_ns())
+                    assert int(x[0].item()) == k % 251
+                t.append(time.perf_counter_ns())
+                lease.release(stream=rstream)
+                t.append(time.perf_counter_ns())
+                c.delete(name)
+                t.append(time.perf_counter_ns())
+                for (key, a, b2) in zip(steps, t, t[1:]):
+                    steps[key].append(b2 - a)
+            print("hand-off steps in one process, p50 µs:",
+                  ", ".join(f"{k} {sorted(v)[150] / 1000:.1f}" for k, v in steps.items()), flush=True)
 
 
 if __name__ == "__main__":

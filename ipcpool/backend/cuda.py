@@ -638,18 +638,20 @@ class CudaMemory(ImportedMemory):
         }
 
     def dlpack(self, **kwargs: Any) -> Any:
-        buf = self.buffer
+        # Ordering is already in place: the stream given at import waits on the ready/seal event
+        # (R1). Asking cuda.core to order against the consumer's stream again made it wait on the
+        # host (~70 µs a call measured on an H200), so the export says "no synchronisation" (-1).
+        kwargs["stream"] = -1
         try:
-            return buf.__dlpack__(**kwargs)
-        except (NotImplementedError, BufferError) as exc:
-            if kwargs.get("stream") is None:
-                raise
-            # Ordering is already established on the import stream; retry without a stream.
-            log.debug("Buffer.__dlpack__ refused stream=%r (%s); retrying without", kwargs["stream"], exc)
-            return buf.__dlpack__(**{k: v for k, v in kwargs.items() if k != "stream"})
+            return self.buffer.__dlpack__(**kwargs)
+        except (NotImplementedError, BufferError, ValueError, TypeError) as exc:
+            log.debug("Buffer.__dlpack__ refused stream=-1 (%s); exporting without a stream", exc)
+            kwargs.pop("stream")
+            return self.buffer.__dlpack__(**kwargs)
 
     def dlpack_device(self) -> tuple[int, int]:
-        return self.buffer.__dlpack_device__()
+        self.buffer  # raises once released
+        return (2, self.device)   # kDLCUDA: known, so no pointer query (~20 µs measured) per call
 
     def copy_from_host(self, src: memoryview, offset: int, backend: CudaClientBackend, stream: Any) -> None:
         """Host bytes into this memory at ``offset``, ordered on ``stream`` (``Buffer.write``)."""
