@@ -154,3 +154,23 @@ def test_load_safetensors_onto_the_gpu(start_broker, tmp_path):
             got = c.get_tensor("m/" + name)
             assert got.is_cuda and got.dtype == ref.dtype and torch.equal(got.cpu(), ref)
         assert c.release_all("m/a") == 1 and c.release_all("m/b") == 1
+
+
+def test_a_lease_is_seen_by_torch_and_cupy_through_both_protocols(start_broker):
+    import cupy
+    import torch
+
+    b = start_broker(backend="cuda")
+    with ipcpool.connect(b.socket_dir) as c:
+        buf = c.create("both", 4096)
+        torch.from_dlpack(buf).view(torch.uint8).fill_(7)
+        buf.seal(stream=torch.cuda.current_stream())
+        lease = c.get("both", stream=torch.cuda.current_stream())
+        via_cai = torch.as_tensor(lease, device="cuda")            # __cuda_array_interface__
+        via_dlpack = torch.from_dlpack(lease).view(torch.uint8)     # DLPack
+        via_cupy = cupy.asarray(lease)
+        assert via_cai.data_ptr() == via_dlpack.data_ptr() == lease.ptr == via_cupy.data.ptr
+        assert int(via_cai.sum()) == int(via_dlpack.sum()) == int(via_cupy.sum()) == 7 * 4096
+        assert lease.__dlpack_device__() == (2, 0)
+        del via_cai, via_dlpack, via_cupy
+        lease.release()
