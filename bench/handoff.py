@@ -200,7 +200,8 @@ def _core_consumer(_, __, n, go, link, acks, out):
 
 
 def run_pair(label, producer, consumer, n, socket_dir=None, backend=None) -> dict:
-    go, link, acks, out = CTX.Queue(), CTX.Queue(), CTX.Queue(), CTX.Queue()
+    # SimpleQueues: no feeder thread in the timed processes to contend for their GIL.
+    go, link, acks, out = CTX.SimpleQueue(), CTX.SimpleQueue(), CTX.SimpleQueue(), CTX.SimpleQueue()
     p = CTX.Process(target=producer, args=(socket_dir, backend, n, go, link, acks))
     c = CTX.Process(target=consumer, args=(socket_dir, backend, n, go, link, acks, out))
     p.start()
@@ -209,7 +210,9 @@ def run_pair(label, producer, consumer, n, socket_dir=None, backend=None) -> dic
     try:
         with Progress(label, n, stream=sys.stdout) as bar:
             for _ in range(n):
-                samples.append(out.get(timeout=120))
+                if not out._reader.poll(120):
+                    raise TimeoutError(f"{label}: no hand-off for 120 s")
+                samples.append(out.get())
                 bar.update()
     finally:
         for proc in (p, c):
