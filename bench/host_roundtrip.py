@@ -36,6 +36,21 @@ def _echo_server(path: str, ready) -> None:
         conn.send(data)
 
 
+def _pingpong(label: str, send, recv, iterations: int) -> list[int]:
+    """Round trips of a 64-byte message: send, then wait for the echo."""
+    msg = b"x" * 64
+    samples = []
+    with Progress(label, WARMUP + iterations, stream=sys.stdout) as bar:
+        for i in range(WARMUP + iterations):
+            t0 = time.perf_counter_ns()
+            send(msg)
+            recv()
+            if i >= WARMUP:
+                samples.append(time.perf_counter_ns() - t0)
+            bar.update()
+    return samples
+
+
 def raw_pingpong(iterations: int) -> list[int]:
     """Round trips of a 64-byte message over AF_UNIX between two Python processes."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -46,16 +61,7 @@ def raw_pingpong(iterations: int) -> list[int]:
         ready.wait(30)
         c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         c.connect(path)
-        msg = b"x" * 64
-        samples = []
-        with Progress("raw AF_UNIX ping-pong", WARMUP + iterations, stream=sys.stdout) as bar:
-            for i in range(WARMUP + iterations):
-                t0 = time.perf_counter_ns()
-                c.send(msg)
-                c.recv(4096)
-                if i >= WARMUP:
-                    samples.append(time.perf_counter_ns() - t0)
-                bar.update()
+        samples = _pingpong("raw AF_UNIX ping-pong", c.send, lambda: c.recv(4096), iterations)
         c.close()
         server.join(10)
     return samples
@@ -90,16 +96,7 @@ def raw_zmq_pingpong(iterations: int) -> list[int]:
         ctx = zmq.Context()
         d = ctx.socket(zmq.DEALER)
         d.connect(endpoint)
-        msg = b"x" * 64
-        samples = []
-        with Progress("raw pyzmq ping-pong", WARMUP + iterations, stream=sys.stdout) as bar:
-            for i in range(WARMUP + iterations):
-                t0 = time.perf_counter_ns()
-                d.send(msg)
-                d.recv()
-                if i >= WARMUP:
-                    samples.append(time.perf_counter_ns() - t0)
-                bar.update()
+        samples = _pingpong("raw pyzmq ping-pong", d.send, d.recv, iterations)
         d.send(b"stop")
         d.close(1000)
         ctx.term()

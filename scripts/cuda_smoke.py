@@ -30,16 +30,6 @@ import time
 import numpy as np
 
 MiB = 1 << 20
-SPIN_SRC = r"""
-extern "C" __global__ void spin_fill(unsigned char* p, unsigned long long n, long long cycles,
-                                     unsigned char v) {
-    long long start = clock64();
-    while (clock64() - start < cycles) { }
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * blockDim.x)
-        p[i] = v;
-}
-"""
 
 
 # ----------------------------------------------------------------------------- child side
@@ -91,6 +81,8 @@ def _child(role: str, fd: int) -> None:
         del t, a
     elif role in ("C", "D"):
         import cupy
+
+        from tests.gpu.kernels import SPIN_SRC
 
         k = cupy.RawKernel(SPIN_SRC, "spin_fill")
         cycles = int(req.get("cycles", 2_000_000_000))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_SRC = r"""
+SPIN_SRC = r"""
 extern "C" __global__ void spin_fill(unsigned char* p, unsigned long long n, long long cycles,
                                      unsigned char v) {
     long long start = clock64();
@@ -24,7 +24,7 @@ def spin_fill(ptr: int, n: int, seconds: float, value: int, stream) -> None:
 
     global _kernel
     if _kernel is None:
-        _kernel = cupy.RawKernel(_SRC, "spin_fill")
+        _kernel = cupy.RawKernel(SPIN_SRC, "spin_fill")
     clock_khz = cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrClockRate, 0)
     cycles = int(seconds * clock_khz * 1000)
     with stream:

@@ -167,17 +167,12 @@ def _reuser(socket_dir, n, freed, filled, kernel_done, out):
     out.put(("reuser", n_dd, n_cc, got_s))
 
 
-def test_broker_frees_only_after_the_importers_free_ran(start_broker):
-    """A long kernel writes into the buffer, then the client frees it on that stream. Another
-    client at once allocates the same size from a pool that holds only one such buffer and fills
-    it. Had the broker freed early, the kernel's late 0xCC writes would land in the new owner's
-    buffer; ordered frees leave only 0xDD."""
-    n = 256 * MiB
-    broker = start_broker(backend="cuda", config_text=f'[[pools]]\nname = "default"\nmax_size = {n + n // 2}\n')
+def _race(broker, n, reuser) -> dict:
+    """Run ``_slow_freer`` against ``reuser``; both must exit cleanly. Returns their results."""
     freed, filled, kernel_done = SPAWN.Event(), SPAWN.Event(), SPAWN.Event()
     out = SPAWN.Queue()
     procs = [SPAWN.Process(target=f, args=(broker.socket_dir, n, freed, filled, kernel_done, out))
-             for f in (_slow_freer, _reuser)]
+             for f in (_slow_freer, reuser)]
     for p in procs:
         p.start()
     try:
@@ -188,6 +183,17 @@ def test_broker_frees_only_after_the_importers_free_ran(start_broker):
             if p.is_alive():
                 p.kill()
     assert [p.exitcode for p in procs] == [0, 0]
+    return results
+
+
+def test_broker_frees_only_after_the_importers_free_ran(start_broker):
+    """A long kernel writes into the buffer, then the client frees it on that stream. Another
+    client at once allocates the same size from a pool that holds only one such buffer and fills
+    it. Had the broker freed early, the kernel's late 0xCC writes would land in the new owner's
+    buffer; ordered frees leave only 0xDD."""
+    n = 256 * MiB
+    broker = start_broker(backend="cuda", config_text=f'[[pools]]\nname = "default"\nmax_size = {n + n // 2}\n')
+    results = _race(broker, n, _reuser)
     n_dd, n_cc, _ = results["reuser"]
     assert (n_dd, n_cc) == (n, 0), f"early free: {n_cc} bytes of the old owner's late writes"
     assert results["freer"][0] < SPIN_S / 2, "free blocked the host"
@@ -224,20 +230,7 @@ def test_slab_ranges_are_reused_only_after_the_importers_work(start_broker):
     free (best fit would pick the freed range first) must hold only their own bytes."""
     n = 1 * MiB
     broker = start_broker(backend="cuda")
-    freed, filled, kernel_done = SPAWN.Event(), SPAWN.Event(), SPAWN.Event()
-    out = SPAWN.Queue()
-    procs = [SPAWN.Process(target=f, args=(broker.socket_dir, n, freed, filled, kernel_done, out))
-             for f in (_slow_freer, _many_reuser)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict((r[0], r[1:]) for r in (out.get(timeout=120), out.get(timeout=120)))
-    finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    results = _race(broker, n, _many_reuser)
     n_dd, n_cc, total = results["reuser"]
     assert (n_dd, n_cc) == (total, 0), f"early reuse: {n_cc} bytes of the old owner's late writes"
     _wait_used(broker.socket_dir, 0)
