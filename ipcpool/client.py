@@ -283,17 +283,36 @@ class Client:
         names = list(names)
         out: list[Buffer] = []
         with self._lock:
-            for start in range(0, len(names), protocol.MAX_BATCH):
-                batch = names[start : start + protocol.MAX_BATCH]
-                try:
-                    reply = self._call("get_many", names=batch)
-                    for name, lease in zip(batch, reply["leases"]):
-                        out.append(self._adopt(lease, stream, owner=False, name=name, readonly=True))
-                except BaseException:
-                    for buf in out:
-                        buf.free(stream)
-                    raise
+            try:
+                for start in range(0, len(names), protocol.MAX_BATCH):
+                    batch = names[start : start + protocol.MAX_BATCH]
+                    leases = self._call("get_many", names=batch)["leases"]
+                    self._adopt_many(leases, batch, stream, out)
+            except BaseException:
+                for buf in out:
+                    buf.free(stream)
+                raise
         return out
+
+    def _adopt_many(self, leases: list[dict], names: list[str], stream: Any, out: list[Buffer]) -> None:
+        """Import a batch of leases pool by pool (each pool's set-up and shared event once)."""
+        by_pool: dict[str, list[int]] = {}
+        for i, lease in enumerate(leases):
+            by_pool.setdefault(lease["pool"], []).append(i)
+        for pool_name, idx in by_pool.items():
+            exports = [Export(size=leases[i]["size"], offset=leases[i]["offset"], data=leases[i]["data"],
+                              ready_event=leases[i]["event"], sub=bool(leases[i].get("sub"))) for i in idx]
+            try:
+                memories = self._pool(pool_name).import_many(exports, stream)
+            except BaseException:
+                for i in idx:
+                    self._send("free", alloc=leases[i]["alloc"])
+                raise
+            for i, memory in zip(idx, memories):
+                buf = Buffer(self, leases[i]["alloc"], pool_name, memory, False, name=names[i],
+                             meta=leases[i].get("meta"), readonly=True)
+                self._buffers[id(buf)] = buf
+                out.append(buf)
 
     def release(self, lease: Buffer, stream: Any = None) -> None:
         """Let go of a lease (the same as ``lease.release(stream)``)."""

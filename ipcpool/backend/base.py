@@ -124,6 +124,12 @@ class BrokerPool(ABC):
             self.add_release(handle, session, done_event)
         return b""
 
+    def join_seals(self, handles: list[object], session: SessionContext) -> bytes:
+        """One event on ``session``'s stream that completes after the seal of every one of
+        ``handles`` (sealed objects of this pool): a batch of leases waits on it once, not once per
+        object. Kept alive until the session's next message. Empty where there are no events."""
+        return b""
+
     def add_release(self, handle: object, session: SessionContext, done_event: bytes) -> None:
         """Another importer (a session that opened a shared allocation) released its import: order
         the eventual ``free`` after ``done_event``. The wait must be enqueued now, on ``session``'s
@@ -180,6 +186,10 @@ class ClientPool(ABC):
     @abstractmethod
     def import_allocation(self, export: Export, stream: Any = None) -> ImportedMemory:
         """Map/import an allocation; on CUDA ``stream`` waits on the ready event (R1)."""
+
+    def import_many(self, exports: list[Export], stream: Any = None) -> list[ImportedMemory]:
+        """Import a batch (on CUDA: set-up once, each distinct ready event waited on once)."""
+        return [self.import_allocation(e, stream) for e in exports]
 
     @abstractmethod
     def release(self, memory: ImportedMemory, stream: Any = None) -> bytes:

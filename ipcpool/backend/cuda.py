@@ -154,6 +154,7 @@ class _CudaSession(SessionContext):
         self._backend = backend
         self._streams: dict[int, Stream] = {}
         self.graveyard = Graveyard()
+        self._handed: list[Any] = []
         self.closed = False
         self.peer_dead = False
 
@@ -169,7 +170,18 @@ class _CudaSession(SessionContext):
     def streams(self) -> list[Stream]:
         return list(self._streams.values())
 
+    def hand_out(self, event: Any) -> None:
+        """An event named in a reply: alive until the client's next message (by then it has
+        opened it and enqueued its wait), then retired like any other (R4)."""
+        self._handed.append(event)
+
+    def _retire_handed(self) -> None:
+        if self._handed and self._streams:
+            self.graveyard.bury(next(iter(self._streams.values())), *self._handed)
+            self._handed = []
+
     def peer_progressed(self) -> None:
+        self._retire_handed()
         self.graveyard.sweep()
         self._backend.sweep()
 
@@ -182,6 +194,7 @@ class _CudaSession(SessionContext):
     def close(self) -> None:
         if self.closed:
             return
+        self._retire_handed()
         self.closed = True
         self.graveyard.sweep()
         if len(self.graveyard):
@@ -253,11 +266,12 @@ class _Slab:
 
 
 class _Allocation:
-    __slots__ = ("buffer", "size", "ready", "extra", "waits", "freed", "slab", "offset")
+    __slots__ = ("buffer", "size", "ready", "extra", "waits", "freed", "slab", "offset", "sealed")
 
     def __init__(self, buffer: Buffer | None, size: int, ready: Any, slab: _Slab | None = None, offset: int = 0):
         self.buffer = buffer
         self.slab = slab            # set for a range of a slab (buffer is then None)
+        self.sealed: Any = None     # the seal event of a named object (also kept in ``extra``)
         self.offset = offset
         self.size = size
         self.ready = ready          # the ready IPC event (None for a slab range): alive until the free has run (R4)
@@ -427,7 +441,19 @@ class CudaPool(BrokerPool):
             alloc.waits.append(_DoneWait(done_event, sess, self.device))  # the wait, on stream
         event, sealed = record_ipc(stream)
         alloc.extra.append(event)
+        alloc.sealed = event
         return sealed
+
+    def join_seals(self, handles: list[object], session: SessionContext) -> bytes:
+        sess = _as_session(session)
+        stream = sess.stream(self.device)
+        for handle in handles:
+            alloc = _as_alloc(handle)
+            if alloc.sealed is not None:
+                stream.wait(alloc.sealed)   # our own events: a local wait, nothing to open
+        event, joined = record_ipc(stream)
+        sess.hand_out(event)
+        return joined
 
     def free(self, handle: object, session: SessionContext, done_event: bytes = b"") -> None:
         """R2 without host synchronisation: the session's stream waits on the done event now, and
@@ -724,6 +750,33 @@ class CudaClientPool(ClientPool):
         except CUDAError as exc:
             raise _translate(exc, f"importing {export.size} bytes from pool {self.name!r}") from exc
         return CudaMemory(buf, export.size, self.device)
+
+    def import_many(self, exports: list[Export], stream: Any = None) -> list[ImportedMemory]:
+        if self._closed:
+            raise ClosedError(f"pool {self.name!r} is closed")
+        out: list[ImportedMemory] = []
+        try:
+            with _OnDevice(self.device):
+                s = self._backend.stream(stream, self.device)
+                for handle in dict.fromkeys(e.ready_event for e in exports if e.ready_event):
+                    wait_ipc(s, handle)   # R1, once per distinct event (a batch shares one)
+                for e in exports:
+                    if len(e.data) != HANDLE_BYTES:
+                        raise InvalidRequest(f"pointer export data is {HANDLE_BYTES} bytes, got {len(e.data)}")
+                    if e.sub:
+                        if e.offset + e.size > self.slab_size:
+                            raise InvalidRequest("a slab range lies outside its slab")
+                        slab = self._slab(e.data)
+                        view = Buffer.from_handle(int(slab.handle) + e.offset, e.size, owner=slab)
+                        out.append(CudaMemory(view, e.size, self.device, whole=False))
+                    else:
+                        desc = IPCBufferDescriptor._init(bytes(e.data), e.size)
+                        out.append(CudaMemory(Buffer.from_ipc_descriptor(self._mr, desc, stream=s), e.size, self.device))
+        except CUDAError as exc:
+            for mem in out:   # nothing half-imported stays behind
+                self.release(mem, stream)
+            raise _translate(exc, f"importing {len(exports)} allocations from pool {self.name!r}") from exc
+        return out
 
     def _slab(self, data: bytes) -> Buffer:
         """A slab of the broker's, imported once (slabs live as long as the pool)."""

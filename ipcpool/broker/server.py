@@ -445,7 +445,13 @@ class Broker:
             objects.wait(session, f["name"], rid, None if timeout is None else timeout / 1000)
             return None
         if op == "get_many":
-            return {"leases": [self._lease_fields(o) for o in objects.lease_many(session, f["names"])]}
+            objs = objects.lease_many(session, f["names"])
+            by_pool: dict = {}
+            for o in objs:
+                by_pool.setdefault(o.alloc.pool, []).append(o.alloc.handle)
+            # One event per pool after all the seals, instead of one per object to open and wait on.
+            joined = {pool: pool.join_seals(handles, session.backend) for pool, handles in by_pool.items()}
+            return {"leases": [self._lease_fields(o, joined[o.alloc.pool]) for o in objs]}
         if op == "delete":
             obj = objects.delete(session, f["name"])
             if not obj.sealed:
@@ -473,9 +479,10 @@ class Broker:
         for watch in self.objects.watchers(obj.name):
             self._send(watch.session.token, {"notify": "sealed", "watch": watch.wid, "object": info})
 
-    def _lease_fields(self, obj: NamedObject) -> dict:
+    def _lease_fields(self, obj: NamedObject, event: bytes | None = None) -> dict:
         e = obj.alloc.export
-        lease = Export(size=e.size, offset=e.offset, data=e.data, ready_event=obj.seal_event, sub=e.sub)
+        ready = obj.seal_event if event is None else event
+        lease = Export(size=e.size, offset=e.offset, data=e.data, ready_event=ready, sub=e.sub)
         return {**self._export_fields(obj.alloc, lease), "name": obj.name, "meta": obj.meta}
 
     @staticmethod

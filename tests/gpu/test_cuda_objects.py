@@ -174,3 +174,36 @@ def test_a_lease_is_seen_by_torch_and_cupy_through_both_protocols(start_broker):
         assert lease.__dlpack_device__() == (2, 0)
         del via_cai, via_dlpack, via_cupy
         lease.release()
+
+
+def _attach_all(socket_dir, names, out):
+    import torch
+
+    stream = torch.cuda.Stream()
+    with ipcpool.connect(socket_dir) as c:
+        leases = c.get_many(names, stream=stream)
+        with torch.cuda.stream(stream):
+            sums = [int(torch.from_dlpack(b).view(torch.uint8).sum(dtype=torch.int64)) for b in leases]
+        for b in leases:
+            b.release(stream=stream)
+    out.put(sums)
+
+
+def test_get_many_across_processes_waits_for_every_seal(start_broker):
+    """Objects sealed right behind slow kernels: a batch attach must still see all their bytes."""
+    import cupy
+
+    from tests.gpu.kernels import spin_fill
+
+    b = start_broker(backend="cuda")
+    names = [f"batch/{i}" for i in range(12)]
+    sizes = [MiB] * 6 + [96 * MiB] * 6            # slab ranges and whole pool allocations
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with ipcpool.connect(b.socket_dir) as c:
+        for i, (name, size) in enumerate(zip(names, sizes)):
+            buf = c.create(name, size, stream=stream)
+            spin_fill(buf.ptr, size, 0.05, i + 1, stream)
+            buf.seal(stream=stream)
+        (sums,) = run_procs(_attach_all, [(b.socket_dir, names)])
+        assert sums == [(i + 1) * size for i, size in enumerate(sizes)]
+        stream.synchronize()

@@ -32,7 +32,7 @@ def test_create_seal_get_and_metadata(broker):
         assert not np.asarray(lease).flags.writeable
         assert w.list("models/")[0] == {**info, "state": "sealed", "leases": 1}
         lease.release()
-        assert w.list()[0]["leases"] == 0
+        assert r.list()[0]["leases"] == 0      # asked by the releasing session: ordered after it
 
 
 def test_names_are_unique_and_validated(broker):
@@ -95,7 +95,7 @@ def test_delete_is_deferred_while_leased(broker):
         assert bytes(lease.view[:3]) == b"abc"
         c.create("d", 16).seal()                          # the name is free again
         lease.release()
-        assert used(c) == 256                             # only the new "d" (one aligned block)
+        assert used(r) == 256     # only the new "d" (one aligned block); r's own request follows its release
         with pytest.raises(ipcpool.ObjectNotFound):
             c.delete("nope")
 
