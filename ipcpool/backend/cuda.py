@@ -130,6 +130,29 @@ class _OnDevice:
             drv.restore_context(self.prev)
 
 
+class _OnStream:
+    """Make the context of ``stream`` current for events recorded on or waited on by it: a caller's
+    stream may belong to another device than the pool (peer access), and an event made in one
+    context cannot be recorded on a stream of another."""
+
+    __slots__ = ("stream", "prev")
+
+    def __init__(self, stream: Stream):
+        self.stream = stream
+
+    def __enter__(self) -> None:
+        self.prev = drv.current_context()
+        handle = int(self.stream.handle)
+        if handle > 2:   # not one of the default streams, which follow the current context
+            ctx = drv.stream_context(handle)
+            if int(ctx) != int(self.prev):
+                drv.restore_context(ctx)
+
+    def __exit__(self, *exc: Any) -> None:
+        if int(self.prev) != 0 and int(self.prev) != int(drv.current_context()):
+            drv.restore_context(self.prev)
+
+
 def _translate(exc: Exception, what: str) -> IpcPoolError:
     text = str(exc)
     if "OUT_OF_MEMORY" in text:
@@ -737,7 +760,8 @@ class CudaClientPool(ClientPool):
             with _OnDevice(self.device):
                 s = self._backend.stream(stream, self.device)
                 if export.ready_event:
-                    wait_ipc(s, export.ready_event)  # R1: before any use of the memory on s
+                    with _OnStream(s):
+                        wait_ipc(s, export.ready_event)  # R1: before any use of the memory on s
                 if export.sub:
                     if export.offset + export.size > self.slab_size:
                         raise InvalidRequest("a slab range lies outside its slab")
@@ -758,8 +782,9 @@ class CudaClientPool(ClientPool):
         try:
             with _OnDevice(self.device):
                 s = self._backend.stream(stream, self.device)
-                for handle in dict.fromkeys(e.ready_event for e in exports if e.ready_event):
-                    wait_ipc(s, handle)   # R1, once per distinct event (a batch shares one)
+                with _OnStream(s):
+                    for handle in dict.fromkeys(e.ready_event for e in exports if e.ready_event):
+                        wait_ipc(s, handle)   # R1, once per distinct event (a batch shares one)
                 for e in exports:
                     if len(e.data) != HANDLE_BYTES:
                         raise InvalidRequest(f"pointer export data is {HANDLE_BYTES} bytes, got {len(e.data)}")
@@ -796,7 +821,8 @@ class CudaClientPool(ClientPool):
                 s = self._backend.stream(stream, self.device)
                 if memory.whole:
                     buf.close(stream=s)          # cudaFreeAsync of the import, after work on s
-                event, handle = record_ipc(s)    # R2: the broker frees (or reuses) after this
+                with _OnStream(s):
+                    event, handle = record_ipc(s)   # R2: the broker frees (or reuses) after this
         except CUDAError as exc:
             raise _translate(exc, f"releasing memory of pool {self.name!r}") from exc
         self._backend.keep_done(event)

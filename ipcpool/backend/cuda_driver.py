@@ -135,3 +135,8 @@ def copy_from_host(dst_ptr: int, src: memoryview, stream_handle: int) -> None:
         return
     address = ctypes.addressof((ctypes.c_ubyte * n).from_buffer(staged))
     check(cu.cuMemcpyHtoDAsync(dst_ptr, address, n, cu.CUstream(stream_handle)), "cuMemcpyHtoDAsync")
+
+
+def stream_context(stream_handle: int) -> Any:
+    """The context a stream belongs to (an event recorded on it must be made in that context)."""
+    return check(cu.cuStreamGetCtx(cu.CUstream(stream_handle)), "cuStreamGetCtx")
