@@ -19,7 +19,7 @@ from .errors import (
     WaitTimeout,
 )
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "AllocationTooLarge",

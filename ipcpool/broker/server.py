@@ -23,16 +23,15 @@ import zmq
 from .. import fdpass, paths, protocol
 from ..backend import Choice, broker_backend
 from ..config import Config
-from ..backend.base import Export
 from ..errors import IpcPoolError, PeerRefused, ProtocolError, WaitTimeout
-from .objects import NamedObject, ObjectTable, abort_error
+from .handlers import VERSION, Handlers
+from .objects import ObjectTable, abort_error
 from .registry import Registry
 from .session import Session
 
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT = 5.0
-VERSION = "0.1.0"
 
 
 class AlreadyRunning(IpcPoolError):
@@ -86,6 +85,7 @@ class Broker:
             self.registry = Registry(self.config, self.backend)
             self.registry.create_pools()
             self.objects = ObjectTable(self.registry)
+            self.handlers = Handlers(self)
             self._bind()
         except BaseException:
             self.close()
@@ -200,7 +200,7 @@ class Broker:
             self._expire_pending()
         if deadline is not None:
             for name, w in self.objects.expired(time.monotonic()):
-                self._send(w.session.token, protocol.error_reply(
+                self.send(w.session.token, protocol.error_reply(
                     w.rid, WaitTimeout(f"object {name!r} was not sealed within the timeout")))
 
     # -- control socket ----------------------------------------------------------------------
@@ -313,7 +313,6 @@ class Broker:
                 raise ProtocolError(f"{op} is not valid once the session is open")
             pool = self.registry.pool(fields["pool"])
             self._send_control(session, protocol.ok_reply(rid, info=pool.pool_info()), (pool.fd,))
-            session.pools_sent.add(fields["pool"])
         except IpcPoolError as exc:
             self._send_control(session, protocol.error_reply(rid, exc))
 
@@ -348,7 +347,7 @@ class Broker:
                 for obj in aborted:
                     log.info("session %d: object %r aborted (never sealed)", session.sid, obj.name)
                 for name, w in orphans:
-                    self._send(w.session.token, protocol.error_reply(w.rid, abort_error(name)))
+                    self.send(w.session.token, protocol.error_reply(w.rid, abort_error(name)))
             released = self.registry.release_session(session) if self.registry else 0
         except Exception:
             log.exception("session %d: releasing its memory failed", session.sid)
@@ -365,7 +364,7 @@ class Broker:
                 return
             self._on_message(frames)
 
-    def _send(self, ident: bytes, msg: dict) -> None:
+    def send(self, ident: bytes, msg: dict) -> None:
         try:
             self.router.send_multipart([ident, protocol.pack(msg)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:
@@ -384,111 +383,13 @@ class Broker:
             rid = protocol.request_id(msg)
             op, fields = protocol.validate(msg, protocol.REQUESTS)
             session.backend.peer_progressed()
-            reply = self._handle(session, op, fields, rid)
+            reply = self.handlers.handle(session, op, fields, rid)
             if reply is None or op in protocol.ONE_WAY:   # None: answered later (a waiting get)
                 return
-            self._send(ident, protocol.ok_reply(rid, **reply))
+            self.send(ident, protocol.ok_reply(rid, **reply))
         except IpcPoolError as exc:
             log.info("request from %s failed: %s", f"session {session.sid}" if session else "unknown peer", exc)
-            self._send(ident, protocol.error_reply(rid, exc))
+            self.send(ident, protocol.error_reply(rid, exc))
         except Exception as exc:   # a bug of ours: keep serving, tell the client
             log.exception("internal error handling a request")
-            self._send(ident, protocol.error_reply(rid, IpcPoolError(f"internal broker error: {exc}")))
-
-    def _handle(self, session: Session, op: str, f: dict, rid: int) -> dict | None:
-        reg, objects = self.registry, self.objects
-        if op == "allocate":
-            alloc = reg.allocate(session, f["nbytes"], f["pool"])
-            return self._export_fields(alloc)
-        if op == "free":
-            reg.free(session, f["alloc"], f.get("done_event", b""))
-            return {}
-        if op == "share":
-            return {"token": reg.share(session, f["alloc"])}
-        if op == "open":
-            alloc = reg.open(session, f["token"])
-            # A fresh ready event on the opener's stream: the one made at allocation may be recycled.
-            return self._export_fields(alloc, alloc.pool.reexport(alloc.handle, alloc.export, session.backend))
-        if op == "stats":
-            return {
-                "backend": self.choice.name, "sessions": len(self.sessions), "pools": reg.stats(),
-                "objects": len(objects.objects),
-                "pid": os.getpid(), "uptime": time.time() - self.started, "version": VERSION,
-            }
-        if op == "reset_high":
-            for pool in [reg.pool(f["pool"])] if "pool" in f else reg.pools.values():
-                pool.reset_high()
-            return {}
-        if op == "trim":
-            reg.pool(f["pool"]).trim(f["keep"])
-            return {}
-        if op == "set_release_threshold":
-            reg.pool(f["pool"]).set_release_threshold(f["bytes"])
-            return {}
-        if op == "bye":
-            session.said_bye = True
-            return {}
-        if op == "ping":
-            return {}
-        if op == "create":
-            obj = objects.create(session, f["name"], f["nbytes"], f["pool"], f.get("meta", {}))
-            return self._export_fields(obj.alloc)
-        if op == "seal":
-            obj = objects.seal(session, f["name"], f["alloc"], f.get("done_event", b""))
-            self._announce(obj)
-            return {}
-        if op == "get":
-            obj = objects.lease(session, f["name"])
-            if obj is not None:
-                return self._lease_fields(obj)
-            timeout = f.get("timeout_ms")
-            objects.wait(session, f["name"], rid, None if timeout is None else timeout / 1000)
-            return None
-        if op == "get_many":
-            objs = objects.lease_many(session, f["names"])
-            by_pool: dict = {}
-            for o in objs:
-                by_pool.setdefault(o.alloc.pool, []).append(o.alloc.handle)
-            # One event per pool after all the seals, instead of one per object to open and wait on.
-            joined = {pool: pool.join_seals(handles, session.backend) for pool, handles in by_pool.items()}
-            return {"leases": [self._lease_fields(o, joined[o.alloc.pool]) for o in objs]}
-        if op == "delete":
-            obj = objects.delete(session, f["name"])
-            if not obj.sealed:
-                for w in objects.take_waiters(obj.name):
-                    self._send(w.session.token, protocol.error_reply(w.rid, abort_error(obj.name)))
-            return {}
-        if op == "list":
-            return {"objects": objects.list(f.get("prefix", ""))}
-        if op == "watch":
-            w = objects.watch(session, f["prefix"])
-            existing = [o for o in objects.list(f["prefix"]) if o["state"] == "sealed"] if f.get("existing") else []
-            return {"watch": w.wid, "existing": existing}
-        if op == "unwatch":
-            objects.unwatch(session, f["watch"])
-            return {}
-        raise ProtocolError(f"unhandled op {op}")  # validate() knows every op; kept for safety
-
-    def _announce(self, obj: NamedObject) -> None:
-        """A seal settles the gets waiting for it and tells the watchers of its prefix."""
-        for w in self.objects.take_waiters(obj.name):
-            if w.session.token in self.sessions:
-                self.objects.lease(w.session, obj.name)
-                self._send(w.session.token, protocol.ok_reply(w.rid, **self._lease_fields(obj)))
-        info = obj.info()
-        for watch in self.objects.watchers(obj.name):
-            self._send(watch.session.token, {"notify": "sealed", "watch": watch.wid, "object": info})
-
-    def _lease_fields(self, obj: NamedObject, event: bytes | None = None) -> dict:
-        e = obj.alloc.export
-        ready = obj.seal_event if event is None else event
-        lease = Export(size=e.size, offset=e.offset, data=e.data, ready_event=ready, sub=e.sub)
-        return {**self._export_fields(obj.alloc, lease), "name": obj.name, "meta": obj.meta}
-
-    @staticmethod
-    def _export_fields(alloc, export=None) -> dict:
-        e = export or alloc.export
-        return {
-            "alloc": alloc.aid, "pool": alloc.pool.spec.name, "size": e.size, "offset": e.offset,
-            "data": e.data, "event": e.ready_event, "sub": e.sub,
-        }
+            self.send(ident, protocol.error_reply(rid, IpcPoolError(f"internal broker error: {exc}")))

@@ -20,7 +20,6 @@ class Session:
     pidfd: int
     backend: SessionContext
     held: collections.Counter = field(default_factory=collections.Counter)   # alloc id -> holds
-    pools_sent: set[str] = field(default_factory=set)
     said_bye: bool = False
     orphaned: bool = False   # control socket closed; waiting for the process to be gone
 

@@ -54,3 +54,10 @@ def test_error_reply_carries_code():
     reply = protocol.error_reply(5, OutOfMemory("full"))
     err = error_from_wire(reply["code"], reply["error"])
     assert type(err) is OutOfMemory and str(err) == "full"
+
+
+def test_every_request_op_has_a_handler():
+    from ipcpool.broker.handlers import Handlers
+
+    missing = [op for op in protocol.REQUESTS if not callable(getattr(Handlers, f"op_{op}", None))]
+    assert missing == []

@@ -1,0 +1,151 @@
+"""What each request on the message channel does: one method per op, found by name.
+
+The server hands every validated request here; a method returns the reply's fields, or None when
+the reply comes later (a ``get`` waiting for its seal is answered by ``_announce``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING
+
+from .. import protocol
+from .._version import __version__
+from ..backend.base import Export
+from .objects import NamedObject, abort_error
+from .session import Session
+
+if TYPE_CHECKING:
+    from .server import Broker
+
+VERSION = __version__
+
+
+class Handlers:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.registry = broker.registry
+        self.objects = broker.objects
+
+    def handle(self, session: Session, op: str, fields: dict, rid: int) -> dict | None:
+        # validate() admits only known ops, and each has a method here (tests/unit checks both).
+        return getattr(self, f"op_{op}")(session, fields, rid)
+
+    # -- anonymous allocations -------------------------------------------------------------------
+    def op_allocate(self, session: Session, f: dict, rid: int) -> dict:
+        return export_fields(self.registry.allocate(session, f["nbytes"], f["pool"]))
+
+    def op_free(self, session: Session, f: dict, rid: int) -> dict:
+        self.registry.free(session, f["alloc"], f.get("done_event", b""))
+        return {}
+
+    def op_share(self, session: Session, f: dict, rid: int) -> dict:
+        return {"token": self.registry.share(session, f["alloc"])}
+
+    def op_open(self, session: Session, f: dict, rid: int) -> dict:
+        alloc = self.registry.open(session, f["token"])
+        # A fresh ready event on the opener's stream: the one made at allocation may be recycled.
+        return export_fields(alloc, alloc.pool.reexport(alloc.handle, alloc.export, session.backend))
+
+    # -- pools and the session --------------------------------------------------------------------
+    def op_stats(self, session: Session, f: dict, rid: int) -> dict:
+        b = self.broker
+        return {
+            "backend": b.choice.name, "sessions": len(b.sessions), "pools": self.registry.stats(),
+            "objects": len(self.objects.objects), "pid": os.getpid(), "uptime": time.time() - b.started,
+            "version": VERSION,
+        }
+
+    def op_reset_high(self, session: Session, f: dict, rid: int) -> dict:
+        reg = self.registry
+        for pool in [reg.pool(f["pool"])] if "pool" in f else reg.pools.values():
+            pool.reset_high()
+        return {}
+
+    def op_trim(self, session: Session, f: dict, rid: int) -> dict:
+        self.registry.pool(f["pool"]).trim(f["keep"])
+        return {}
+
+    def op_set_release_threshold(self, session: Session, f: dict, rid: int) -> dict:
+        self.registry.pool(f["pool"]).set_release_threshold(f["bytes"])
+        return {}
+
+    def op_bye(self, session: Session, f: dict, rid: int) -> dict:
+        session.said_bye = True
+        return {}
+
+    def op_ping(self, session: Session, f: dict, rid: int) -> dict:
+        return {}
+
+    # -- named objects ---------------------------------------------------------------------------
+    def op_create(self, session: Session, f: dict, rid: int) -> dict:
+        obj = self.objects.create(session, f["name"], f["nbytes"], f["pool"], f.get("meta", {}))
+        return export_fields(obj.alloc)
+
+    def op_seal(self, session: Session, f: dict, rid: int) -> dict:
+        obj = self.objects.seal(session, f["name"], f["alloc"], f.get("done_event", b""))
+        self._announce(obj)
+        return {}
+
+    def op_get(self, session: Session, f: dict, rid: int) -> dict | None:
+        obj = self.objects.lease(session, f["name"])
+        if obj is not None:
+            return lease_fields(obj)
+        timeout = f.get("timeout_ms")
+        self.objects.wait(session, f["name"], rid, None if timeout is None else timeout / 1000)
+        return None
+
+    def op_get_many(self, session: Session, f: dict, rid: int) -> dict:
+        objs = self.objects.lease_many(session, f["names"])
+        by_pool: dict = {}
+        for o in objs:
+            by_pool.setdefault(o.alloc.pool, []).append(o.alloc.handle)
+        # One event per pool after all the seals, instead of one per object to open and wait on.
+        joined = {pool: pool.join_seals(handles, session.backend) for pool, handles in by_pool.items()}
+        return {"leases": [lease_fields(o, joined[o.alloc.pool]) for o in objs]}
+
+    def op_delete(self, session: Session, f: dict, rid: int) -> dict:
+        obj = self.objects.delete(session, f["name"])
+        if not obj.sealed:
+            for w in self.objects.take_waiters(obj.name):
+                self.broker.send(w.session.token, protocol.error_reply(w.rid, abort_error(obj.name)))
+        return {}
+
+    def op_list(self, session: Session, f: dict, rid: int) -> dict:
+        return {"objects": self.objects.list(f.get("prefix", ""))}
+
+    def op_watch(self, session: Session, f: dict, rid: int) -> dict:
+        w = self.objects.watch(session, f["prefix"])
+        listed = self.objects.list(f["prefix"]) if f.get("existing") else []
+        return {"watch": w.wid, "existing": [o for o in listed if o["state"] == "sealed"]}
+
+    def op_unwatch(self, session: Session, f: dict, rid: int) -> dict:
+        self.objects.unwatch(session, f["watch"])
+        return {}
+
+    def _announce(self, obj: NamedObject) -> None:
+        """A seal settles the gets waiting for it and tells the watchers of its prefix."""
+        for w in self.objects.take_waiters(obj.name):
+            if w.session.token in self.broker.sessions:
+                self.objects.lease(w.session, obj.name)
+                self.broker.send(w.session.token, protocol.ok_reply(w.rid, **lease_fields(obj)))
+        info = obj.info()
+        for watch in self.objects.watchers(obj.name):
+            self.broker.send(watch.session.token, {"notify": "sealed", "watch": watch.wid, "object": info})
+
+
+def export_fields(alloc, export: Export | None = None) -> dict:
+    e = export or alloc.export
+    return {
+        "alloc": alloc.aid, "pool": alloc.pool.spec.name, "size": e.size, "offset": e.offset,
+        "data": e.data, "event": e.ready_event, "sub": e.sub,
+    }
+
+
+def lease_fields(obj: NamedObject, event: bytes | None = None) -> dict:
+    """A lease: the object's export with the event readers wait on (its seal, or a batch's)."""
+    e = obj.alloc.export
+    ready = obj.seal_event if event is None else event
+    lease = Export(size=e.size, offset=e.offset, data=e.data, ready_event=ready, sub=e.sub)
+    return {**export_fields(obj.alloc, lease), "name": obj.name, "meta": obj.meta}
