@@ -1,10 +1,12 @@
-"""`ipcpool ...`: broker, stats, ls, rm, load, demo, doctor. The only place that configures logging."""
+"""`ipcpool ...`: broker, status, stats, trim, ls, rm, load, demo, doctor. The only place that
+configures logging."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import sys
 
 from . import backend as backends
@@ -36,19 +38,62 @@ def cmd_broker(args) -> int:
     return 0
 
 
+def _stats_table(stats: dict) -> str:
+    cols = ("reserved", "used", "reserved_high", "used_high")
+    lines = [f"backend {stats['backend']}  sessions {stats['sessions']}  objects {stats.get('objects', 0)}"
+             f"  pid {stats['pid']}",
+             f"{'pool':<16}" + "".join(f"{c:>16}" for c in cols) + f"{'allocations':>13}"]
+    for name, s in stats["pools"].items():
+        lines.append(f"{name:<16}" + "".join(f"{_human(s[c]):>16}" for c in cols) + f"{s['allocations']:>13}")
+    return "\n".join(lines)
+
+
 def cmd_stats(args) -> int:
+    import time
+
     from .client import connect
 
     with connect(args.socket_dir) as client:
-        stats = client.stats()
+        if not args.watch:
+            stats = client.stats()
+            print(json.dumps(stats, indent=2) if args.json else _stats_table(stats))
+            return 0
+        shown = 0
+        while args.count is None or shown < args.count:
+            table = _stats_table(client.stats())
+            # Redraw in place on a terminal; one table after another otherwise (logs, pipes).
+            print(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "") + time.strftime("%H:%M:%S  ") + table, flush=True)
+            shown += 1
+            if args.count is None or shown < args.count:
+                time.sleep(args.interval)
+    return 0
+
+
+def cmd_status(args) -> int:
+    from .client import connect
+
+    with connect(args.socket_dir) as client:
+        s = client.stats()
     if args.json:
-        print(json.dumps(stats, indent=2))
+        print(json.dumps(s, indent=2))
         return 0
-    print(f"backend {stats['backend']}  sessions {stats['sessions']}  pid {stats['pid']}")
-    cols = ("reserved", "used", "reserved_high", "used_high")
-    print(f"{'pool':<16}" + "".join(f"{c:>16}" for c in cols) + f"{'allocations':>13}")
-    for name, s in stats["pools"].items():
-        print(f"{name:<16}" + "".join(f"{_human(s[c]):>16}" for c in cols) + f"{s['allocations']:>13}")
+    up = int(s["uptime"])
+    print(f"ipcpool {s['version']}  pid {s['pid']}  up {up // 3600}h{up % 3600 // 60:02d}m{up % 60:02d}s")
+    print(f"backend {s['backend']}  sessions {s['sessions']}  objects {s['objects']}  socket dir {client.socket_dir}")
+    for name, p in s["pools"].items():
+        print(f"pool {name}: {_human(p['used'])} used of {_human(p['reserved'])} reserved, "
+              f"{p['allocations']} allocation(s)")
+    return 0
+
+
+def cmd_trim(args) -> int:
+    from .client import connect
+
+    with connect(args.socket_dir) as client:
+        before = client.stats()["pools"].get(args.pool, {}).get("reserved")
+        client.trim(args.pool, args.keep)
+        after = client.stats()["pools"][args.pool]["reserved"]
+    print(f"pool {args.pool}: reserved {_human(before)} -> {_human(after)}")
     return 0
 
 
@@ -137,7 +182,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stats", help="pool usage and sessions")
     p.add_argument("--socket-dir")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--watch", action="store_true", help="a live table, refreshed every --interval s")
+    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--count", type=int, help="with --watch: stop after this many tables")
     p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("status", help="version, uptime, backend, pools, sessions")
+    p.add_argument("--socket-dir")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("trim", help="give a pool's freed memory back to the system")
+    p.add_argument("pool")
+    p.add_argument("--keep", type=int, default=0, help="bytes to keep reserved")
+    p.add_argument("--socket-dir")
+    p.set_defaults(func=cmd_trim)
 
     p = sub.add_parser("ls", help="named objects: name, size, dtype, shape, state, leases")
     p.add_argument("prefix", nargs="?", default="")
@@ -168,11 +227,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# syslog priorities, which journald reads from a "<N>" prefix on each line.
+_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+
+class _JournalFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record).replace("\n", " | ")   # one line per event
+        return f"<{_PRIORITY.get(record.levelno, 6)}>{text}"
+
+
+def configure_logging(level: str) -> None:
+    """One line per event on stderr: under systemd (journald) with a priority prefix and no
+    timestamp (the journal keeps its own); elsewhere with a timestamp and the level."""
+    handler = logging.StreamHandler(sys.stderr)
+    if os.environ.get("JOURNAL_STREAM"):
+        handler.setFormatter(_JournalFormatter("%(name)s: %(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
     try:
         return args.func(args)
     except IpcPoolError as exc:

@@ -33,6 +33,7 @@ class Config:
     pools: tuple[PoolSpec, ...] = (PoolSpec("default"),)
     quotas: dict[int, Quota] = field(default_factory=dict)
     default_quota: Quota = Quota()
+    metrics_address: str = ""   # "host:port" of the Prometheus endpoint; empty: none
 
     def quota_for(self, uid: int) -> Quota:
         return self.quotas.get(uid, self.default_quota)
@@ -114,7 +115,12 @@ def _gid(value: Any, key: str) -> int:
 
 
 def parse(data: dict[str, Any]) -> Config:
-    _known(data, {"socket_dir", "backend", "access", "pools", "quotas"}, "config")
+    _known(data, {"socket_dir", "backend", "access", "pools", "quotas", "metrics_address"}, "config")
+    metrics_address = _expect(data.get("metrics_address", ""), str, "metrics_address")
+    if metrics_address:
+        host, _, port = metrics_address.rpartition(":")
+        if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ConfigError(f"metrics_address: expected \"host:port\" such as \"127.0.0.1:9464\", got {metrics_address!r}")
     backend = _expect(data.get("backend", "auto"), str, "backend")
     if backend not in ("auto", "host", "cuda"):
         raise ConfigError(f"backend: one of auto, host, cuda; got {backend!r}")
@@ -152,6 +158,7 @@ def parse(data: dict[str, Any]) -> Config:
         pools=pools,
         quotas=quotas,
         default_quota=default_quota,
+        metrics_address=metrics_address,
     )
 
 

@@ -22,7 +22,8 @@ def fd_count(pid: int) -> int:
 class BrokerProc:
     """A broker in its own process, as `ipcpool broker` runs it."""
 
-    def __init__(self, socket_dir: Path, backend: str, config_text: str | None, log_path: Path):
+    def __init__(self, socket_dir: Path, backend: str, config_text: str | None, log_path: Path,
+                 env: dict[str, str] | None = None):
         self.socket_dir = socket_dir
         self.log_path = log_path
         args = [sys.executable, "-m", "ipcpool", "--log-level", "DEBUG", "broker",
@@ -32,7 +33,8 @@ class BrokerProc:
             cfg.write_text(config_text)
             args += ["--config", str(cfg)]
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
         self.pid = self.proc.pid
 
     def wait_ready(self, timeout: float = 30.0) -> BrokerProc:
@@ -71,9 +73,9 @@ def start_broker(tmp_path_factory):
     started: list[BrokerProc] = []
 
     def start(backend: str = "host", config_text: str | None = None, socket_dir: Path | None = None,
-              wait: bool = True) -> BrokerProc:
+              wait: bool = True, env: dict[str, str] | None = None) -> BrokerProc:
         base = tmp_path_factory.mktemp("broker")
-        b = BrokerProc(socket_dir or base / "sock", backend, config_text, base / "broker.log")
+        b = BrokerProc(socket_dir or base / "sock", backend, config_text, base / "broker.log", env)
         started.append(b)
         return b.wait_ready() if wait else b
 

@@ -26,8 +26,10 @@ from ..config import Config
 from ..errors import IpcPoolError, PeerRefused, ProtocolError, WaitTimeout
 from .handlers import VERSION, Handlers
 from .objects import ObjectTable, abort_error
+from .metrics import Metrics
 from .registry import Registry
 from .session import Session
+from .systemd import Notifier
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,9 @@ class Broker:
         self._stop = False
         self.started = time.time()
         self.registry: Registry | None = None
+        self.notifier = Notifier()
+        self.metrics: Metrics | None = None
+        self._status = ""
 
     # -- set-up and tear-down -------------------------------------------------------------
     def start(self) -> None:
@@ -87,6 +92,8 @@ class Broker:
             self.objects = ObjectTable(self.registry)
             self.handlers = Handlers(self)
             self._bind()
+            if self.config.metrics_address:
+                self.metrics = Metrics(self.config.metrics_address)
         except BaseException:
             self.close()
             raise
@@ -94,6 +101,7 @@ class Broker:
             "broker ready: backend=%s (%s) dir=%s pools=%s",
             self.choice.name, self.choice.reason, self.socket_dir, ",".join(self.registry.pools),
         )
+        self.notifier.ready(self._status_line())
 
     def _bind(self) -> None:
         control = self.socket_dir / paths.CONTROL_NAME
@@ -122,7 +130,13 @@ class Broker:
         for fd in (self.listener.fileno(), self._wake_r.fileno()):
             self._watch(fd)
 
+    def _status_line(self) -> str:
+        return f"{self.choice.name} backend, {len(self.sessions)} session(s), {len(self.objects.objects)} object(s)"
+
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         for s in list(self.sessions.values()):
             self._end_session(s, "broker shutting down")
         for conn, _ in self._pending.values():
@@ -151,6 +165,7 @@ class Broker:
         if getattr(self, "_lock_fd", -1) >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
+        self.notifier.close()
 
     def request_stop(self, *_args) -> None:
         self._stop = True
@@ -159,14 +174,29 @@ class Broker:
     def serve_forever(self) -> None:
         old_wakeup = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
         old_handlers = {sig: signal.signal(sig, self.request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        # Wake at least twice per watchdog period, so a live loop never misses its WATCHDOG=1.
+        wd = self.notifier.watchdog_interval
+        timeout_ms = 1000 if wd is None else max(10, min(1000, int(wd * 1000)))
         try:
             while not self._stop:
-                self.poll_once(1000)
+                self.poll_once(timeout_ms)
+                self.notifier.tick()
+                self._report()
         finally:
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
+        self.notifier.stopping()
         log.info("broker stopping (%d sessions)", len(self.sessions))
+
+    def _report(self) -> None:
+        """STATUS= for systemd when it changed, metrics gauges about once a second."""
+        status = self._status_line()
+        if status != self._status:
+            self._status = status
+            self.notifier.status(status)
+        if self.metrics is not None:
+            self.metrics.refresh(self)
 
     def _watch(self, fd: int) -> None:
         self._poller.register(fd, zmq.POLLIN)
@@ -383,12 +413,17 @@ class Broker:
             rid = protocol.request_id(msg)
             op, fields = protocol.validate(msg, protocol.REQUESTS)
             session.backend.peer_progressed()
+            t0 = time.perf_counter()
             reply = self.handlers.handle(session, op, fields, rid)
+            if self.metrics is not None:
+                self.metrics.observe(op, time.perf_counter() - t0)
             if reply is None or op in protocol.ONE_WAY:   # None: answered later (a waiting get)
                 return
             self.send(ident, protocol.ok_reply(rid, **reply))
         except IpcPoolError as exc:
             log.info("request from %s failed: %s", f"session {session.sid}" if session else "unknown peer", exc)
+            if self.metrics is not None:
+                self.metrics.error(exc)
             self.send(ident, protocol.error_reply(rid, exc))
         except Exception as exc:   # a bug of ours: keep serving, tell the client
             log.exception("internal error handling a request")

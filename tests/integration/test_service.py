@@ -1,0 +1,179 @@
+"""Running as a service: sd_notify against a real datagram socket, the watchdog, metrics, the unit."""
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import ipcpool
+from tests.integration.test_cli import ipcpool_cmd
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def notify_socket(tmp_path):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify"))
+    sock.settimeout(10)
+    yield sock, str(tmp_path / "notify")
+    sock.close()
+
+
+def messages(sock, until: str, limit: float = 10.0) -> list[str]:
+    """Datagrams received until one contains ``until``."""
+    got = []
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        data = sock.recv(4096).decode()
+        got.append(data)
+        if until in data:
+            return got
+    raise AssertionError(f"no {until!r} in {got}")
+
+
+def test_ready_status_watchdog_and_stopping(start_broker, notify_socket):
+    sock, path = notify_socket
+    b = start_broker(env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"}, wait=False)
+    ready = messages(sock, "READY=1")[-1].splitlines()
+    assert "READY=1" in ready and f"MAINPID={b.pid}" in ready
+    assert "STATUS=host backend, 0 session(s), 0 object(s)" in ready
+    assert (b.socket_dir / "broker.sock").exists()          # READY=1 only once the sockets exist
+    t0 = time.monotonic()
+    dogs = [m for m in messages(sock, "WATCHDOG=1") if m == "WATCHDOG=1"]
+    dogs += [m for m in messages(sock, "WATCHDOG=1") if m == "WATCHDOG=1"]
+    assert len(dogs) >= 2 and time.monotonic() - t0 < 1.0   # every 0.1 s (half of WATCHDOG_USEC)
+    with ipcpool.connect(b.socket_dir):
+        assert any("STATUS=host backend, 1 session(s)" in m for m in messages(sock, "1 session(s)"))
+    b.proc.send_signal(signal.SIGTERM)
+    assert any("STOPPING=1" in m for m in messages(sock, "STOPPING=1"))
+    assert b.proc.wait(10) == 0
+
+
+def test_a_wedged_loop_stops_feeding_the_watchdog(start_broker, notify_socket):
+    sock, path = notify_socket
+    b = start_broker(env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000"}, wait=False)
+    messages(sock, "READY=1")
+    os.kill(b.pid, signal.SIGSTOP)                           # a hung broker, as systemd sees it
+    try:
+        while True:                                          # drain what was sent before the stop
+            sock.settimeout(0.3)
+            try:
+                sock.recv(4096)
+            except TimeoutError:
+                break
+        sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            sock.recv(4096)
+    finally:
+        os.kill(b.pid, signal.SIGCONT)
+    sock.settimeout(5)
+    assert "WATCHDOG=1" in messages(sock, "WATCHDOG=1")[-1]
+
+
+def test_no_notify_socket_means_no_notifications():
+    from ipcpool.broker.systemd import Notifier
+
+    n = Notifier({})
+    assert not n.enabled and n.notify("READY=1") is False and n.watchdog_interval is None
+    assert Notifier({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": "1"}).watchdog_interval is None
+    assert Notifier({"WATCHDOG_USEC": "1000000"}).watchdog_interval == 0.5
+
+
+def scrape(address: str) -> str:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def value(text: str, metric: str) -> float:
+    m = re.search(rf"^{re.escape(metric)} (\S+)$", text, re.M)
+    assert m, f"{metric} not in metrics"
+    return float(m.group(1))
+
+
+def test_metrics_endpoint(start_broker):
+    with socket.socket() as s:   # a free port on loopback
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    b = start_broker(config_text=f'metrics_address = "127.0.0.1:{port}"\n[[pools]]\nname = "default"\nmax_size = "64M"\n')
+    with ipcpool.connect(b.socket_dir) as c:
+        buf = c.allocate(1 << 20)
+        c.create("m/x", 4096).seal()
+        with pytest.raises(ipcpool.UnknownPool):
+            c.allocate(1, pool="nope")
+        time.sleep(1.2)          # gauges refresh about once a second
+        c.stats()
+        text = scrape(f"127.0.0.1:{port}")
+        assert value(text, 'ipcpool_pool_bytes{kind="used",pool="default"}') == (1 << 20) + 4096
+        assert value(text, "ipcpool_sessions") == 1
+        assert value(text, 'ipcpool_objects{state="sealed"}') == 1
+        assert value(text, f'ipcpool_uid_bytes{{uid="{os.getuid()}"}}') == (1 << 20) + 4096
+        assert value(text, 'ipcpool_errors_total{kind="UnknownPool"}') == 1
+        assert value(text, 'ipcpool_request_seconds_count{op="allocate"}') == 1   # the refused one is an error
+        buf.free()
+
+
+def test_bad_metrics_address_is_refused(tmp_path):
+    cfg = tmp_path / "b.toml"
+    cfg.write_text('metrics_address = "localhost"\n')
+    out = ipcpool_cmd("broker", "--socket-dir", str(tmp_path / "s"), "--config", str(cfg), timeout=30)
+    assert out.returncode == 2 and "metrics_address" in out.stderr
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_unit_file_verifies(tmp_path):
+    unit = (ROOT / "deploy/systemd/ipcpool.service").read_text()
+    # verify checks that ExecStart's program exists: point it at this interpreter
+    unit = re.sub(r"^ExecStart=\S+", f"ExecStart={sys.executable} -m ipcpool", unit, flags=re.M)
+    path = tmp_path / "ipcpool.service"
+    path.write_text(unit)
+    out = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60)
+    problems = [line for line in (out.stdout + out.stderr).splitlines() if "ipcpool.service" in line]
+    assert out.returncode == 0 and problems == [], out.stdout + out.stderr
+    for key in ("Type=notify", "WatchdogSec=", "Restart=on-failure", "RuntimeDirectory=ipcpool",
+                "RuntimeDirectoryMode=0750", "UMask=0007", "DeviceAllow=/dev/nvidia", "User=ipcpool",
+                "After=nvidia-persistenced.service", "FileDescriptorStoreMax="):
+        assert key in unit, key
+    assert "PrivateDevices=yes" not in unit and "/tmp" not in unit
+
+
+def test_status_watch_and_trim(start_broker):
+    b = start_broker(config_text='[[pools]]\nname = "default"\nmax_size = "64M"\n')
+    sd = str(b.socket_dir)
+    with ipcpool.connect(sd) as c:
+        buf = c.allocate(8 << 20)
+        buf.view[:] = b"\x01" * buf.size
+        buf.free()
+        status = ipcpool_cmd("status", "--socket-dir", sd)
+        assert status.returncode == 0 and f"pid {b.pid}" in status.stdout and "backend host" in status.stdout
+        assert "pool default: 0 B used of 8.0 MiB reserved" in status.stdout
+        watch = ipcpool_cmd("stats", "--watch", "--count", "3", "--interval", "0.1", "--socket-dir", sd)
+        assert watch.returncode == 0 and watch.stdout.count("backend host") == 3
+        trim = ipcpool_cmd("trim", "default", "--socket-dir", sd)
+        assert trim.returncode == 0 and "reserved 8.0 MiB -> 0 B" in trim.stdout
+        assert c.stats()["pools"]["default"]["reserved"] == 0
+        bad = ipcpool_cmd("trim", "nope", "--socket-dir", sd)
+        assert bad.returncode == 2 and "no pool named 'nope'" in bad.stderr
+
+
+def test_journald_lines_carry_a_priority(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "ipcpool", "broker", "--socket-dir", str(tmp_path / "s"),
+                          "--config", str(tmp_path / "missing.toml")],
+                         capture_output=True, text=True, timeout=30, env={**os.environ, "JOURNAL_STREAM": "8:1"})
+    assert out.returncode == 2 and "cannot read config" in out.stderr
+    b = subprocess.Popen([sys.executable, "-m", "ipcpool", "broker", "--socket-dir", str(tmp_path / "s2"),
+                          "--backend", "host"], stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "JOURNAL_STREAM": "8:1"})
+    with b.stderr:
+        first = b.stderr.readline()
+        b.send_signal(signal.SIGTERM)
+        b.wait(15)
+    assert first.startswith("<6>ipcpool.broker.server: broker ready"), first
