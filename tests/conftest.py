@@ -23,7 +23,8 @@ class BrokerProc:
     """A broker in its own process, as `ipcpool broker` runs it."""
 
     def __init__(self, socket_dir: Path, backend: str, config_text: str | None, log_path: Path,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, launch=subprocess.Popen):
+        """``launch(args, env=..., stdout=..., stderr=...)`` starts it (a harness may wrap it)."""
         self.socket_dir = socket_dir
         self.log_path = log_path
         args = [sys.executable, "-m", "ipcpool", "--log-level", "DEBUG", "broker",
@@ -33,8 +34,7 @@ class BrokerProc:
             cfg.write_text(config_text)
             args += ["--config", str(cfg)]
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
+        self.proc = launch(args, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.pid = self.proc.pid
 
     def wait_ready(self, timeout: float = 30.0) -> BrokerProc:

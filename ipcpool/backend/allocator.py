@@ -58,6 +58,26 @@ class RangeAllocator:
         self.used += size
         return offset
 
+    def reserve(self, offset: int, nbytes: int) -> int:
+        """Take the block at exactly ``offset`` (re-adopting memory after a restart); returns the
+        rounded size. The range must lie inside one free block."""
+        size = self.rounded(nbytes)
+        if offset % self.alignment:
+            raise InvalidRequest(f"offset {offset} is not aligned to {self.alignment}")
+        for start, length in self._start.items():
+            if start <= offset and offset + size <= start + length:
+                break
+        else:
+            raise InvalidRequest(f"range [{offset}, {offset + size}) is not free")
+        self._remove_free(start, length)
+        if offset > start:
+            self._add_free(start, offset - start)
+        if start + length > offset + size:
+            self._add_free(offset + size, start + length - offset - size)
+        self._used[offset] = size
+        self.used += size
+        return size
+
     def size_of(self, offset: int) -> int:
         return self._used[offset]
 

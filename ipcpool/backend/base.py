@@ -18,6 +18,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import BackendUnavailable
+
 # Three reuse policies of a CUDA mempool; the host backend accepts and ignores them.
 REUSE_POLICIES = ("follow_event_dependencies", "allow_opportunistic", "allow_internal_dependencies")
 
@@ -135,6 +137,10 @@ class BrokerPool(ABC):
         the eventual ``free`` after ``done_event``. The wait must be enqueued now, on ``session``'s
         stream, since the client may recycle the event once its message was read (R4)."""
 
+    def restore(self, offset: int, nbytes: int) -> tuple[object, Export]:
+        """Re-adopt an allocation that lived in this (adopted) pool before a broker restart."""
+        raise BackendUnavailable(f"pool {self.spec.name!r}: this backend cannot re-adopt allocations")
+
     @abstractmethod
     def stats(self) -> PoolStats: ...
 
@@ -154,6 +160,11 @@ class BrokerPool(ABC):
 
 class BrokerBackend(ABC):
     name: str
+    durable = False   # pools can be handed to systemd's FD store and re-adopted after a restart
+
+    def adopt_pool(self, spec: PoolSpec, fd: int) -> BrokerPool:
+        """A pool from the FD a previous broker stored (takes ownership of ``fd``)."""
+        raise BackendUnavailable(f"the {self.name} backend cannot re-adopt pools")
 
     @abstractmethod
     def create_pool(self, spec: PoolSpec) -> BrokerPool: ...

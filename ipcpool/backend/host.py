@@ -48,11 +48,21 @@ class _HostSession(SessionContext):
 
 
 class HostPool(BrokerPool):
-    def __init__(self, spec: PoolSpec):
+    def __init__(self, spec: PoolSpec, fd: int | None = None):
+        """A new pool, or (``fd``) the memfd of one a previous broker left in systemd's store."""
         self.spec = spec
         size = spec.max_size or DEFAULT_MAX_SIZE
-        self._fd = os.memfd_create(f"ipcpool:{spec.name}", os.MFD_CLOEXEC)
+        if fd is None:
+            self._fd = os.memfd_create(f"ipcpool:{spec.name}", os.MFD_CLOEXEC)
+        else:
+            self._fd = fd
+            os.set_inheritable(fd, False)
         try:
+            if fd is not None and os.fstat(fd).st_size != size:
+                raise InvalidRequest(
+                    f"pool {spec.name!r}: the stored pool holds {os.fstat(fd).st_size} bytes, the config "
+                    f"says {size}; keep max_size while objects are stored, or remove them first"
+                )
             os.ftruncate(self._fd, size)  # sparse: no page is backed until written
         except BaseException:
             os.close(self._fd)
@@ -80,6 +90,11 @@ class HostPool(BrokerPool):
 
     def allocate(self, nbytes: int, session: SessionContext) -> tuple[object, Export]:
         offset = self._alloc.allocate(nbytes)
+        self._used_high = max(self._used_high, self._alloc.used)
+        return offset, Export(size=nbytes, offset=offset)
+
+    def restore(self, offset: int, nbytes: int) -> tuple[object, Export]:
+        self._alloc.reserve(offset, nbytes)
         self._used_high = max(self._used_high, self._alloc.used)
         return offset, Export(size=nbytes, offset=offset)
 
@@ -122,9 +137,13 @@ class HostPool(BrokerPool):
 
 class HostBrokerBackend(BrokerBackend):
     name = "host"
+    durable = True
 
     def create_pool(self, spec: PoolSpec) -> BrokerPool:
         return HostPool(spec)
+
+    def adopt_pool(self, spec: PoolSpec, fd: int) -> BrokerPool:
+        return HostPool(spec, fd)
 
     def open_session(self) -> SessionContext:
         return _HostSession()

@@ -85,6 +85,7 @@ class Handlers:
 
     def op_seal(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.objects.seal(session, f["name"], f["alloc"], f.get("done_event", b""))
+        self.broker.durable.save(self.objects)
         self._announce(obj)
         return {}
 
@@ -107,6 +108,7 @@ class Handlers:
 
     def op_delete(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.objects.delete(session, f["name"])
+        self.broker.durable.save(self.objects)
         if not obj.sealed:
             for w in self.objects.take_waiters(obj.name):
                 self.broker.send(w.session.token, protocol.error_reply(w.rid, abort_error(obj.name)))

@@ -8,12 +8,15 @@ here; the server sends their replies when a seal (or an abort, or a timeout) set
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
 from ..errors import InvalidRequest, IpcPoolError, ObjectAborted, ObjectExists, ObjectNotFound
 from .registry import Allocation, Registry
 from .session import Session
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -83,6 +86,21 @@ class ObjectTable:
         obj.writer = None
         self.registry.free(session, aid)   # the writer's import: its done event is ordered by seal()
         return obj
+
+    def restore(self, rows: list[dict]) -> int:
+        """Re-create sealed objects a previous broker recorded; returns how many came back."""
+        n = 0
+        for row in rows:
+            try:
+                alloc = self.registry.restore(row["pool"], row["offset"], row["size"], row.get("uid", 0))
+            except (IpcPoolError, KeyError, TypeError) as exc:
+                log.error("stored object %r not restored: %s", row.get("name"), exc)
+                continue
+            obj = NamedObject(row["name"], alloc, None, row.get("meta") or {}, row.get("created", time.time()), sealed=True)
+            self.registry.hold(alloc, obj)
+            self.objects[obj.name] = obj
+            n += 1
+        return n
 
     def lease(self, session: Session, name: str) -> NamedObject | None:
         """A read lease on a sealed object, or None where it is not sealed yet."""

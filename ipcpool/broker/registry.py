@@ -45,13 +45,29 @@ class Registry:
         self.bytes_by_uid: collections.Counter = collections.Counter()
         self._next_aid = 1
 
-    def create_pools(self) -> None:
+    def create_pools(self, stored_fd=lambda name: None) -> None:
+        """Create the configured pools, adopting the ones ``stored_fd(name)`` still has."""
         try:
             for spec in self.config.pools:
-                self.pools[spec.name] = self.backend.create_pool(spec)
+                fd = stored_fd(spec.name) if self.backend.durable else None
+                if fd is not None:
+                    self.pools[spec.name] = self.backend.adopt_pool(spec, fd)
+                    log.info("pool %s adopted from the FD store", spec.name)
+                else:
+                    self.pools[spec.name] = self.backend.create_pool(spec)
         except BaseException:
             self.close()
             raise
+
+    def restore(self, pool_name: str, offset: int, nbytes: int, uid: int) -> Allocation:
+        """An allocation that survived a restart (of a stored object), held by nobody yet."""
+        pool = self.pool(pool_name)
+        handle, export = pool.restore(offset, nbytes)
+        alloc = Allocation(self._next_aid, pool, handle, export, uid)
+        self._next_aid += 1
+        self.allocations[alloc.aid] = alloc
+        self.bytes_by_uid[uid] += nbytes
+        return alloc
 
     def pool(self, name: str) -> BrokerPool:
         try:

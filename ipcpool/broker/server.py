@@ -26,6 +26,7 @@ from ..config import Config
 from ..errors import IpcPoolError, PeerRefused, ProtocolError, WaitTimeout
 from .handlers import VERSION, Handlers
 from .objects import ObjectTable, abort_error
+from .durable import Durability
 from .metrics import Metrics
 from .registry import Registry
 from .session import Session
@@ -87,9 +88,16 @@ class Broker:
             os.ftruncate(self._lock_fd, 0)
             os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
             self.backend = broker_backend(self.choice.name)
+            self.durable = Durability(self.notifier)
             self.registry = Registry(self.config, self.backend)
-            self.registry.create_pools()
+            self.registry.create_pools(self.durable.take_pool_fd)
             self.objects = ObjectTable(self.registry)
+            restored = self.objects.restore(self.durable.stored_objects())
+            if restored:
+                log.info("restored %d sealed object(s) from the FD store", restored)
+            if self.backend.durable:
+                self.durable.store(self.registry.pools)
+                self.durable.save(self.objects)
             self.handlers = Handlers(self)
             self._bind()
             if self.config.metrics_address:
@@ -156,6 +164,8 @@ class Broker:
         if getattr(self, "listener", None) is not None:
             for p in (paths.CONTROL_NAME, paths.ZMQ_NAME):
                 (self.socket_dir / p).unlink(missing_ok=True)
+        if getattr(self, "durable", None) is not None:
+            self.durable.close()
         if self.registry is not None:
             self.registry.close()
             self.registry = None

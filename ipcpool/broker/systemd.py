@@ -27,7 +27,9 @@ class Notifier:
             self._address = path
         self._sock: socket.socket | None = None
         if self._address is not None:
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            # Non-blocking: a notification must never stall the event loop (a full queue at the
+            # receiver would block a send).
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         self.watchdog_interval = self._watchdog_interval(env)
         self._next_watchdog = 0.0
 
@@ -55,7 +57,10 @@ class Notifier:
         try:
             self._sock.sendmsg(["\n".join(lines).encode()], anc, 0, self._address)
             return True
-        except OSError as exc:   # systemd gone or socket full: never fatal for the broker
+        except BlockingIOError:
+            log.warning("sd_notify dropped (the service manager's queue is full): %s", lines[0])
+            return False
+        except OSError as exc:   # systemd gone: never fatal for the broker
             log.warning("sd_notify failed: %s", exc)
             return False
 

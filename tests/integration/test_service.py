@@ -177,3 +177,20 @@ def test_journald_lines_carry_a_priority(tmp_path):
         b.send_signal(signal.SIGTERM)
         b.wait(15)
     assert first.startswith("<6>ipcpool.broker.server: broker ready"), first
+
+
+def test_a_full_notify_queue_never_blocks_the_broker(tmp_path):
+    from ipcpool.broker.systemd import Notifier
+
+    deaf = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)   # a service manager that never reads
+    deaf.bind(str(tmp_path / "deaf"))
+    try:
+        n = Notifier({"NOTIFY_SOCKET": str(tmp_path / "deaf")})
+        t0 = time.monotonic()
+        for i in range(200):
+            n.status(f"line {i}")
+        assert time.monotonic() - t0 < 2.0
+        assert n.notify("STATUS=one more") is False        # dropped, not waited for
+        n.close()
+    finally:
+        deaf.close()
