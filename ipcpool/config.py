@@ -21,7 +21,8 @@ class ConfigError(IpcPoolError):
 
 @dataclass(frozen=True)
 class Quota:
-    bytes: int = 0   # 0: unlimited
+    bytes: int = 0     # 0: unlimited
+    objects: int = 0   # named objects a uid may have at once; 0: unlimited
 
 
 @dataclass(frozen=True)
@@ -141,8 +142,11 @@ def parse(data: dict[str, Any]) -> Config:
     quotas: dict[int, Quota] = {}
     for key, table in quotas_raw.items():
         _expect(table, dict, f"quotas.{key}")
-        _known(table, {"bytes"}, f"quotas.{key}")
-        quota = Quota(bytes=_size(table.get("bytes", 0), f"quotas.{key}.bytes"))
+        _known(table, {"bytes", "objects"}, f"quotas.{key}")
+        objects = _expect(table.get("objects", 0), int, f"quotas.{key}.objects")
+        if objects < 0:
+            raise ConfigError(f"quotas.{key}.objects: must not be negative, got {objects}")
+        quota = Quota(bytes=_size(table.get("bytes", 0), f"quotas.{key}.bytes"), objects=objects)
         if key == "default":
             default_quota = quota
         elif key.isdigit():

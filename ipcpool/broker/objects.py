@@ -12,7 +12,14 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from ..errors import InvalidRequest, IpcPoolError, ObjectAborted, ObjectExists, ObjectNotFound
+from ..errors import (
+    InvalidRequest,
+    IpcPoolError,
+    ObjectAborted,
+    ObjectExists,
+    ObjectNotFound,
+    QuotaExceeded,
+)
 from .registry import Allocation, Registry
 from .session import Session
 
@@ -70,6 +77,12 @@ class ObjectTable:
     def create(self, session: Session, name: str, nbytes: int, pool: str, meta: dict) -> NamedObject:
         if name in self.objects:
             raise ObjectExists(f"an object named {name!r} already exists; delete it first or pick another name")
+        uid = session.cred.uid
+        limit = self.registry.config.quota_for(uid).objects
+        if limit and self.count_by_uid(uid) >= limit:
+            raise QuotaExceeded(
+                f"uid {uid} has {limit} named objects, its quota; delete some or ask the operator to raise it"
+            )
         alloc = self.registry.allocate(session, nbytes, pool)   # the writer's hold
         obj = NamedObject(name, alloc, session, meta)
         self.registry.hold(alloc, obj)
@@ -86,6 +99,9 @@ class ObjectTable:
         obj.writer = None
         self.registry.free(session, aid)   # the writer's import: its done event is ordered by seal()
         return obj
+
+    def count_by_uid(self, uid: int) -> int:
+        return sum(1 for o in self.objects.values() if o.alloc.uid == uid)
 
     def restore(self, rows: list[dict]) -> int:
         """Re-create sealed objects a previous broker recorded; returns how many came back."""

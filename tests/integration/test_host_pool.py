@@ -53,7 +53,7 @@ def test_named_pools_and_errors(start_broker):
     b = start_broker(config_text=(
         '[[pools]]\nname = "default"\nmax_size = "8M"\n'
         '[[pools]]\nname = "small"\nmax_size = "1M"\n'
-        '[quotas.default]\nbytes = "6M"\n'
+        '[quotas.default]\nbytes = "6M"\nobjects = 2\n'
     ))
     with ipcpool.connect(b.socket_dir) as c:
         assert c.pool_names == ("default", "small")
@@ -74,3 +74,9 @@ def test_named_pools_and_errors(start_broker):
         with pytest.raises(ipcpool.UnknownPool):
             c.trim("nope")
         assert pool_stats(c)["used"] == 0
+        c.create("q/1", 10).seal()
+        c.create("q/2", 10).seal()
+        with pytest.raises(ipcpool.QuotaExceeded, match="has 2 named objects, its quota"):
+            c.create("q/3", 10)
+        c.delete("q/1")
+        c.create("q/3", 10).seal()                    # deleting gives the count back

@@ -43,6 +43,8 @@ def test_full_config(tmp_path):
         ('[access]\ngroups = ["no-such-group-here"]', "access.groups[0]"),
         ('[access]\nuids = ["root"]', "access.uids[0]"),
         ('[quotas.bob]\nbytes = 1', "quotas.bob"),
+        ('[quotas.default]\nobjects = -1', "quotas.default.objects"),
+        ('[quotas.default]\nobjects = "many"', "quotas.default.objects"),
         ('pools = []', "pools"),
     ],
 )
