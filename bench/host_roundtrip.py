@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import socket
 import sys
 import tempfile

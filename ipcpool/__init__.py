@@ -1,5 +1,6 @@
 """ipcpool: share GPU (or host) memory between processes through a broker daemon."""
 
+from ._version import __version__  # noqa: F401 (public, outside __all__ as is usual)
 from .client import Buffer, Client, Subscription, connect
 from .errors import (
     AllocationTooLarge,
@@ -18,8 +19,6 @@ from .errors import (
     UnknownPool,
     WaitTimeout,
 )
-
-from ._version import __version__
 
 __all__ = [
     "AllocationTooLarge",

@@ -30,7 +30,10 @@ def cmd_broker(args) -> int:
     config = load(args.config)
     choice = backends.choose(args.backend or (config.backend if config.backend != "auto" else None))
     broker = Broker(config, choice, args.socket_dir)
-    broker.start()
+    try:
+        broker.start()
+    except OSError as exc:   # the directory, a socket, a pool: say which and why, no traceback
+        raise IpcPoolError(f"cannot start: {exc}") from exc
     try:
         broker.serve_forever()
     finally:

@@ -15,7 +15,6 @@ import threading
 import time
 import warnings
 import weakref
-from pathlib import Path
 from typing import Any
 
 import zmq

@@ -10,7 +10,15 @@ from __future__ import annotations
 import logging
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+
+from ..errors import IpcPoolError
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +43,10 @@ class Metrics:
                                   registry=r)
         self.errors = Counter("ipcpool_errors", "Requests refused, by error kind", ["kind"], registry=r)
         host, port = parse_address(address)
-        self.server, self._thread = start_http_server(port, host, registry=r)
+        try:
+            self.server, self._thread = start_http_server(port, host, registry=r)
+        except OSError as exc:
+            raise IpcPoolError(f"metrics_address {address}: cannot listen ({exc.strerror})") from exc
         self.address = f"{host}:{self.server.server_port}"
         self._next = 0.0
         log.info("metrics on http://%s/metrics", self.address)

@@ -7,7 +7,6 @@ a guard that turns errors into an error reply (or, on the control socket, a disc
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import os
@@ -24,10 +23,10 @@ from .. import fdpass, paths, protocol
 from ..backend import Choice, broker_backend
 from ..config import Config
 from ..errors import IpcPoolError, PeerRefused, ProtocolError, WaitTimeout
-from .handlers import VERSION, Handlers
-from .objects import ObjectTable, abort_error
 from .durable import Durability
+from .handlers import Handlers
 from .metrics import Metrics
+from .objects import ObjectTable, abort_error
 from .registry import Registry
 from .session import Session
 from .systemd import Notifier

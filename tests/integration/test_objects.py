@@ -104,7 +104,7 @@ def _writer_dies(socket_dir, out):
     c = ipcpool.connect(socket_dir)
     c.create("sealed/1", 1 << 20).seal()
     c.create("unsealed/1", 1 << 20)
-    lease = c.get("sealed/1")
+    _lease = c.get("sealed/1")  # held when the process dies
     out.put(os.getpid())
     time.sleep(600)
 

@@ -130,9 +130,9 @@ def test_bad_metrics_address_is_refused(tmp_path):
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_unit_file_verifies(tmp_path):
-    unit = (ROOT / "deploy/systemd/ipcpool.service").read_text()
+    shipped = (ROOT / "deploy/systemd/ipcpool.service").read_text()
     # verify checks that ExecStart's program exists: point it at this interpreter
-    unit = re.sub(r"^ExecStart=\S+", f"ExecStart={sys.executable} -m ipcpool", unit, flags=re.M)
+    unit = re.sub(r"^ExecStart=\S+", f"ExecStart={sys.executable} -m ipcpool", shipped, flags=re.M)
     path = tmp_path / "ipcpool.service"
     path.write_text(unit)
     out = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60)
@@ -141,8 +141,8 @@ def test_unit_file_verifies(tmp_path):
     for key in ("Type=notify", "WatchdogSec=", "Restart=on-failure", "RuntimeDirectory=ipcpool",
                 "RuntimeDirectoryMode=0750", "UMask=0007", "DeviceAllow=/dev/nvidia", "User=ipcpool",
                 "After=nvidia-persistenced.service", "FileDescriptorStoreMax="):
-        assert key in unit, key
-    assert "PrivateDevices=yes" not in unit and "/tmp" not in unit
+        assert key in shipped, key
+    assert "PrivateDevices=yes" not in shipped and "/tmp" not in shipped
 
 
 def test_status_watch_and_trim(start_broker):
@@ -194,3 +194,15 @@ def test_a_full_notify_queue_never_blocks_the_broker(tmp_path):
         n.close()
     finally:
         deaf.close()
+
+
+def test_a_busy_metrics_port_is_a_clear_error(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        cfg = tmp_path / "b.toml"
+        cfg.write_text(f'metrics_address = "127.0.0.1:{port}"\n')
+        out = ipcpool_cmd("broker", "--socket-dir", str(tmp_path / "s"), "--config", str(cfg), timeout=30)
+    assert out.returncode == 2 and f"metrics_address 127.0.0.1:{port}: cannot listen" in out.stderr
+    assert "Traceback" not in out.stderr

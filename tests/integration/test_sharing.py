@@ -1,7 +1,6 @@
 """Memory written in one process is seen by another, through the broker, zero-copy."""
 
 import hashlib
-import os
 
 import numpy as np
 import pytest
