@@ -21,16 +21,17 @@ import zmq
 
 from . import fdpass, paths, protocol
 from .backend import client_backend
-from .backend.base import ClientPool, Export, ImportedMemory
+from .backend.base import ClientPool, Export
+from .buffer import Buffer, Subscription
 from .errors import (
     BrokerGone,
     ClosedError,
-    InvalidRequest,
     IpcPoolError,
     PeerRefused,
     ProtocolError,
     error_from_wire,
 )
+from .meta import wire_meta
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +254,7 @@ class Client:
             raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
         fields = {"name": name, "nbytes": nbytes, "pool": pool}
         if meta:
-            fields["meta"] = _wire_meta(meta)
+            fields["meta"] = wire_meta(meta)
         with self._lock:
             reply = self._call("create", **fields)
             reply["meta"] = fields.get("meta", {})
@@ -453,171 +454,3 @@ class Client:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"session {self.session}"
         return f"<ipcpool.Client {self.backend_name} {self.socket_dir} {state}>"
-
-
-class Buffer:
-    """Memory from the broker. Free it (or use ``with``); the client frees leftovers on close."""
-
-    def __init__(self, client: Client, alloc_id: int, pool: str, memory: ImportedMemory, owner: bool,
-                 *, name: str | None = None, meta: dict | None = None, readonly: bool = False):
-        self._client = client
-        self.alloc_id = alloc_id
-        self.pool = pool
-        self._memory = memory
-        self.owner = owner
-        self.name = name
-        self.meta = meta or {}
-        self.readonly = readonly
-        self._freed = False
-
-    def _live(self) -> ImportedMemory:
-        if self._freed:
-            raise ClosedError("this buffer was freed")
-        return self._memory
-
-    @property
-    def size(self) -> int:
-        return self._memory.size
-
-    @property
-    def ptr(self) -> int:
-        return self._live().ptr
-
-    @property
-    def device(self) -> int | None:
-        return getattr(self._memory, "device", None)
-
-    @property
-    def view(self) -> memoryview:
-        """A writable memoryview (host backend)."""
-        mem = self._live()
-        if not hasattr(mem, "view"):
-            raise AttributeError("view: only host-backend buffers are CPU-addressable; use DLPack")
-        return mem.view.toreadonly() if self.readonly else mem.view
-
-    @property
-    def __array_interface__(self) -> dict:
-        mem = self._live()
-        if not hasattr(mem, "view"):
-            raise AttributeError("__array_interface__: not host memory")
-        return {"version": 3, "shape": (mem.size,), "typestr": "|u1", "data": (mem.ptr, self.readonly)}
-
-    @property
-    def __cuda_array_interface__(self) -> dict:
-        mem = self._live()
-        if not hasattr(mem, "cuda_array_interface"):
-            raise AttributeError("__cuda_array_interface__: not CUDA memory")
-        # A lease is read-only by contract; the flag stays False because torch refuses any other
-        # ("the read only flag is not supported"), as CuPy ignores it.
-        return mem.cuda_array_interface
-
-    def __dlpack__(self, **kwargs):
-        mem = self._live()
-        if not hasattr(mem, "dlpack"):
-            raise AttributeError("__dlpack__: not CUDA memory")
-        return mem.dlpack(**kwargs)
-
-    def __dlpack_device__(self):
-        mem = self._live()
-        if not hasattr(mem, "dlpack_device"):
-            raise AttributeError("__dlpack_device__: not CUDA memory")
-        return mem.dlpack_device()
-
-    def share(self) -> bytes:
-        """A token another session passes to ``Client.open`` to use this memory too. The broker
-        frees the memory only once the owner and every opener have freed it."""
-        self._live()
-        return self._client.share(self)
-
-    def free(self, stream: Any = None) -> None:
-        """Give the memory back (on CUDA: released on ``stream``, freed by the broker after)."""
-        if self._freed:
-            return
-        self._freed = True
-        self._client._free(self, stream)
-
-    close = release = free
-
-    def seal(self, stream: Any = None) -> None:
-        """Finish writing a named object: after the work on ``stream``, it is immutable and readers
-        may have it. This buffer is given up (``get`` the object to read it again)."""
-        if self.name is None or self.readonly:
-            raise InvalidRequest("only a buffer from Client.create() can be sealed")
-        self._live()
-        self._freed = True
-        self._client._seal(self, stream)
-
-    def write(self, data, offset: int = 0, stream: Any = None) -> None:
-        """Copy host bytes into this buffer at ``offset`` (on CUDA, ordered on ``stream``)."""
-        mem = self._live()
-        if self.readonly:
-            raise InvalidRequest("this buffer is a read-only lease")
-        src = memoryview(data).cast("B")
-        if offset < 0 or offset + src.nbytes > mem.size:
-            raise ValueError(f"{src.nbytes} bytes at offset {offset} do not fit in {mem.size}")
-        if hasattr(mem, "view"):
-            mem.view[offset : offset + src.nbytes] = src
-        else:
-            mem.copy_from_host(src, offset, self._client._backend, stream)
-
-    @property
-    def freed(self) -> bool:
-        return self._freed
-
-    def __enter__(self) -> Buffer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.free()
-
-    def __repr__(self) -> str:
-        what = f"object {self.name!r}" if self.name else "buffer"
-        return f"<ipcpool.Buffer {what} {self.size} bytes from {self.pool!r}{' (freed)' if self._freed else ''}>"
-
-
-class Subscription:
-    """Objects sealed under a prefix, as they are sealed: ``for info in sub`` or ``sub.next(t)``."""
-
-    def __init__(self, client: Client, wid: int, prefix: str, queue: collections.deque):
-        self._client = client
-        self.wid = wid
-        self.prefix = prefix
-        self._queue = queue
-
-    def next(self, timeout: float | None = None) -> dict | None:
-        """The next sealed object's info (name, size, meta, ...), or None after ``timeout`` s."""
-        return self._client._next_event(self.wid, timeout)
-
-    def __iter__(self):
-        while True:
-            yield self.next()
-
-    def close(self) -> None:
-        self._client._unwatch(self.wid)
-
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _wire_meta(meta: dict) -> dict:
-    """Metadata as it travels: dtype as a name ("float32"), shape as a list of ints."""
-    out = {}
-    if meta.get("dtype") is not None:
-        out["dtype"] = dtype_name(meta["dtype"])
-    if meta.get("shape") is not None:
-        out["shape"] = [int(d) for d in meta["shape"]]
-    if meta.get("user"):
-        out["user"] = dict(meta["user"])
-    unknown = set(meta) - {"dtype", "shape", "user"}
-    if unknown:
-        raise ValueError(f"meta: unknown keys {sorted(unknown)}; use dtype, shape and user")
-    return out
-
-
-def dtype_name(dtype: Any) -> str:
-    """'float32' for numpy/CuPy dtypes, torch dtypes and plain strings alike."""
-    name = getattr(dtype, "name", None) or str(dtype)
-    return name.removeprefix("torch.")

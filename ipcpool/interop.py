@@ -11,8 +11,9 @@ import math
 import warnings
 from typing import Any
 
-from .client import Client, dtype_name
+from .client import Client
 from .errors import InvalidRequest
+from .meta import dtype_name
 
 
 def _kind(obj: Any) -> str:
