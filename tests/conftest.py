@@ -91,11 +91,12 @@ def broker(start_broker) -> BrokerProc:
     return start_broker()
 
 
-def run_procs(target, args_list, timeout: float = 120.0) -> list:
-    """Run ``target(*args, queue)`` in one spawned process per args; return what each put on the
-    queue (in completion order). Kills stragglers and fails on a non-zero exit."""
+def run_together(jobs, timeout: float = 120.0) -> list:
+    """Run each ``(target, args)`` as ``target(*args, out)`` in its own spawned process, with one
+    shared queue ``out``; return one result per process (in completion order). Kills stragglers
+    and fails on a non-zero exit."""
     q = SPAWN.Queue()
-    procs = [SPAWN.Process(target=target, args=(*args, q)) for args in args_list]
+    procs = [SPAWN.Process(target=target, args=(*args, q)) for target, args in jobs]
     for p in procs:
         p.start()
     results = []
@@ -112,3 +113,8 @@ def run_procs(target, args_list, timeout: float = 120.0) -> list:
     codes = [p.exitcode for p in procs]
     assert codes == [0] * len(procs), f"child exit codes {codes}; results {results}"
     return results
+
+
+def run_procs(target, args_list, timeout: float = 120.0) -> list:
+    """``run_together`` for one target, once per args."""
+    return run_together([(target, args) for args in args_list], timeout)

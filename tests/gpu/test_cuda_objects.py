@@ -9,7 +9,7 @@ import time
 import pytest
 
 import ipcpool
-from tests.conftest import SPAWN, run_procs
+from tests.conftest import SPAWN, run_procs, run_together
 
 pytestmark = pytest.mark.gpu
 
@@ -49,15 +49,7 @@ def _reader(socket_dir, out):
 def test_readers_wait_for_the_writers_kernel_not_the_seal_call(start_broker):
     """Fails if the seal event is ignored: the reader would see the pool's old bytes."""
     b = start_broker(backend="cuda")
-    out = SPAWN.Queue()
-    procs = [SPAWN.Process(target=_slow_writer, args=(b.socket_dir, 1.0, out)),
-             SPAWN.Process(target=_reader, args=(b.socket_dir, out))]
-    for p in procs:
-        p.start()
-    results = dict(out.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(60)
-    assert [p.exitcode for p in procs] == [0, 0]
+    results = dict(run_together([(_slow_writer, (b.socket_dir, 1.0)), (_reader, (b.socket_dir,))]))
     assert results["sealed_after_s"] < 0.5            # seal returned while the kernel still ran
     assert results["reader_saw_the_writes"] is True
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import ipcpool
-from tests.conftest import SPAWN, run_procs
+from tests.conftest import SPAWN, run_procs, run_together
 from tests.gpu.conftest import device_count
 
 pytestmark = pytest.mark.gpu
@@ -84,19 +84,9 @@ def _reader(fw, socket_dir, tokens, acks, out):
 
 @pytest.mark.parametrize("writer,reader", [("cupy", "torch"), ("torch", "cupy")])
 def test_written_in_one_process_verified_in_another_both_ways(cuda_broker, writer, reader):
-    tokens, acks, out = SPAWN.Queue(), SPAWN.Queue(), SPAWN.Queue()
-    procs = [SPAWN.Process(target=_writer, args=(writer, cuda_broker.socket_dir, tokens, acks, out)),
-             SPAWN.Process(target=_reader, args=(reader, cuda_broker.socket_dir, tokens, acks, out))]
-    for p in procs:
-        p.start()
-    try:
-        results = sorted([out.get(timeout=180), out.get(timeout=180)])
-    finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    tokens, acks = SPAWN.Queue(), SPAWN.Queue()
+    results = sorted(run_together([(_writer, (writer, cuda_broker.socket_dir, tokens, acks)),
+                                   (_reader, (reader, cuda_broker.socket_dir, tokens, acks))], timeout=180))
     assert results == [("reader", True, True, 0), ("writer", True, True, 0)], results
     _wait_used(cuda_broker.socket_dir, 0)
 
@@ -170,20 +160,8 @@ def _reuser(socket_dir, n, freed, filled, kernel_done, out):
 def _race(broker, n, reuser) -> dict:
     """Run ``_slow_freer`` against ``reuser``; both must exit cleanly. Returns their results."""
     freed, filled, kernel_done = SPAWN.Event(), SPAWN.Event(), SPAWN.Event()
-    out = SPAWN.Queue()
-    procs = [SPAWN.Process(target=f, args=(broker.socket_dir, n, freed, filled, kernel_done, out))
-             for f in (_slow_freer, reuser)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict((r[0], r[1:]) for r in (out.get(timeout=120), out.get(timeout=120)))
-    finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
-    return results
+    args = (broker.socket_dir, n, freed, filled, kernel_done)
+    return {r[0]: r[1:] for r in run_together([(_slow_freer, args), (reuser, args)])}
 
 
 def test_broker_frees_only_after_the_importers_free_ran(start_broker):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ipcpool
-from tests.conftest import SPAWN
+from tests.conftest import SPAWN, run_together
 
 N = 3 << 20
 
@@ -36,15 +36,9 @@ def _consumer(socket_dir, tokens, acks, out):
 
 
 def test_written_in_one_process_verified_in_another_both_ways(broker):
-    tokens, acks, out = SPAWN.Queue(), SPAWN.Queue(), SPAWN.Queue()
-    procs = [SPAWN.Process(target=_producer, args=(broker.socket_dir, tokens, acks, out)),
-             SPAWN.Process(target=_consumer, args=(broker.socket_dir, tokens, acks, out))]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=60), out.get(timeout=60)]
-    for p in procs:
-        p.join(30)
-    assert [p.exitcode for p in procs] == [0, 0]
+    tokens, acks = SPAWN.Queue(), SPAWN.Queue()
+    results = run_together([(_producer, (broker.socket_dir, tokens, acks)),
+                            (_consumer, (broker.socket_dir, tokens, acks))], timeout=60)
     assert results == [True, True]
     with ipcpool.connect(broker.socket_dir) as c:
         assert c.stats()["pools"]["default"]["used"] == 0
