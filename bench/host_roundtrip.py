@@ -9,6 +9,7 @@ Writes bench/results/host_roundtrip.json and .png.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import socket
 import sys
@@ -50,19 +51,24 @@ def _pingpong(label: str, send, recv, iterations: int) -> list[int]:
     return samples
 
 
+@contextlib.contextmanager
+def _echo(server, address: str):
+    """An echo server process on ``address``, started and ready; joined on the way out."""
+    ready = CTX.Event()
+    proc = CTX.Process(target=server, args=(address, ready), daemon=True)
+    proc.start()
+    ready.wait(30)
+    yield
+    proc.join(10)
+
+
 def raw_pingpong(iterations: int) -> list[int]:
     """Round trips of a 64-byte message over AF_UNIX between two Python processes."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = f"{tmp}/echo.sock"
-        ready = CTX.Event()
-        server = CTX.Process(target=_echo_server, args=(path, ready), daemon=True)
-        server.start()
-        ready.wait(30)
+    with tempfile.TemporaryDirectory() as tmp, _echo(_echo_server, path := f"{tmp}/echo.sock"):
         c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         c.connect(path)
         samples = _pingpong("raw AF_UNIX ping-pong", c.send, lambda: c.recv(4096), iterations)
         c.close()
-        server.join(10)
     return samples
 
 
@@ -86,12 +92,7 @@ def raw_zmq_pingpong(iterations: int) -> list[int]:
     """The floor of the message channel: pyzmq DEALER -> ROUTER echo over ipc, no ipcpool."""
     import zmq
 
-    with tempfile.TemporaryDirectory() as tmp:
-        endpoint = f"ipc://{tmp}/echo.zmq"
-        ready = CTX.Event()
-        server = CTX.Process(target=_zmq_echo_server, args=(endpoint, ready), daemon=True)
-        server.start()
-        ready.wait(30)
+    with tempfile.TemporaryDirectory() as tmp, _echo(_zmq_echo_server, endpoint := f"ipc://{tmp}/echo.zmq"):
         ctx = zmq.Context()
         d = ctx.socket(zmq.DEALER)
         d.connect(endpoint)
@@ -99,7 +100,6 @@ def raw_zmq_pingpong(iterations: int) -> list[int]:
         d.send(b"stop")
         d.close(1000)
         ctx.term()
-        server.join(10)
     return samples
 
 
