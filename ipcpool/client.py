@@ -38,6 +38,12 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = 30.0
 
 
+def _export(reply: dict) -> Export:
+    """An allocation's export as a reply carries it."""
+    return Export(size=reply["size"], offset=reply["offset"], data=reply["data"],
+                  ready_event=reply["event"], sub=bool(reply.get("sub")))
+
+
 class _NotYet(Exception):
     """A reply to an earlier request arrived first; keep waiting for ours."""
 
@@ -234,13 +240,14 @@ class Client:
 
     def _adopt(self, reply: dict, stream: Any, owner: bool, *, name: str | None = None,
                readonly: bool = False) -> Buffer:
-        export = Export(size=reply["size"], offset=reply["offset"], data=reply["data"],
-                        ready_event=reply["event"], sub=bool(reply.get("sub")))
         try:
-            memory = self._pool(reply["pool"]).import_allocation(export, stream)
+            memory = self._pool(reply["pool"]).import_allocation(_export(reply), stream)
         except BaseException:
             self._send("free", alloc=reply["alloc"])   # give it back; nothing was imported
             raise
+        return self._keep(reply, memory, owner, name, readonly)
+
+    def _keep(self, reply: dict, memory, owner: bool, name: str | None, readonly: bool) -> Buffer:
         buf = Buffer(self, reply["alloc"], reply["pool"], memory, owner, name=name,
                      meta=reply.get("meta"), readonly=readonly)
         self._buffers[id(buf)] = buf
@@ -300,19 +307,14 @@ class Client:
         for i, lease in enumerate(leases):
             by_pool.setdefault(lease["pool"], []).append(i)
         for pool_name, idx in by_pool.items():
-            exports = [Export(size=leases[i]["size"], offset=leases[i]["offset"], data=leases[i]["data"],
-                              ready_event=leases[i]["event"], sub=bool(leases[i].get("sub"))) for i in idx]
             try:
-                memories = self._pool(pool_name).import_many(exports, stream)
+                memories = self._pool(pool_name).import_many([_export(leases[i]) for i in idx], stream)
             except BaseException:
                 for i in idx:
                     self._send("free", alloc=leases[i]["alloc"])
                 raise
             for i, memory in zip(idx, memories):
-                buf = Buffer(self, leases[i]["alloc"], pool_name, memory, False, name=names[i],
-                             meta=leases[i].get("meta"), readonly=True)
-                self._buffers[id(buf)] = buf
-                out.append(buf)
+                out.append(self._keep(leases[i], memory, False, names[i], True))
 
     def release(self, lease: Buffer, stream: Any = None) -> None:
         """Let go of a lease (the same as ``lease.release(stream)``)."""

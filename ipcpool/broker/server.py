@@ -68,7 +68,7 @@ class Broker:
         self.registry: Registry | None = None
         self.notifier = Notifier()
         self.metrics: Metrics | None = None
-        self._status = ""
+        self._status: tuple[int, int] | None = None
 
     # -- set-up and tear-down -------------------------------------------------------------
     def start(self) -> None:
@@ -200,10 +200,10 @@ class Broker:
 
     def _report(self) -> None:
         """STATUS= for systemd when it changed, metrics gauges about once a second."""
-        status = self._status_line()
-        if status != self._status:
-            self._status = status
-            self.notifier.status(status)
+        counts = (len(self.sessions), len(self.objects.objects))
+        if counts != self._status:   # the line is built only when it changes
+            self._status = counts
+            self.notifier.status(self._status_line())
         if self.metrics is not None:
             self.metrics.refresh(self)
 

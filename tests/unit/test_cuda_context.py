@@ -1,0 +1,63 @@
+"""The CUDA client's context switching, as pure logic: the driver calls are stand-ins here (the
+GPU suite exercises the real ones)."""
+
+import pytest
+
+cuda = pytest.importorskip("ipcpool.backend.cuda", exc_type=ImportError)
+
+
+class FakeDriver:
+    def __init__(self, current):
+        self.current = current
+        self.sets = []
+
+    def current_context(self):
+        return self.current
+
+    def restore_context(self, ctx):
+        self.sets.append(ctx)
+        self.current = ctx
+
+    def stream_context(self, handle):
+        return 500 + handle
+
+
+class FakeDevice:
+    retained = []
+
+    def __init__(self, ordinal, drv):
+        self.ordinal, self.drv = ordinal, drv
+
+    def set_current(self):
+        FakeDevice.retained.append(self.ordinal)
+        self.drv.current = 100 + self.ordinal
+
+
+@pytest.fixture
+def drv(monkeypatch):
+    d = FakeDriver(current=7)   # the caller's own context
+    monkeypatch.setattr(cuda, "drv", d)
+    monkeypatch.setattr(cuda, "Device", lambda ordinal: FakeDevice(ordinal, d))
+    monkeypatch.setattr(cuda._OnDevice, "_primary", {})
+    FakeDevice.retained = []
+    return d
+
+
+def test_on_device_retains_once_and_gives_the_caller_its_context_back(drv):
+    for _ in range(3):
+        with cuda._OnDevice(1):
+            assert drv.current == 101
+        assert drv.current == 7
+    assert FakeDevice.retained == [1]          # retained once, then switched to by handle
+
+
+def test_on_stream_uses_the_streams_context_and_leaves_default_streams_alone(drv):
+    class S:
+        def __init__(self, handle):
+            self.handle = handle
+
+    with cuda._OnStream(S(1)):                 # the legacy default stream: no switch
+        assert drv.current == 7
+    with cuda._OnDevice(0), cuda._OnStream(S(42)):
+        assert drv.current == 542
+    assert drv.current == 7
