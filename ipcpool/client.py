@@ -26,11 +26,13 @@ from .buffer import Buffer, Subscription
 from .errors import (
     BrokerGone,
     ClosedError,
+    InvalidRequest,
     IpcPoolError,
     PeerRefused,
     ProtocolError,
     error_from_wire,
 )
+from .growable import GrowableBuffer, Remap
 from .meta import wire_meta
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,8 @@ DEFAULT_TIMEOUT = 30.0
 def _export(reply: dict) -> Export:
     """An allocation's export as a reply carries it."""
     return Export(size=reply["size"], offset=reply["offset"], data=reply["data"],
-                  ready_event=reply["event"], sub=bool(reply.get("sub")))
+                  ready_event=reply["event"], sub=bool(reply.get("sub")),
+                  chunks=tuple(reply.get("chunks") or ()))
 
 
 class _NotYet(Exception):
@@ -72,6 +75,7 @@ class Client:
         self._pools: dict[str, ClientPool] = {}
         self._buffers: dict[int, Buffer] = {}
         self._watches: dict[int, collections.deque] = {}
+        self._growables: dict[str, GrowableBuffer] = {}
         self.async_errors: list[IpcPoolError] = []
         self._control = self._open_control()
         try:
@@ -208,7 +212,12 @@ class Client:
 
     def _take_reply(self, rid: int, data: bytes) -> dict:
         reply = protocol.unpack(data, protocol.MAX_REPLY)
-        if "notify" in reply:   # a watch's notification, not a reply
+        if "notify" in reply:   # a notification, not a reply
+            if reply["notify"] == "grown":
+                g = self._growables.get(reply.get("growable"))
+                if g is not None and isinstance(reply.get("gen"), int) and isinstance(reply.get("size"), int):
+                    g._announce(reply["gen"], reply["size"])
+                raise _NotYet
             queue = self._watches.get(reply.get("watch"))
             if queue is not None and isinstance(reply.get("object"), dict):
                 queue.append(reply["object"])
@@ -241,7 +250,9 @@ class Client:
     def _adopt(self, reply: dict, stream: Any, owner: bool, *, name: str | None = None,
                readonly: bool = False) -> Buffer:
         try:
-            memory = self._pool(reply["pool"]).import_allocation(_export(reply), stream)
+            export = _export(reply)
+            fds = self._alloc_fds(reply["alloc"], len(export.chunks)) if export.chunks else []
+            memory = self._pool(reply["pool"]).import_allocation(export, stream, fds)
         except BaseException:
             self._send("free", alloc=reply["alloc"])   # give it back; nothing was imported
             raise
@@ -305,6 +316,9 @@ class Client:
         """Import a batch of leases pool by pool (each pool's set-up and shared event once)."""
         by_pool: dict[str, list[int]] = {}
         for i, lease in enumerate(leases):
+            if lease.get("chunks"):   # VMM-backed: mapped from its own FDs
+                out.append(self._adopt(lease, stream, owner=False, name=names[i], readonly=True))
+                continue
             by_pool.setdefault(lease["pool"], []).append(i)
         for pool_name, idx in by_pool.items():
             try:
@@ -399,6 +413,105 @@ class Client:
                 fields["done_event"] = done
             self._send("free", **fields)
 
+    # -- growable buffers -------------------------------------------------------------------------
+    def create_growable(self, name: str, nbytes: int, *, pool: str = "default",
+                        compression: bool = False) -> GrowableBuffer:
+        """A new named buffer of at least ``nbytes`` on ``pool``'s device that can grow without
+        copying (``GrowableBuffer.grow``). ``compression``: ask for compressible memory where the
+        device offers it; ``GrowableBuffer.compression`` says what was obtained."""
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
+            raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
+        with self._lock:
+            self._check_unattached(name)
+            reply = self._call("grow_create", name=name, nbytes=nbytes, pool=pool, compression=bool(compression))
+            return self._attach(reply)
+
+    def attach_growable(self, name: str) -> GrowableBuffer:
+        """Map an existing growable buffer; it follows every later grow (``GrowableBuffer.sync``)."""
+        with self._lock:
+            self._check_unattached(name)
+            return self._attach(self._call("grow_attach", name=name))
+
+    def grow(self, name: str, nbytes: int) -> Remap:
+        """Grow the attached buffer ``name`` (the same as ``GrowableBuffer.grow``)."""
+        g = self._growables.get(name)
+        if g is None:
+            raise InvalidRequest(f"this client is not attached to growable buffer {name!r}")
+        return g.grow(nbytes)
+
+    def list_growables(self, prefix: str = "") -> list[dict]:
+        """Growable buffers: name, pool, size, chunks, attached sessions, state, generation."""
+        return self._call("list", prefix=prefix)["growables"]
+
+    def delete_growable(self, name: str) -> None:
+        """Delete a growable buffer; its memory goes once every attached client has closed it."""
+        self._call("grow_delete", name=name)
+
+    def _check_unattached(self, name: str) -> None:
+        if name in self._growables:
+            raise InvalidRequest(f"this client is already attached to growable buffer {name!r}")
+
+    def _attach(self, reply: dict) -> GrowableBuffer:
+        name = reply["name"]
+        try:
+            mapping = self._backend.import_growable(reply["info"])
+            g = GrowableBuffer(self, reply, mapping)
+            g._map_to(reply["gen"], reply["size"], lambda first: self._chunk_fds(growable=name, first=first))
+        except BaseException:
+            self._call("grow_detach", name=name)
+            raise
+        self._growables[name] = g
+        return g
+
+    def _grow(self, g: GrowableBuffer, nbytes: int) -> Remap:
+        with self._lock:
+            reply = self._call("grow", name=g.name, nbytes=nbytes)
+            return g._map_to(reply["gen"], reply["size"], lambda first: self._chunk_fds(growable=g.name, first=first))
+
+    def _sync_growable(self, g: GrowableBuffer) -> Remap:
+        with self._lock:
+            self._drain()
+            gen, size = g._announced
+            return g._map_to(gen, size, lambda first: self._chunk_fds(growable=g.name, first=first))
+
+    def _detach_growable(self, g: GrowableBuffer) -> None:
+        with self._lock:
+            self._growables.pop(g.name, None)
+            g._mapping.close()   # unmapped before the broker may release a chunk
+            if not self._closed:
+                self._call("grow_detach", name=g.name)
+
+    def _drain(self) -> None:
+        """Take in what arrived unasked (notifications, late errors) without waiting."""
+        while True:
+            try:
+                self._take_reply(-1, self._dealer.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            except _NotYet:
+                continue
+
+    def _chunk_fds(self, first: int, **which) -> tuple[list[int], list[int]]:
+        """One batch of chunk FDs over the control socket, of a growable buffer or a VMM-backed
+        allocation, from chunk ``first``: (the sizes of the chunks they map, the FDs)."""
+        reply, fds = self._control_call({"op": "chunk_fds", "first": first, **which})
+        return list(reply.get("chunks", [])), fds
+
+    def _alloc_fds(self, aid: int, count: int) -> list[int]:
+        """All ``count`` chunk FDs of a VMM-backed allocation, batch by batch."""
+        out: list[int] = []
+        try:
+            while len(out) < count:
+                _, fds = self._chunk_fds(len(out), alloc=aid)
+                if not fds:
+                    raise ProtocolError(f"allocation {aid}: the broker sent no chunk FDs")
+                out += fds
+        except BaseException:
+            for fd in out:
+                os.close(fd)
+            raise
+        return out
+
     def share(self, buf: Buffer) -> bytes:
         return self._call("share", alloc=buf.alloc_id)["token"]
 
@@ -430,6 +543,8 @@ class Client:
             try:
                 for buf in list(self._buffers.values()):
                     buf.free()
+                for g in list(self._growables.values()):
+                    g.close()
                 self._call("bye")
             except IpcPoolError as exc:
                 log.info("closing a session whose broker is gone: %s", exc)

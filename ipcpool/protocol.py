@@ -150,6 +150,11 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "list": {"prefix": Field(str, False, max_len=MAX_NAME)},
     "watch": {"prefix": Field(str, True, max_len=MAX_NAME), "existing": Field(bool, False)},
     "unwatch": {"watch": _u64()},
+    "grow_create": {"name": _object_name(), "nbytes": _u64(), "pool": _name(), "compression": Field(bool, False)},
+    "grow_attach": {"name": _object_name()},
+    "grow": {"name": _object_name(), "nbytes": _u64()},
+    "grow_detach": {"name": _object_name()},
+    "grow_delete": {"name": _object_name()},
 }
 
 # One-way requests: the broker acts and sends no reply (ordering per session is kept by ZeroMQ).
@@ -159,7 +164,10 @@ ONE_WAY = frozenset({"free"})
 CONTROL: dict[str, dict[str, Field]] = {
     "hello": {"version": _u64(), "pid": _u64(required=False)},
     "pool_fd": {"pool": _name()},
+    # The chunk FDs of a growable buffer (from chunk ``first``) or of a VMM-backed allocation.
+    "chunk_fds": {"growable": _object_name(required=False), "alloc": _u64(required=False), "first": _u64()},
 }
+FD_BATCH = 16   # FDs in one control reply (fdpass.MAX_FDS on the receiving side)
 
 
 def validate(msg: dict, schemas: dict[str, dict[str, Field]]) -> tuple[str, dict[str, Any]]:

@@ -67,6 +67,8 @@ class Export:
     data: bytes = b""
     ready_event: bytes = b""
     sub: bool = False
+    chunks: tuple[int, ...] = ()   # CUDA VMM: the sizes of the physical chunks whose FDs the
+                                   # client fetches over the control socket and maps in order
 
 
 class SessionContext(ABC):
@@ -137,6 +139,11 @@ class BrokerPool(ABC):
         the eventual ``free`` after ``done_event``. The wait must be enqueued now, on ``session``'s
         stream, since the client may recycle the event once its message was read (R4)."""
 
+    def chunk_fds(self, handle: object) -> list[int]:
+        """The FDs of a VMM-backed allocation's chunks (``Export.chunks``), owned by the pool and
+        sent as-is; empty for memory that needs none beyond the pool's own FD."""
+        return []
+
     def restore(self, offset: int, nbytes: int) -> tuple[object, Export]:
         """Re-adopt an allocation that lived in this (adopted) pool before a broker restart."""
         raise BackendUnavailable(f"pool {self.spec.name!r}: this backend cannot re-adopt allocations")
@@ -169,6 +176,15 @@ class BrokerBackend(ABC):
     @abstractmethod
     def create_pool(self, spec: PoolSpec) -> BrokerPool: ...
 
+    def create_growable(self, spec: PoolSpec, nbytes: int, compression: bool) -> BrokerGrowable:
+        """Memory of ``nbytes`` (rounded up to the granularity) on ``spec``'s device that can grow
+        while keeping its contents, as chunks every client maps in order."""
+        raise BackendUnavailable(f"the {self.name} backend has no growable buffers")
+
+    def adopt_growable(self, spec: PoolSpec, info: dict[str, Any], chunks: list[int], fds: list[int]) -> BrokerGrowable:
+        """A growable a previous broker stored (takes ownership of ``fds``)."""
+        raise BackendUnavailable(f"the {self.name} backend cannot re-adopt growable buffers")
+
     @abstractmethod
     def open_session(self) -> SessionContext: ...
 
@@ -183,6 +199,52 @@ class BrokerBackend(ABC):
         """Release backend-wide resources (after every pool is closed)."""
 
 
+class BrokerGrowable(ABC):
+    """A growable buffer's memory in the broker: physical chunks, never moved and never copied."""
+
+    chunks: list[int]   # chunk sizes, in address order
+    one_file = False    # True: one FD holds every chunk at its offset (host); else one FD per chunk
+
+    @property
+    def size(self) -> int:
+        return sum(self.chunks)
+
+    @abstractmethod
+    def info(self) -> dict[str, Any]:
+        """What a client needs to map it besides the FDs: device, granularity, compression."""
+
+    @abstractmethod
+    def grow(self, nbytes: int) -> None:
+        """Add chunks until the size is at least ``nbytes`` (rounded up to the granularity)."""
+
+    @abstractmethod
+    def fds(self, first: int) -> list[int]:
+        """The FDs of chunks ``first`` onwards, or the one file's (owned here; sent as-is)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the memory. Called once every client has unmapped it (their mappings would keep
+        the physical memory alive anyway: the driver and the kernel count references)."""
+
+
+class ClientGrowable(ABC):
+    """A client's mapping of a growable buffer: one contiguous address range of every chunk."""
+
+    ptr: int
+    size: int
+    reserved: int   # bytes of address space reserved at ``ptr`` (room to grow in place)
+
+    @abstractmethod
+    def extend(self, chunks: list[int], fds: list[int]) -> bool:
+        """Map ``chunks`` (sizes, in order, after those mapped) from ``fds`` (owned; closed here).
+        Returns True when the range moved: every chunk was remapped at a new ``ptr``. The old
+        range stays mapped until ``close`` (work still in flight on it stays valid)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Unmap everything (after the caller's work on it finished) and release the imports."""
+
+
 class ImportedMemory(ABC):
     """One imported allocation in a client."""
 
@@ -195,8 +257,9 @@ class ImportedMemory(ABC):
 
 class ClientPool(ABC):
     @abstractmethod
-    def import_allocation(self, export: Export, stream: Any = None) -> ImportedMemory:
-        """Map/import an allocation; on CUDA ``stream`` waits on the ready event (R1)."""
+    def import_allocation(self, export: Export, stream: Any = None, fds: list[int] = ()) -> ImportedMemory:
+        """Map/import an allocation; on CUDA ``stream`` waits on the ready event (R1). ``fds``: the
+        chunk FDs of a VMM-backed export (owned; closed here)."""
 
     def import_many(self, exports: list[Export], stream: Any = None) -> list[ImportedMemory]:
         """Import a batch (on CUDA: set-up once, each distinct ready event waited on once)."""
@@ -221,6 +284,10 @@ class ClientBackend(ABC):
     @abstractmethod
     def import_pool(self, info: dict[str, Any], fd: int) -> ClientPool:
         """Import a pool; takes ownership of ``fd`` (closes it, also on failure)."""
+
+    def import_growable(self, info: dict[str, Any]) -> ClientGrowable:
+        """An empty mapping of a growable buffer; ``extend`` maps its chunks."""
+        raise BackendUnavailable(f"the {self.name} backend has no growable buffers")
 
     def close(self) -> None:
         """Release backend-wide client resources."""

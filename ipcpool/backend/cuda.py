@@ -23,7 +23,6 @@ import weakref
 from typing import Any
 
 from ..errors import (
-    AllocationTooLarge,
     BackendUnavailable,
     ClosedError,
     InvalidRequest,
@@ -35,8 +34,10 @@ from .allocator import RangeAllocator
 from .base import (
     REUSE_POLICIES,
     BrokerBackend,
+    BrokerGrowable,
     BrokerPool,
     ClientBackend,
+    ClientGrowable,
     ClientPool,
     Export,
     ImportedMemory,
@@ -59,6 +60,7 @@ try:
     from cuda.core._utils.cuda_utils import CUDAError
 
     from . import cuda_driver as drv
+    from . import cuda_vmm as vmm
     from .cuda_caps import capabilities
     from .cuda_events import Graveyard, record_ipc, wait_ipc
 except ImportError as _exc:  # pragma: no cover - depends on the installation
@@ -84,6 +86,8 @@ log = logging.getLogger(__name__)
 # wide margin below the first failure. An allocation placed after a 3 GiB one failed at the same
 # point (5.125 ok, 5.25 GiB not). Results: bench/results/import_limit_h200*_20261122.json.
 IMPORT_LIMIT = 1 << 32
+# Larger allocations and named objects are VMM chunks of at most this size (well under the limit).
+VMM_CHUNK = 2 << 30
 SLAB_SIZE = 1 << 30
 SLAB_ALIGN = 512
 
@@ -296,10 +300,12 @@ class _Slab:
 
 
 class _Allocation:
-    __slots__ = ("buffer", "size", "ready", "extra", "waits", "freed", "slab", "offset", "sealed")
+    __slots__ = ("buffer", "size", "ready", "extra", "waits", "freed", "slab", "offset", "sealed", "chunks")
 
-    def __init__(self, buffer: Buffer | None, size: int, ready: Any, slab: _Slab | None = None, offset: int = 0):
+    def __init__(self, buffer: Buffer | None, size: int, ready: Any, slab: _Slab | None = None, offset: int = 0,
+                 chunks: list[vmm.Chunk] | None = None):
         self.buffer = buffer
+        self.chunks = chunks        # set for memory above the import limit (VMM chunks)
         self.slab = slab            # set for a range of a slab (buffer is then None)
         self.sealed: Any = None     # the seal event of a named object (also kept in ``extra``)
         self.offset = offset
@@ -356,6 +362,7 @@ class CudaPool(BrokerPool):
         self._slabs: list[_Slab] = []
         self._slab_used = 0
         self._used_high = 0
+        self._vmm_bytes = 0   # VMM memory of allocations above the import limit
 
     # -- export
     @property
@@ -371,13 +378,9 @@ class CudaPool(BrokerPool):
             "max_size": self.spec.max_size,
             "peer_access": list(self._peers),
             "handle_type": "posix_fd",
-            "max_allocation": IMPORT_LIMIT,
+            "vmm_above": IMPORT_LIMIT,   # larger allocations come as VMM chunks
             "slab_size": self.slab_size,
         }
-
-    @property
-    def max_allocation(self) -> int | None:
-        return IMPORT_LIMIT
 
     # -- allocation
     def allocate(self, nbytes: int, session: SessionContext) -> tuple[object, Export]:
@@ -385,13 +388,10 @@ class CudaPool(BrokerPool):
             raise ClosedError(f"pool {self.spec.name!r} is closed")
         if not isinstance(nbytes, int) or nbytes <= 0:
             raise InvalidRequest(f"allocation size must be a positive integer, got {nbytes!r}")
-        if nbytes > IMPORT_LIMIT:
-            raise AllocationTooLarge(
-                f"{nbytes} bytes is more than one pool allocation may safely be imported "
-                f"({IMPORT_LIMIT} bytes); allocate several smaller buffers"
-            )
         sess = _as_session(session)
         self._backend.sweep()  # frees whose importers are done give their memory back first
+        if nbytes > IMPORT_LIMIT:
+            return self._allocate_vmm(nbytes)
         if nbytes <= self.slab_item_max:
             return self._carve(nbytes)
         stream = sess.stream(self.device)
@@ -407,6 +407,22 @@ class CudaPool(BrokerPool):
             raise
         sess.graveyard.sweep()
         return _Allocation(buf, nbytes, ready), Export(size=nbytes, offset=0, data=data, ready_event=ready_handle)
+
+    def _allocate_vmm(self, nbytes: int) -> tuple[object, Export]:
+        """Memory a pool pointer import could not carry (see IMPORT_LIMIT): VMM chunks whose FDs
+        the client maps into one range. cuMemCreate is synchronous: no ready event is needed."""
+        if self.spec.max_size and self._vmm_bytes + nbytes > self.spec.max_size:
+            raise OutOfMemory(f"pool {self.spec.name!r}: {nbytes} bytes more would pass its max_size")
+        with _OnDevice(self.device):
+            vmm.check_supported(self.device)
+            sizes = vmm.split(nbytes, vmm.granularity(self.device), VMM_CHUNK)
+            chunks = vmm.create_chunks(self.device, sizes, False)
+        self._vmm_bytes += sum(sizes)
+        export = Export(size=nbytes, chunks=tuple(sizes))
+        return _Allocation(None, nbytes, None, chunks=chunks), export
+
+    def chunk_fds(self, handle: object) -> list[int]:
+        return [c.fd for c in _as_alloc(handle).chunks or ()]
 
     def _carve(self, nbytes: int) -> tuple[object, Export]:
         for slab in self._slabs:
@@ -437,7 +453,7 @@ class CudaPool(BrokerPool):
     def _used(self) -> int:
         """Bytes handed out: the driver's count, with each slab counted by its ranges in use."""
         slabs = len(self._slabs) * self.slab_size
-        return drv.get_u64(self._pool, "used") - slabs + self._slab_used
+        return drv.get_u64(self._pool, "used") - slabs + self._slab_used + self._vmm_bytes
 
     def reexport(self, handle: object, export: Export, session: SessionContext) -> Export:
         """Another session opens this allocation: its stream follows the allocation (the first
@@ -445,8 +461,8 @@ class CudaPool(BrokerPool):
         alloc = _as_alloc(handle)
         if alloc.freed:
             raise InvalidRequest("allocation was freed")
-        if alloc.slab is not None:
-            return export   # a slab range is idle on the GPU when handed out: nothing to wait for
+        if alloc.slab is not None or alloc.chunks is not None:
+            return export   # idle on the GPU when handed out (a slab range; new VMM chunks)
         stream = _as_session(session).stream(self.device)
         stream.wait(alloc.ready)
         event, ready_handle = record_ipc(stream)
@@ -508,6 +524,15 @@ class CudaPool(BrokerPool):
                 self._backend.graveyard.bury(stream, *alloc.extra)
             alloc.extra = []
             return
+        if alloc.chunks is not None:   # every importer has unmapped (after its work) or is gone
+            with _OnDevice(self.device):
+                for chunk in alloc.chunks:
+                    chunk.close()
+            self._vmm_bytes -= sum(c.size for c in alloc.chunks)
+            alloc.chunks = []
+            self._backend.graveyard.bury(stream, *alloc.extra)
+            alloc.extra = []
+            return
         stream.wait(alloc.ready)  # (no wait on alloc.extra: a seal event may never complete)
         alloc.buffer.close(stream=stream)
         self._backend.graveyard.bury(stream, alloc.ready, *alloc.extra)
@@ -520,7 +545,7 @@ class CudaPool(BrokerPool):
         used = self._used()
         self._used_high = max(self._used_high, used)
         return PoolStats(
-            reserved=drv.get_u64(p, "reserved"),
+            reserved=drv.get_u64(p, "reserved") + self._vmm_bytes,
             used=used,
             reserved_high=drv.get_u64(p, "reserved_high"),
             used_high=self._used_high,   # ours: the driver's counts whole slabs
@@ -557,6 +582,43 @@ class CudaPool(BrokerPool):
         self._mr.close()  # also closes the exported FD; memory still in use is released later
 
 
+class CudaGrowable(BrokerGrowable):
+    """A growable buffer's VMM chunks on one device (see ``cuda_vmm``)."""
+
+    def __init__(self, device: int, compression: bool, chunks: list[vmm.Chunk] | None = None):
+        self.device = device
+        with _OnDevice(device):
+            vmm.check_supported(device)
+            # Compression only where the device offers it; what each chunk got is read back.
+            self.compression = compression and vmm.compression_supported(device)
+            self.gran = vmm.granularity(device, self.compression)
+        self._chunks: list[vmm.Chunk] = chunks or []
+
+    @property
+    def chunks(self) -> list[int]:
+        return [c.size for c in self._chunks]
+
+    def info(self) -> dict[str, Any]:
+        got = bool(self._chunks) and all(c.compression for c in self._chunks)
+        return {"device": self.device, "granularity": self.gran, "compression": got}
+
+    def grow(self, nbytes: int) -> None:
+        if nbytes <= self.size:
+            return
+        with _OnDevice(self.device):
+            sizes = vmm.split(nbytes - self.size, self.gran, VMM_CHUNK)
+            self._chunks += vmm.create_chunks(self.device, sizes, self.compression)
+
+    def fds(self, first: int) -> list[int]:
+        return [c.fd for c in self._chunks[first:]]
+
+    def close(self) -> None:
+        with _OnDevice(self.device):
+            for c in self._chunks:
+                c.close()
+        self._chunks = []
+
+
 def _as_session(session: SessionContext) -> _CudaSession:
     if not isinstance(session, _CudaSession):
         raise InvalidRequest(f"not a CUDA session: {type(session).__name__}")
@@ -588,6 +650,29 @@ class CudaBrokerBackend(BrokerBackend):
         pool = CudaPool(self, spec)
         self._pools.append(pool)
         return pool
+
+    def create_growable(self, spec: PoolSpec, nbytes: int, compression: bool) -> BrokerGrowable:
+        g = CudaGrowable(spec.device, compression)
+        g.grow(nbytes)
+        return g
+
+    def adopt_growable(self, spec: PoolSpec, info: dict[str, Any], chunks: list[int], fds: list[int]) -> BrokerGrowable:
+        if len(chunks) != len(fds):
+            for fd in fds:
+                os.close(fd)
+            raise InvalidRequest(f"a stored growable has {len(chunks)} chunks but {len(fds)} FDs")
+        adopted: list[vmm.Chunk] = []
+        try:
+            with _OnDevice(spec.device):
+                for i, (fd, size) in enumerate(zip(fds, chunks)):
+                    adopted.append(vmm.Chunk.adopt(fd, size))
+        except BaseException:
+            for fd in fds[len(adopted) + 1:]:
+                os.close(fd)
+            for c in adopted:
+                c.close()
+            raise
+        return CudaGrowable(spec.device, bool(info.get("compression")), adopted)
 
     def open_session(self) -> SessionContext:
         session = _CudaSession(self)
@@ -657,12 +742,14 @@ class CudaBrokerBackend(BrokerBackend):
 class CudaMemory(ImportedMemory):
     """One imported allocation: a cuda.core Buffer over the broker's memory (zero-copy)."""
 
-    def __init__(self, buffer: Buffer, size: int, device: int, whole: bool = True):
+    def __init__(self, buffer: Buffer, size: int, device: int, whole: bool = True,
+                 mapping: vmm.Mapping | None = None):
         self._buffer: Buffer | None = buffer
         self._ptr = int(buffer.handle)
         self.size = size
         self.device = device
         self.whole = whole   # False: a range of a slab the pool keeps imported
+        self.mapping = mapping   # VMM chunks mapped here (memory above the import limit)
 
     @property
     def ptr(self) -> int:
@@ -757,9 +844,13 @@ class CudaClientPool(ClientPool):
         self._slabs: dict[bytes, Buffer] = {}
         self._closed = False
 
-    def import_allocation(self, export: Export, stream: Any = None) -> ImportedMemory:
+    def import_allocation(self, export: Export, stream: Any = None, fds: list[int] = ()) -> ImportedMemory:
         if self._closed:
+            for fd in fds:
+                os.close(fd)
             raise ClosedError(f"pool {self.name!r} is closed")
+        if export.chunks:
+            return self._map_chunks(export, stream, list(fds))
         if len(export.data) != HANDLE_BYTES:
             raise InvalidRequest(f"pointer export data is {HANDLE_BYTES} bytes, got {len(export.data)}")
         try:
@@ -809,6 +900,29 @@ class CudaClientPool(ClientPool):
             raise _translate(exc, f"importing {len(exports)} allocations from pool {self.name!r}") from exc
         return out
 
+    def _map_chunks(self, export: Export, stream: Any, fds: list[int]) -> ImportedMemory:
+        """Memory above the import limit: its VMM chunks mapped into one range of ours."""
+        try:
+            with _OnDevice(self.device):
+                mapping = vmm.Mapping(self.device, vmm.granularity(self.device))
+                mapping.extend(list(export.chunks), fds)
+                fds = []
+                try:
+                    s = self._backend.stream(stream, self.device)
+                    if export.ready_event:   # a sealed object's writer: R1 as for any lease
+                        with _OnStream(s):
+                            wait_ipc(s, export.ready_event)
+                    view = Buffer.from_handle(mapping.ptr, export.size)
+                except BaseException:
+                    mapping.close()
+                    raise
+        except CUDAError as exc:
+            raise _translate(exc, f"mapping {export.size} bytes of pool {self.name!r}") from exc
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return CudaMemory(view, export.size, self.device, mapping=mapping)
+
     def _slab(self, data: bytes) -> Buffer:
         """A slab of the broker's, imported once (slabs live as long as the pool)."""
         slab = self._slabs.get(data)
@@ -822,6 +936,13 @@ class CudaClientPool(ClientPool):
         if not isinstance(memory, CudaMemory):
             raise InvalidRequest(f"not CUDA memory: {type(memory).__name__}")
         buf = memory._take()
+        if memory.mapping is not None:
+            # Unmapping does not wait for the GPU: finish the caller's work on it first. The
+            # memory is idle then, so the broker needs no done event.
+            with _OnDevice(self.device):
+                self._backend.stream(stream, self.device).sync()
+                memory.mapping.close()
+            return b""
         try:
             with _OnDevice(self.device):
                 s = self._backend.stream(stream, self.device)
@@ -842,6 +963,29 @@ class CudaClientPool(ClientPool):
             slab.close(stream=LEGACY_DEFAULT_STREAM)
         self._slabs.clear()
         self._mr.close()
+
+
+class CudaClientGrowable(ClientGrowable):
+    """A growable buffer mapped here: a ``cuda_vmm.Mapping`` with room to grow in place."""
+
+    def __init__(self, device: int, gran: int):
+        _check_device(device)
+        self.device = device
+        self._mapping = vmm.Mapping(device, gran, headroom=2)
+
+    ptr = property(lambda self: self._mapping.ptr)
+    size = property(lambda self: self._mapping.size)
+    reserved = property(lambda self: self._mapping.reserved)
+
+    def extend(self, chunks: list[int], fds: list[int]) -> bool:
+        with _OnDevice(self.device):
+            return self._mapping.extend(chunks, fds)
+
+    def close(self) -> None:
+        # cuMemUnmap does not wait for the GPU: let this device's work finish first.
+        with _OnDevice(self.device):
+            drv.check(drv.cu.cuCtxSynchronize(), "cuCtxSynchronize")
+            self._mapping.close()
 
 
 class CudaClientBackend(ClientBackend):
@@ -867,6 +1011,12 @@ class CudaClientBackend(ClientBackend):
             return CudaClientPool(self, info, fd)
         except (KeyError, TypeError, ValueError) as exc:
             raise BackendUnavailable(f"bad pool info for {info.get('name')!r}: {exc}") from exc
+
+    def import_growable(self, info: dict[str, Any]) -> ClientGrowable:
+        try:
+            return CudaClientGrowable(int(info["device"]), int(info["granularity"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendUnavailable(f"bad growable info {info!r}: {exc}") from exc
 
     # -- streams
     def stream(self, obj: Any, device: int) -> Stream:

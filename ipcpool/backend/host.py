@@ -16,8 +16,10 @@ from ..errors import BackendUnavailable, InvalidRequest
 from .allocator import RangeAllocator
 from .base import (
     BrokerBackend,
+    BrokerGrowable,
     BrokerPool,
     ClientBackend,
+    ClientGrowable,
     ClientPool,
     Export,
     ImportedMemory,
@@ -25,6 +27,7 @@ from .base import (
     PoolStats,
     SessionContext,
 )
+from .host_growable import HostClientGrowable, HostGrowable
 
 DEFAULT_MAX_SIZE = 8 << 30
 ALIGNMENT = 256
@@ -148,6 +151,16 @@ class HostBrokerBackend(BrokerBackend):
     def open_session(self) -> SessionContext:
         return _HostSession()
 
+    def create_growable(self, spec: PoolSpec, nbytes: int, compression: bool) -> BrokerGrowable:
+        return HostGrowable(nbytes)   # compression is a GPU property: reported as not obtained
+
+    def adopt_growable(self, spec: PoolSpec, info: dict[str, Any], chunks: list[int], fds: list[int]) -> BrokerGrowable:
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise InvalidRequest(f"a stored host growable has one memfd, got {len(fds)}")
+        return HostGrowable(0, fds[0], chunks)
+
 
 class _Mapping:
     """A shared mapping of one pool. Buffers keep it alive: it is unmapped when the last goes."""
@@ -183,7 +196,9 @@ class HostClientPool(ClientPool):
             os.close(fd)  # the mapping keeps the memory; the FD is no longer needed
         self.size = size
 
-    def import_allocation(self, export: Export, stream: Any = None) -> ImportedMemory:
+    def import_allocation(self, export: Export, stream: Any = None, fds: list[int] = ()) -> ImportedMemory:
+        for fd in fds:
+            os.close(fd)
         if export.offset + export.size > self.size:
             raise InvalidRequest("allocation lies outside the pool")
         return HostMemory(self._mapping, export.offset, export.size)
@@ -204,3 +219,6 @@ class HostClientBackend(ClientBackend):
             return HostClientPool(info, fd)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise BackendUnavailable(f"cannot map host pool {info.get('name')!r}: {exc}") from exc
+
+    def import_growable(self, info: dict[str, Any]) -> ClientGrowable:
+        return HostClientGrowable()

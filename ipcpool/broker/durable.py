@@ -1,10 +1,11 @@
 """Broker memory that outlives the broker: pool FDs and a metadata memfd in systemd's FD store.
 
 At start the broker stores each durable pool's FD (FDSTORE=1, FDNAME=pool-<name>) and a memfd
-holding the table of sealed objects (FDNAME=meta), which it rewrites in place as objects are
-sealed and deleted (systemd holds the same open file). A broker started with those FDs
-($LISTEN_FDS, $LISTEN_FDNAMES, $LISTEN_PID) adopts the pools and re-creates the sealed objects at
-their offsets: a crash or an upgrade loses no weights. Anonymous allocations and unsealed objects
+holding the table of sealed objects and growable buffers (FDNAME=meta), which it rewrites in place
+as they change (systemd holds the same open file). A growable buffer's FDs are stored as it is
+created and grown (FDNAME=grow-<id>-<n>) and removed when it is released. A broker started with
+those FDs ($LISTEN_FDS, $LISTEN_FDNAMES, $LISTEN_PID) adopts the pools and growables and re-creates
+the sealed objects where they were: a crash or an upgrade loses no weights. Anonymous allocations and unsealed objects
 belong to sessions, which a restart ends, so they are not kept.
 """
 
@@ -56,6 +57,7 @@ class Durability:
         self.notifier = notifier
         self.inherited = listen_fds() if inherited is None else inherited
         self._meta_fd = self.inherited.pop(META_NAME, None)
+        self._objects = self._growables = None
         if self._meta_fd is not None:
             log.info("adopting %d FD(s) from the FD store", len(self.inherited) + 1)
 
@@ -66,8 +68,21 @@ class Durability:
     def take_pool_fd(self, name: str) -> int | None:
         return self.inherited.pop(f"pool-{name}", None)   # FDNAME allows no colon
 
+    def take_growable_fds(self, gid: int, count: int) -> list[int] | None:
+        """A stored growable's FDs, or None (and none taken) if any is missing."""
+        names = [f"grow-{gid}-{i}" for i in range(count)]
+        if not all(n in self.inherited for n in names):
+            return None
+        return [self.inherited.pop(n) for n in names]
+
     def stored_objects(self) -> list[dict]:
         """The sealed objects a previous broker recorded (empty on a fresh start)."""
+        return self._stored("objects")
+
+    def stored_growables(self) -> list[dict]:
+        return self._stored("growables")
+
+    def _stored(self, key: str) -> list[dict]:
         if self._meta_fd is None:
             return []
         try:
@@ -79,7 +94,7 @@ class Durability:
         if not isinstance(table, dict) or table.get("version") != META_VERSION:
             log.error("the stored object table has an unknown version; starting without it")
             return []
-        return list(table.get("objects", []))
+        return list(table.get(key, []))
 
     def store(self, pools: dict) -> None:
         """Hand the pools' FDs and the object table's memfd to systemd (duplicates are ignored)."""
@@ -94,16 +109,40 @@ class Durability:
             self._meta_fd = os.memfd_create("ipcpool:meta", os.MFD_CLOEXEC)
         self.notifier.notify("FDSTORE=1", f"FDNAME={META_NAME}", fds=(self._meta_fd,))
 
-    def save(self, objects) -> None:
-        """Rewrite the table of sealed objects in place (called after each seal and delete)."""
-        if self._meta_fd is None:
+    def tables(self, objects, growables) -> None:
+        """The tables ``save`` records."""
+        self._objects, self._growables = objects, growables
+
+    def store_growable(self, g) -> None:
+        """Hand systemd the growable's FDs it does not hold yet (new chunks)."""
+        fds = g.memory.fds(0)
+        if self.enabled:
+            for i in range(g.stored, len(fds)):
+                self.notifier.notify("FDSTORE=1", f"FDNAME=grow-{g.gid}-{i}", fds=(fds[i],))
+        g.stored = len(fds)
+
+    def unstore_growable(self, g) -> None:
+        if self.enabled:
+            for i in range(g.stored):
+                self.notifier.notify("FDSTOREREMOVE=1", f"FDNAME=grow-{g.gid}-{i}")
+        g.stored = 0
+
+    def save(self) -> None:
+        """Rewrite the table in place (after each seal, delete, and growable change)."""
+        if self._meta_fd is None or self._objects is None:
             return
-        rows = [
+        objects = [
             {"name": o.name, "pool": o.alloc.pool.spec.name, "offset": o.alloc.export.offset,
              "size": o.alloc.size, "uid": o.alloc.uid, "meta": o.meta, "created": o.created}
-            for o in objects.objects.values() if o.sealed
+            for o in self._objects.objects.values() if o.sealed
         ]
-        data = msgpack.packb({"version": META_VERSION, "objects": rows}, use_bin_type=True)
+        growables = [
+            {"gid": g.gid, "name": g.name, "pool": g.pool, "uid": g.uid, "chunks": list(g.memory.chunks),
+             "gen": g.gen, "info": g.memory.info(), "fds": g.stored, "compression_requested": g.compression_requested}
+            for g in self._growables.by_name.values() if g.stored
+        ]
+        table = {"version": META_VERSION, "objects": objects, "growables": growables}
+        data = msgpack.packb(table, use_bin_type=True)
         os.ftruncate(self._meta_fd, len(data))
         os.pwrite(self._meta_fd, data, 0)
 

@@ -27,6 +27,7 @@ class Handlers:
         self.broker = broker
         self.registry = broker.registry
         self.objects = broker.objects
+        self.growables = broker.growables
 
     def handle(self, session: Session, op: str, fields: dict, rid: int) -> dict | None:
         # validate() admits only known ops, and each has a method here (tests/unit checks both).
@@ -85,7 +86,7 @@ class Handlers:
 
     def op_seal(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.objects.seal(session, f["name"], f["alloc"], f.get("done_event", b""))
-        self.broker.durable.save(self.objects)
+        self.broker.durable.save()
         self._announce(obj)
         return {}
 
@@ -108,14 +109,15 @@ class Handlers:
 
     def op_delete(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.objects.delete(session, f["name"])
-        self.broker.durable.save(self.objects)
+        self.broker.durable.save()
         if not obj.sealed:
             for w in self.objects.take_waiters(obj.name):
                 self.broker.send(w.session.token, protocol.error_reply(w.rid, abort_error(obj.name)))
         return {}
 
     def op_list(self, session: Session, f: dict, rid: int) -> dict:
-        return {"objects": self.objects.list(f.get("prefix", ""))}
+        prefix = f.get("prefix", "")
+        return {"objects": self.objects.list(prefix), "growables": self.growables.list(prefix)}
 
     def op_watch(self, session: Session, f: dict, rid: int) -> dict:
         w = self.objects.watch(session, f["prefix"])
@@ -125,6 +127,39 @@ class Handlers:
     def op_unwatch(self, session: Session, f: dict, rid: int) -> dict:
         self.objects.unwatch(session, f["watch"])
         return {}
+
+    # -- growable buffers --------------------------------------------------------------------------
+    def op_grow_create(self, session: Session, f: dict, rid: int) -> dict:
+        g = self.growables.create(session, f["name"], f["nbytes"], f["pool"], f.get("compression", False))
+        self.broker.durable.store_growable(g)
+        self.broker.durable.save()
+        return g.fields()
+
+    def op_grow_attach(self, session: Session, f: dict, rid: int) -> dict:
+        return self.growables.attach(session, f["name"]).fields()
+
+    def op_grow(self, session: Session, f: dict, rid: int) -> dict:
+        g, others = self.growables.grow(session, f["name"], f["nbytes"])
+        self.broker.durable.store_growable(g)   # only chunks not stored yet
+        self.broker.durable.save()
+        if others:
+            note = {"notify": "grown", "growable": g.name, "gen": g.gen, "size": g.memory.size}
+            for other in others:
+                self.broker.send(other.token, note)
+        return g.fields()
+
+    def op_grow_detach(self, session: Session, f: dict, rid: int) -> dict:
+        self._released(self.growables.detach(session, f["name"]))
+        return {}
+
+    def op_grow_delete(self, session: Session, f: dict, rid: int) -> dict:
+        self._released(self.growables.delete(f["name"]))
+        return {}
+
+    def _released(self, g) -> None:
+        if g is not None:
+            self.broker.durable.unstore_growable(g)
+            self.broker.durable.save()
 
     def _announce(self, obj: NamedObject) -> None:
         """A seal settles the gets waiting for it and tells the watchers of its prefix."""
@@ -141,7 +176,7 @@ def export_fields(alloc, export: Export | None = None) -> dict:
     e = export or alloc.export
     return {
         "alloc": alloc.aid, "pool": alloc.pool.spec.name, "size": e.size, "offset": e.offset,
-        "data": e.data, "event": e.ready_event, "sub": e.sub,
+        "data": e.data, "event": e.ready_event, "sub": e.sub, "chunks": list(e.chunks),
     }
 
 
@@ -149,5 +184,5 @@ def lease_fields(obj: NamedObject, event: bytes | None = None) -> dict:
     """A lease: the object's export with the event readers wait on (its seal, or a batch's)."""
     e = obj.alloc.export
     ready = obj.seal_event if event is None else event
-    lease = Export(size=e.size, offset=e.offset, data=e.data, ready_event=ready, sub=e.sub)
+    lease = Export(size=e.size, offset=e.offset, data=e.data, ready_event=ready, sub=e.sub, chunks=e.chunks)
     return {**export_fields(obj.alloc, lease), "name": obj.name, "meta": obj.meta}

@@ -89,13 +89,7 @@ class Registry:
                 "importing a larger one crashes the importer; split it into smaller allocations"
             )
         uid = session.cred.uid
-        quota = self.config.quota_for(uid).bytes
-        held = self.bytes_by_uid[uid]
-        if quota and held + nbytes > quota:
-            raise QuotaExceeded(
-                f"uid {uid} holds {held} bytes; {nbytes} more would pass its quota of {quota} bytes: "
-                "free some memory or ask the operator to raise quotas"
-            )
+        self.check_quota(uid, nbytes)
         handle, export = pool.allocate(nbytes, session.backend)
         alloc = Allocation(self._next_aid, pool, handle, export, uid)
         self._next_aid += 1
@@ -103,6 +97,16 @@ class Registry:
         self.bytes_by_uid[uid] += nbytes
         self.hold(alloc, session)
         return alloc
+
+    def check_quota(self, uid: int, nbytes: int) -> None:
+        """Refuse ``nbytes`` more for ``uid`` where that would pass its byte quota."""
+        quota = self.config.quota_for(uid).bytes
+        held = self.bytes_by_uid[uid]
+        if quota and held + nbytes > quota:
+            raise QuotaExceeded(
+                f"uid {uid} holds {held} bytes; {nbytes} more would pass its quota of {quota} bytes: "
+                "free some memory or ask the operator to raise quotas"
+            )
 
     def hold(self, alloc: Allocation, holder: object) -> None:
         alloc.holders[holder] += 1

@@ -22,8 +22,15 @@ import zmq
 from .. import fdpass, paths, protocol
 from ..backend import Choice, broker_backend
 from ..config import Config
-from ..errors import IpcPoolError, PeerRefused, ProtocolError, WaitTimeout
+from ..errors import (
+    InvalidRequest,
+    IpcPoolError,
+    PeerRefused,
+    ProtocolError,
+    WaitTimeout,
+)
 from .durable import Durability
+from .growables import GrowableTable
 from .handlers import Handlers
 from .metrics import Metrics
 from .objects import ObjectTable, abort_error
@@ -91,12 +98,15 @@ class Broker:
             self.registry = Registry(self.config, self.backend)
             self.registry.create_pools(self.durable.take_pool_fd)
             self.objects = ObjectTable(self.registry)
+            self.growables = GrowableTable(self.registry)
+            self.durable.tables(self.objects, self.growables)
             restored = self.objects.restore(self.durable.stored_objects())
-            if restored:
-                log.info("restored %d sealed object(s) from the FD store", restored)
+            regrown = self.growables.restore(self.durable.stored_growables(), self.durable.take_growable_fds)
+            if restored or regrown:
+                log.info("restored %d sealed object(s) and %d growable buffer(s) from the FD store", restored, regrown)
             if self.backend.durable:
                 self.durable.store(self.registry.pools)
-                self.durable.save(self.objects)
+                self.durable.save()
             self.handlers = Handlers(self)
             self._bind()
             if self.config.metrics_address:
@@ -348,12 +358,35 @@ class Broker:
         rid = protocol.request_id(msg)
         try:
             op, fields = protocol.validate(msg, protocol.CONTROL)
-            if op != "pool_fd":
+            if op == "pool_fd":
+                pool = self.registry.pool(fields["pool"])
+                self._send_control(session, protocol.ok_reply(rid, info=pool.pool_info()), (pool.fd,))
+            elif op == "chunk_fds":
+                reply, fds = self._chunk_fds(session, fields)
+                self._send_control(session, protocol.ok_reply(rid, **reply), tuple(fds))
+            else:
                 raise ProtocolError(f"{op} is not valid once the session is open")
-            pool = self.registry.pool(fields["pool"])
-            self._send_control(session, protocol.ok_reply(rid, info=pool.pool_info()), (pool.fd,))
         except IpcPoolError as exc:
             self._send_control(session, protocol.error_reply(rid, exc))
+
+    def _chunk_fds(self, session: Session, f: dict) -> tuple[dict, list[int]]:
+        """At most FD_BATCH chunk FDs from chunk ``first``, with the sizes of the chunks they map."""
+        first = f["first"]
+        if "growable" in f:
+            g, fds = self.growables.fds(session, f["growable"], first)
+            chunks, one_file = g.memory.chunks, g.memory.one_file
+        elif "alloc" in f:
+            alloc = self.registry.held_by(session, f["alloc"])
+            chunks, one_file = alloc.export.chunks, False
+            if not 0 <= first < len(chunks):
+                raise InvalidRequest(f"allocation {alloc.aid} has {len(chunks)} chunks, not chunk {first}")
+            fds = alloc.pool.chunk_fds(alloc.handle)[first:]
+        else:
+            raise InvalidRequest("chunk_fds names a growable buffer or an allocation")
+        if one_file:   # one file holds every chunk at its offset
+            return {"chunks": list(chunks[first:])}, fds[:1]
+        fds = fds[: protocol.FD_BATCH]
+        return {"chunks": list(chunks[first : first + len(fds)])}, fds
 
     def _orphan(self, session: Session) -> None:
         """The control socket closed. After a bye, release now; otherwise wait until the process is
@@ -382,6 +415,9 @@ class Broker:
                 self._unwatch(fd)
         try:
             if self.registry is not None:
+                for g in self.growables.end_session(session):
+                    self.durable.unstore_growable(g)
+                    self.durable.save()
                 aborted, orphans = self.objects.end_session(session)
                 for obj in aborted:
                     log.info("session %d: object %r aborted (never sealed)", session.sid, obj.name)

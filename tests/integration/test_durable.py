@@ -116,8 +116,13 @@ def test_sealed_objects_survive_a_broker_crash(tmp_path):
             c.allocate(1 << 20)                                      # likewise
             c.put_tensor("gone/deleted", pattern(3, 100))
             c.delete("gone/deleted")
+            g = c.create_growable("keep/grow", 1 << 20)
+            g.grow(3 << 20)
+            np.frombuffer(g.view(), np.uint8)[:] = pattern(5, 3 << 20)
+            c.create_growable("gone/grow", 1 << 20).close()
+            c.delete_growable("gone/grow")                          # released: its FD leaves the store
         assert store.ready.wait(10)
-        assert set(store.snapshot()) == {"pool-default", "meta"}
+        assert set(store.snapshot()) == {"pool-default", "meta", "grow-1-0"}
         a.proc.send_signal(signal.SIGKILL)                           # a crash: no clean-up at all
         a.proc.wait(10)
         a.stop()
@@ -125,7 +130,7 @@ def test_sealed_objects_survive_a_broker_crash(tmp_path):
         b = BrokerProc(sd, "host", config, tmp_path / "b.log", env={"NOTIFY_SOCKET": store.path},
                        launch=launch_with_fds(store))
         b.wait_ready()
-        assert "restored 2 sealed object(s) from the FD store" in b.log()
+        assert "restored 2 sealed object(s) and 1 growable buffer(s) from the FD store" in b.log()
         with ipcpool.connect(sd) as c:
             listed = {o["name"]: o for o in c.list()}
             assert set(listed) == {"keep/a", "keep/b"}
@@ -138,6 +143,11 @@ def test_sealed_objects_survive_a_broker_crash(tmp_path):
             assert np.array_equal(c.get_array("keep/a").ravel(), pattern(1, 3 << 20))
             c.release_all("keep/a")
             c.release_all("keep/b")
+            with c.attach_growable("keep/grow") as g:
+                assert g.size == 3 << 20
+                assert np.array_equal(np.frombuffer(g.view(), np.uint8), pattern(5, 3 << 20))
+                g.grow(4 << 20)                                      # and it still grows
+                assert np.array_equal(np.frombuffer(g.view(), np.uint8)[: 3 << 20], pattern(5, 3 << 20))
             c.delete("keep/b")
         assert b.stop() == 0
     finally:

@@ -1,0 +1,219 @@
+"""CUDA virtual memory: physical chunks shared as POSIX FDs, mapped into reserved address ranges.
+
+Broker side, a ``Chunk`` is one ``cuMemCreate`` allocation (pinned device memory, POSIX-FD handle
+type, compressible where asked and offered) and its exported FD, kept for clients and systemd's FD
+store. Client side, a ``Mapping`` imports chunk FDs and maps them one after another into address
+space it reserved, granting its device read-write access. Growth maps new chunks right after the
+current ones: inside the reservation, or in a range reserved right after it where that is free
+(the fast path); otherwise every chunk is mapped again at a new, larger range (the slow path). The
+old range stays mapped until ``close``, so work in flight on the old pointer stays valid; the data
+is never copied. The driver counts references: a chunk's memory lives until every process that
+imported or created it has unmapped and released it.
+
+cuda.core's VirtualMemoryResource grows buffers in one process but cannot export or import chunks,
+so this is cuda.bindings throughout.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from cuda.bindings import driver as cu
+
+from ..errors import BackendUnavailable, InvalidRequest
+from .cuda_driver import check
+
+POSIX_FD = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+_GENERIC = cu.CUmemAllocationCompType.CU_MEM_ALLOCATION_COMP_GENERIC
+_ATTR = cu.CUdevice_attribute
+
+
+def _prop(device: int, compression: bool) -> Any:
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = device
+    prop.requestedHandleTypes = POSIX_FD
+    if compression:
+        prop.allocFlags.compressionType = _GENERIC
+    return prop
+
+
+def device_attr(device: int, attr: Any) -> int:
+    return int(check(cu.cuDeviceGetAttribute(attr, device), f"cuDeviceGetAttribute({attr.name})"))
+
+
+def check_supported(device: int) -> None:
+    if not device_attr(device, _ATTR.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED):
+        raise BackendUnavailable(f"CUDA device {device} has no virtual memory management")
+    if not device_attr(device, _ATTR.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED):
+        raise BackendUnavailable(f"CUDA device {device} cannot share VMM memory as POSIX FDs")
+
+
+def compression_supported(device: int) -> bool:
+    return bool(device_attr(device, _ATTR.CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED))
+
+
+def granularity(device: int, compression: bool = False) -> int:
+    """The recommended granularity: chunk sizes and mapping offsets are multiples of it."""
+    flag = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+    return int(check(cu.cuMemGetAllocationGranularity(_prop(device, compression), flag), "cuMemGetAllocationGranularity"))
+
+
+def round_up(n: int, g: int) -> int:
+    return -(-n // g) * g
+
+
+class Chunk:
+    """One physical allocation of the broker's, with its FD (owned here)."""
+
+    __slots__ = ("compression", "fd", "handle", "size")
+
+    def __init__(self, device: int, size: int, compression: bool):
+        self.handle = check(cu.cuMemCreate(size, _prop(device, compression), 0), f"cuMemCreate({size})")
+        try:
+            self.fd = int(check(cu.cuMemExportToShareableHandle(self.handle, POSIX_FD, 0), "cuMemExportToShareableHandle"))
+            got = check(cu.cuMemGetAllocationPropertiesFromHandle(self.handle), "cuMemGetAllocationPropertiesFromHandle")
+            # Compression may be refused for lack of resources without an error: read it back.
+            self.compression = int(got.allocFlags.compressionType) == int(_GENERIC)
+        except BaseException:
+            cu.cuMemRelease(self.handle)
+            raise
+        self.size = size
+
+    @classmethod
+    def adopt(cls, fd: int, size: int) -> Chunk:
+        """A chunk from an FD a previous broker stored (takes ownership of ``fd``)."""
+        self = cls.__new__(cls)
+        try:
+            self.handle = check(cu.cuMemImportFromShareableHandle(fd, POSIX_FD), "cuMemImportFromShareableHandle")
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd, self.size = fd, size
+        got = check(cu.cuMemGetAllocationPropertiesFromHandle(self.handle), "cuMemGetAllocationPropertiesFromHandle")
+        self.compression = int(got.allocFlags.compressionType) == int(_GENERIC)
+        return self
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)   # an open FD alone keeps the memory (a dma-buf reference)
+            self.fd = -1
+            check(cu.cuMemRelease(self.handle), "cuMemRelease")
+
+
+def create_chunks(device: int, sizes: list[int], compression: bool) -> list[Chunk]:
+    chunks: list[Chunk] = []
+    try:
+        for size in sizes:
+            chunks.append(Chunk(device, size, compression))
+    except BaseException:
+        for c in chunks:
+            c.close()
+        raise
+    return chunks
+
+
+def split(nbytes: int, gran: int, most: int) -> list[int]:
+    """Chunk sizes covering ``nbytes``: each a multiple of ``gran``, at most ``most``."""
+    total = round_up(nbytes, gran)
+    most = max(gran, most // gran * gran)
+    return [most] * (total // most) + ([total % most] if total % most else [])
+
+
+class Mapping:
+    """A client's contiguous mapping of chunks (imported from FDs) on one device."""
+
+    def __init__(self, device: int, gran: int, headroom: int = 1):
+        self.device = device
+        self.gran = gran
+        self.headroom = headroom    # reserve this many times the size: room to grow in place
+        self.ptr = 0
+        self.size = 0
+        self.reserved = 0
+        self._handles: list[tuple[Any, int]] = []       # (imported handle, size), in order
+        self._ranges: list[tuple[int, int]] = []        # reservations (address, length)
+        self._mapped: list[tuple[int, int]] = []        # mapped spans (address, length)
+
+    def extend(self, sizes: list[int], fds: list[int]) -> bool:
+        """Import and map chunks after those mapped; True when the range moved (see module doc)."""
+        new: list[tuple[Any, int]] = []
+        try:
+            if len(sizes) != len(fds) or any(s <= 0 or s % self.gran for s in sizes):
+                raise InvalidRequest("chunk sizes must be positive multiples of the granularity, one per FD")
+            for fd, size in zip(fds, sizes):
+                new.append((check(cu.cuMemImportFromShareableHandle(fd, POSIX_FD), "cuMemImportFromShareableHandle"), size))
+        except BaseException:
+            for handle, _ in new:
+                cu.cuMemRelease(handle)
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)   # the imported handle holds the memory
+        try:
+            return self._place(new)
+        except BaseException:
+            for handle, _ in new:
+                cu.cuMemRelease(handle)
+            raise
+
+    def _place(self, new: list[tuple[Any, int]]) -> bool:
+        total = self.size + sum(s for _, s in new)
+        if total > self.reserved and not self._reserve_after(total):
+            # Slow path: a new range; map every chunk there (the old range stays until close).
+            length = round_up(total * self.headroom, self.gran)
+            base = int(check(cu.cuMemAddressReserve(length, self.gran, 0, 0), "cuMemAddressReserve"))
+            self._ranges.append((base, length))
+            moved = bool(self.ptr)
+            old = self._handles
+            self.ptr, self.size, self.reserved, self._handles = base, 0, length, []
+            self._map(old)
+            self._map(new)
+            return moved
+        self._map(new)
+        return False
+
+    def _reserve_after(self, total: int) -> bool:
+        """The fast path: reserve the range right after ours (True if the driver gave exactly it)."""
+        if not self.ptr:
+            return False
+        want = self.ptr + self.reserved
+        length = round_up(total * self.headroom, self.gran) - self.reserved
+        err, got = cu.cuMemAddressReserve(length, 0, want, 0)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            return False
+        if int(got) != want:   # only a hint: somewhere else is no use
+            check(cu.cuMemAddressFree(got, length), "cuMemAddressFree")
+            return False
+        self._ranges.append((want, length))
+        self.reserved += length
+        return True
+
+    def _map(self, chunks: list[tuple[Any, int]]) -> None:
+        if not chunks:
+            return
+        start = at = self.ptr + self.size
+        for handle, size in chunks:
+            check(cu.cuMemMap(at, size, 0, handle, 0), "cuMemMap")
+            self._mapped.append((at, size))
+            self._handles.append((handle, size))
+            at += size
+        desc = cu.CUmemAccessDesc()
+        desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = self.device
+        desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        check(cu.cuMemSetAccess(start, at - start, [desc], 1), "cuMemSetAccess")
+        self.size = at - self.ptr
+
+    def close(self) -> None:
+        """Unmap every range and release the imports. The caller has made sure no work on this
+        device still uses the memory (cuMemUnmap does not wait for it)."""
+        for at, size in self._mapped:
+            cu.cuMemUnmap(at, size)
+        for base, length in self._ranges:
+            cu.cuMemAddressFree(base, length)
+        for handle, _ in self._handles:
+            cu.cuMemRelease(handle)
+        self._mapped, self._ranges, self._handles = [], [], []
+        self.ptr = self.size = self.reserved = 0

@@ -1,0 +1,167 @@
+"""Named growable buffers: who is attached, how big they are, and telling everyone when they grow.
+
+A growable lives until it is deleted and every attached session has detached (a deleted one
+accepts no new attachments). Its bytes count against its creator's quota, growth included. Each
+grow bumps a generation; attached sessions other than the grower are told, and fetch the new
+chunks' FDs over the control socket before they next use the buffer.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+
+from ..backend.base import BrokerGrowable
+from ..errors import InvalidRequest, IpcPoolError, ObjectExists, ObjectNotFound
+from .registry import Registry
+from .session import Session
+
+log = logging.getLogger(__name__)
+
+MAX_CHUNKS = 1024   # per buffer: a reply lists them all, and a client maps each
+
+
+@dataclass(eq=False)
+class Growable:
+    gid: int
+    name: str
+    pool: str
+    uid: int
+    memory: BrokerGrowable
+    compression_requested: bool
+    holders: collections.Counter = field(default_factory=collections.Counter)   # Session -> attaches
+    gen: int = 0
+    deleted: bool = False
+    created: float = field(default_factory=time.time)
+    stored: int = 0   # FDs already handed to the FD store
+
+    def fields(self) -> dict:
+        """What a client needs to map it (besides the FDs)."""
+        return {"name": self.name, "size": self.memory.size, "chunks": list(self.memory.chunks),
+                "gen": self.gen, "info": self.memory.info(), "compression_requested": self.compression_requested}
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": "growable", "pool": self.pool, "size": self.memory.size,
+                "chunks": len(self.memory.chunks), "attached": sum(self.holders.values()),
+                "state": "deleting" if self.deleted else "live", "gen": self.gen}
+
+
+class GrowableTable:
+    def __init__(self, registry: Registry):
+        self.registry = registry
+        self.by_name: dict[str, Growable] = {}
+        self._ids = itertools.count(1)
+
+    def create(self, session: Session, name: str, nbytes: int, pool_name: str, compression: bool) -> Growable:
+        if nbytes <= 0:
+            raise InvalidRequest(f"growable size must be positive, got {nbytes}")
+        if name in self.by_name:
+            raise ObjectExists(f"a growable buffer named {name!r} already exists")
+        pool = self.registry.pool(pool_name)
+        uid = session.cred.uid
+        self.registry.check_quota(uid, nbytes)
+        memory = self.registry.backend.create_growable(pool.spec, nbytes, compression)
+        g = Growable(next(self._ids), name, pool_name, uid, memory, compression)
+        self.registry.bytes_by_uid[uid] += memory.size
+        self.by_name[name] = g
+        g.holders[session] += 1
+        return g
+
+    def restore(self, rows: list[dict], take_fds) -> int:
+        """Re-adopt the growables a previous broker stored (``take_fds(gid, count)`` gives their
+        FDs), attached to nobody yet, under their old ids (their FD names); returns how many."""
+        n = 0
+        for row in rows:
+            try:
+                fds = take_fds(row["gid"], row["fds"])
+                if fds is None:
+                    raise InvalidRequest("its FDs are not in the store")
+                spec = self.registry.pool(row["pool"]).spec
+                memory = self.registry.backend.adopt_growable(spec, row["info"], list(row["chunks"]), fds)
+            except (IpcPoolError, KeyError, TypeError, OSError) as exc:
+                log.error("stored growable %r not restored: %s", row.get("name"), exc)
+                continue
+            g = Growable(row["gid"], row["name"], row["pool"], row.get("uid", 0), memory,
+                         bool(row.get("compression_requested")), gen=row.get("gen", 0), stored=row["fds"])
+            self.registry.bytes_by_uid[g.uid] += memory.size
+            self.by_name[g.name] = g
+            n += 1
+        self._ids = itertools.count(max([g.gid for g in self.by_name.values()], default=0) + 1)
+        return n
+
+    def find(self, name: str) -> Growable:
+        g = self.by_name.get(name)
+        if g is None or g.deleted:
+            raise ObjectNotFound(f"no growable buffer named {name!r}")
+        return g
+
+    def attached(self, session: Session, name: str) -> Growable:
+        g = self.by_name.get(name)
+        if g is None or not g.holders.get(session):
+            raise InvalidRequest(f"this session is not attached to growable buffer {name!r}")
+        return g
+
+    def attach(self, session: Session, name: str) -> Growable:
+        g = self.find(name)
+        g.holders[session] += 1
+        return g
+
+    def grow(self, session: Session, name: str, nbytes: int) -> tuple[Growable, list[Session]]:
+        """Grow to at least ``nbytes``; returns it and the other sessions to tell."""
+        g = self.attached(session, name)
+        if nbytes <= g.memory.size:
+            return g, []
+        if len(g.memory.chunks) >= MAX_CHUNKS:
+            raise InvalidRequest(f"growable buffer {name!r} has {MAX_CHUNKS} chunks; grow it in larger steps")
+        before = g.memory.size
+        self.registry.check_quota(g.uid, nbytes - before)
+        g.memory.grow(nbytes)
+        self.registry.bytes_by_uid[g.uid] += g.memory.size - before
+        g.gen += 1
+        return g, [s for s in g.holders if s is not session]
+
+    def fds(self, session: Session, name: str, first: int) -> tuple[Growable, list[int]]:
+        g = self.attached(session, name)
+        if not 0 <= first < len(g.memory.chunks):
+            raise InvalidRequest(f"growable buffer {name!r} has {len(g.memory.chunks)} chunks, not chunk {first}")
+        return g, g.memory.fds(first)
+
+    def detach(self, session: Session, name: str) -> Growable | None:
+        """One attachment less; returns the buffer if that released it."""
+        g = self.attached(session, name)
+        g.holders[session] -= 1
+        if g.holders[session] <= 0:
+            del g.holders[session]
+        return self._maybe_release(g)
+
+    def delete(self, name: str) -> Growable | None:
+        g = self.find(name)
+        g.deleted = True
+        return self._maybe_release(g)
+
+    def end_session(self, session: Session) -> list[Growable]:
+        released = []
+        for g in list(self.by_name.values()):
+            if g.holders.pop(session, None) is not None and self._maybe_release(g) is not None:
+                released.append(g)
+        return released
+
+    def _maybe_release(self, g: Growable) -> Growable | None:
+        if not g.deleted or g.holders:
+            return None
+        # Every client has unmapped it (detach comes after the client's unmap), so the chunks go.
+        del self.by_name[g.name]
+        self.registry.bytes_by_uid[g.uid] -= g.memory.size
+        g.memory.close()
+        return g
+
+    def list(self, prefix: str = "") -> list[dict]:
+        return [g.describe() for name, g in sorted(self.by_name.items()) if name.startswith(prefix)]
+
+    def close(self) -> None:
+        for g in self.by_name.values():
+            g.memory.close()
+        self.by_name.clear()
