@@ -275,13 +275,16 @@ def main() -> int:
     res["trim_releases_memory"] = after["reserved"] < before["reserved"]  # IPC pools: expected False
     ok["reset_high"] = reset["used_high"] == reset["used"] or reset["used_high"] <= before["used_high"]
 
-    # too large
-    from ipcpool.errors import AllocationTooLarge
-    try:
-        pool.allocate(8 << 30, session)
-        ok["8GiB_refused"] = False
-    except AllocationTooLarge as exc:
-        ok["8GiB_refused"] = str(pool.max_allocation) in str(exc)
+    # above the import limit: VMM chunks, none over the limit, an FD each, gone after the free
+    from ipcpool.backend.cuda import IMPORT_LIMIT
+    big, export = pool.allocate(8 << 30, session)
+    fds = pool.chunk_fds(big)
+    ok["8GiB_as_vmm_chunks"] = (sum(export.chunks) >= 8 << 30 and max(export.chunks) <= IMPORT_LIMIT
+                                and len(fds) == len(export.chunks) and not export.data)
+    used_big = pool.stats().used
+    pool.free(big, session)
+    backend.sweep()
+    ok["8GiB_freed"] = pool.stats().used <= used_big - (8 << 30)
 
     session.close()
     s2.close()

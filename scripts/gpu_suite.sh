@@ -2,9 +2,11 @@
 # Run on the GPU machine (the `run` tool, with `.whl` carried): installs the carried wheels, shows
 # the device, runs the GPU tests, the backend smoke test and the benchmark, and ends with a table.
 # Logs and results go to $OUT (or ./gpu-out when OUT is unset).
-#   scripts/gpu_suite.sh [quick|bench|full]   quick: tests + smoke; bench: + the benchmarks
-#                                             (round trip, hand-off on GPU and host, host round
-#                                             trip); full (default): + the import-limit probe
+#   scripts/gpu_suite.sh [quick|vmm|bench|full]  quick: tests + smoke; vmm: the VMM tests, the
+#                                             durable-memory probe and the VMM grow benchmark;
+#                                             bench: quick + the probe + every benchmark;
+#                                             full (default): bench + the import-limit probe
+#   PYTEST_K="expr" narrows the GPU tests (pytest -k).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-full}
@@ -25,11 +27,21 @@ export PYTHONUNBUFFERED=1
   python3 -m ipcpool doctor 2>/dev/null || python3 -c "import json; from ipcpool.backend.cuda_caps import capabilities; print(json.dumps(capabilities(), indent=1))"
 } 2>&1 | tee "$OUT/env.txt"
 
-python3 -m pytest -m gpu tests/gpu -v -p no:cacheprovider --timeout 150 2>&1 | tee "$OUT/gpu-tests.log"
+TESTS=tests/gpu
+[ "$MODE" = vmm ] && TESTS=tests/gpu/test_cuda_vmm.py
+python3 -m pytest -m gpu "$TESTS" -v -s -p no:cacheprovider --timeout 300 ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/gpu-tests.log"
 TESTS_RC=${PIPESTATUS[0]}
 
-timeout 240 python3 scripts/cuda_smoke.py --out "$OUT/smoke.json" > "$OUT/smoke.log" 2>&1
-SMOKE_RC=$?
+SMOKE_RC=skipped
+if [ "$MODE" != vmm ]; then
+  timeout 240 python3 scripts/cuda_smoke.py --out "$OUT/smoke.json" > "$OUT/smoke.log" 2>&1
+  SMOKE_RC=$?
+fi
+if [ "$MODE" != quick ]; then
+  timeout 200 python3 scripts/probe_durable.py --out "$OUT/durable_probe.json" 2>&1 | tee "$OUT/durable_probe.log"
+  timeout 300 python3 bench/vmm_grow.py --out-dir "$OUT" 2>&1 | tr '\r' '\n' | tee "$OUT/vmm_grow.log"
+  cp "$OUT"/durable_probe.json bench/results/ 2>/dev/null
+fi
 
 PROBE_RC=skipped BENCH_RC=skipped
 if [ "$MODE" = full ]; then

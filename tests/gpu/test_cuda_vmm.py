@@ -1,0 +1,248 @@
+"""CUDA virtual memory across processes: growable buffers that a second process follows on both
+mapping paths, compression read back, and memory above the pool import limit."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import ipcpool
+from tests.conftest import SPAWN, run_together
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def as_cupy(ptr: int, n: int, owner=None):
+    import cupy
+
+    mem = cupy.cuda.UnownedMemory(ptr, n, owner)
+    return cupy.ndarray((n,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+def block_after(g) -> tuple[int, int] | None:
+    """Take the address range right after ``g``'s reservation, so its next growth past the
+    reservation cannot stay in place. Returns the range to free, or None if something else holds it."""
+    from cuda.bindings import driver as cu
+
+    want, length = g.ptr + g.reserved, g.granularity
+    err, got = cu.cuMemAddressReserve(length, 0, want, 0)
+    assert err == cu.CUresult.CUDA_SUCCESS
+    if int(got) != want:   # the driver placed it elsewhere: ``want`` is taken already
+        cu.cuMemAddressFree(got, length)
+        return None
+    return want, length
+
+
+def unblock(wall) -> None:
+    from cuda.bindings import driver as cu
+
+    if wall is not None:
+        cu.cuMemAddressFree(wall[0], wall[1])
+
+
+def check_regions(arr, regions) -> bool:
+    import cupy
+
+    from tests.gpu.kernels import pattern
+
+    return all(bool((arr[a:b] == pattern(cupy, b - a, seed)).all()) for a, b, seed in regions)
+
+
+def _follower(sock, name, todo, done):
+    """Attach; per message: (maybe block the range after ours,) sync, check every region written
+    so far, write the newest one."""
+    import cupy
+
+    from tests.gpu.kernels import pattern
+
+    with ipcpool.connect(sock) as c:
+        g = c.attach_growable(name)
+        done.put(("attached", g.size))
+        while (msg := todo.get(timeout=120)) != "stop":
+            regions, force_move = msg
+            wall = block_after(g) if force_move else None
+            r = g.sync()
+            arr = as_cupy(g.ptr, g.size)
+            ok = check_regions(arr, regions[:-1])
+            a, b, seed = regions[-1]
+            arr[a:b] = pattern(cupy, b - a, seed)
+            cupy.cuda.Device().synchronize()
+            unblock(wall)
+            done.put((r.grown, r.moved, g.size, ok))
+        g.close()
+
+
+def test_a_follower_sees_every_grow_on_both_paths_and_data_is_kept(cuda_broker):
+    import cupy
+
+    from tests.gpu.kernels import pattern
+
+    todo, done = SPAWN.Queue(), SPAWN.Queue()
+    with ipcpool.connect(cuda_broker.socket_dir) as c:
+        g = c.create_growable("vmm/a", 64 * MiB)
+        assert g.size == 64 * MiB and g.device == 0 and g.granularity and g.reserved >= 128 * MiB
+        as_cupy(g.ptr, g.size)[:] = pattern(cupy, 64 * MiB, 1)
+        cupy.cuda.Device().synchronize()
+        p = SPAWN.Process(target=_follower, args=(cuda_broker.socket_dir, "vmm/a", todo, done))
+        p.start()
+        try:
+            assert done.get(timeout=60) == ("attached", 64 * MiB)
+            regions = [(0, 64 * MiB, 1)]
+            seen_paths = {"here": [], "there": []}
+            # In the reservation (in place); past it (in place if the next range is free); past
+            # it with that range taken in both processes (must move).
+            for step, (size, force) in enumerate(((128 * MiB, False), (512 * MiB, False), (2 * GiB, True))):
+                old = g.size
+                wall = block_after(g) if force else None
+                try:
+                    r = g.grow(size)
+                finally:
+                    unblock(wall)
+                assert r.grown and g.size == size
+                if step == 0:
+                    assert not r.moved                      # inside the reservation
+                if force:
+                    assert r.moved and r.ptr == g.ptr != r.old_ptr
+                seen_paths["here"].append(r.moved)
+                assert check_regions(as_cupy(g.ptr, g.size), regions)   # nothing lost, nothing copied
+                regions.append((old, size, step + 2))
+                todo.put((regions, force))
+                grown, moved, seen, ok = done.get(timeout=120)
+                assert (grown, seen, ok) == (True, size, True)
+                if force:
+                    assert moved                            # the follower was forced too
+                seen_paths["there"].append(moved)
+                assert check_regions(as_cupy(g.ptr, g.size), regions)   # the follower's writes
+        finally:
+            todo.put("stop")
+            p.join(60)
+        assert p.exitcode == 0
+        print("moved per grow:", seen_paths)
+        c.delete_growable("vmm/a")
+        before = c.list_growables()
+        g.close()
+        assert before[0]["state"] == "deleting" and c.list_growables() == []
+
+
+def test_compression_is_requested_and_what_was_obtained_is_reported(cuda_broker):
+    import cupy
+    from cuda.bindings import driver as cu
+
+    from ipcpool.backend.cuda_vmm import compression_supported
+    from tests.gpu.kernels import pattern
+
+    with ipcpool.connect(cuda_broker.socket_dir) as c:
+        g = c.create_growable("vmm/z", 32 * MiB, compression=True)
+        assert g.compression_requested
+        # What the memory really is, asked of the driver through this process's own import.
+        handle = g._mapping._mapping._handles[0][0]
+        prop = cu.cuMemGetAllocationPropertiesFromHandle(handle)[1]
+        got = int(prop.allocFlags.compressionType) == int(cu.CUmemAllocationCompType.CU_MEM_ALLOCATION_COMP_GENERIC)
+        assert g.compression == got
+        if not compression_supported(0):
+            assert not g.compression
+        print("compression supported:", compression_supported(0), "obtained:", g.compression)
+        g.grow(96 * MiB)
+        arr = as_cupy(g.ptr, g.size)
+        arr[:] = pattern(cupy, g.size, 9)
+        assert bool((arr == pattern(cupy, g.size, 9)).all())
+        plain = c.create_growable("vmm/plain", 32 * MiB)
+        assert not plain.compression and not plain.compression_requested
+        plain.close()
+        g.close()
+
+
+def _big_writer(sock, q_out, q_in):
+    import cupy
+
+    with ipcpool.connect(sock) as c:
+        buf = c.allocate(8 * GiB)
+        arr = as_cupy(buf.ptr, buf.size)
+        arr.fill(0x5A)
+        arr[-MiB:] = 0x3C
+        cupy.cuda.Device().synchronize()
+        q_out.put(c.share(buf))
+        assert q_in.get(timeout=120) == "written"
+        ok = int(arr[0]) == 0x77 and int(arr[-1]) == 0x77 and int(cupy.count_nonzero(arr[MiB:-MiB] != 0x5A)) == 0
+        buf.free()
+        q_out.put(("writer", ok))
+
+
+def _big_reader(sock, q_in, q_out):
+    import cupy
+
+    token = q_in.get(timeout=300)
+    with ipcpool.connect(sock) as c:
+        buf = c.open(token)
+        arr = as_cupy(buf.ptr, buf.size)
+        ok = (buf.size == 8 * GiB and int(cupy.count_nonzero(arr[:-MiB] != 0x5A)) == 0
+              and int(cupy.count_nonzero(arr[-MiB:] != 0x3C)) == 0)
+        arr[0] = 0x77
+        arr[-1] = 0x77
+        cupy.cuda.Device().synchronize()
+        buf.free()
+        q_out.put("written")
+        q_in.put(("reader", ok))
+
+
+def test_8_gib_allocations_come_from_vmm_across_processes(cuda_broker):
+    a, b = SPAWN.Queue(), SPAWN.Queue()
+    procs = [SPAWN.Process(target=_big_writer, args=(cuda_broker.socket_dir, a, b)),
+             SPAWN.Process(target=_big_reader, args=(cuda_broker.socket_dir, a, b))]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [p.exitcode for p in procs] == [0, 0]
+    results = dict(x for x in (a.get(timeout=5), b.get(timeout=5)))
+    assert results == {"writer": True, "reader": True}
+    with ipcpool.connect(cuda_broker.socket_dir) as c:
+        deadline = time.monotonic() + 10   # the exited clients' sessions end as their pidfds fire
+        while c.stats()["pools"]["default"]["used"] >= GiB and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.stats()["pools"]["default"]["used"] < GiB    # the chunks were released
+
+
+def _put_big(sock, out):
+    import torch
+
+    with ipcpool.connect(sock) as c:
+        t = torch.full((8 * GiB,), 7, dtype=torch.uint8, device="cuda")
+        t[-1] = 9
+        c.put_tensor("big/t", t.view(2, 4 * GiB))
+        out.put("put")
+
+
+def _get_big(sock, out):
+    import torch
+
+    with ipcpool.connect(sock) as c:
+        t = c.get_tensor("big/t", timeout=300)
+        ok = (t.shape == (2, 4 * GiB) and t.dtype == torch.uint8 and int(t[1, -1]) == 9
+              and int((t != 7).sum()) == 1)
+        c.release_all("big/t")
+        out.put(("get", ok, t.data_ptr() != 0))
+
+
+def test_an_8_gib_tensor_is_put_and_got_across_processes(cuda_broker):
+    results = run_together([(_put_big, (cuda_broker.socket_dir,))], timeout=300)
+    assert results == ["put"]
+    (got,) = run_together([(_get_big, (cuda_broker.socket_dir,))], timeout=300)
+    assert got == ("get", True, True)
+    with ipcpool.connect(cuda_broker.socket_dir) as c:
+        (row,) = c.list("big/")
+        assert row["size"] == 8 * GiB and row["state"] == "sealed"
+        c.delete("big/t")
+
+
+@pytest.mark.parametrize("size", [4 * GiB + 1])
+def test_just_over_the_import_limit_is_served_too(cuda_broker, size):
+    import cupy
+
+    with ipcpool.connect(cuda_broker.socket_dir) as c, c.allocate(size) as buf:
+        arr = as_cupy(buf.ptr, buf.size)
+        arr[-1] = 5
+        assert int(arr[-1]) == 5 and buf.size == size
+        cupy.cuda.Device().synchronize()
