@@ -2,7 +2,8 @@
 # Run on the GPU machine (the `run` tool, with `.whl` carried): installs the carried wheels, shows
 # the device, runs the GPU tests, the backend smoke test and the benchmark, and ends with a table.
 # Logs and results go to $OUT (or ./gpu-out when OUT is unset).
-#   scripts/gpu_suite.sh [quick|vmm|bench|full]  quick: tests + smoke; vmm: the VMM tests, the
+#   scripts/gpu_suite.sh [tests|quick|vmm|bench|full]  tests: the GPU tests alone;
+#                                             quick: tests + smoke; vmm: the VMM tests, the
 #                                             durable-memory probe and the VMM grow benchmark;
 #                                             bench: quick + the probe + every benchmark;
 #                                             full (default): bench + the import-limit probe
@@ -33,11 +34,11 @@ python3 -m pytest -m gpu "$TESTS" -v -s -p no:cacheprovider --timeout 300 ${PYTE
 TESTS_RC=${PIPESTATUS[0]}
 
 SMOKE_RC=skipped
-if [ "$MODE" != vmm ]; then
+if [ "$MODE" != vmm ] && [ "$MODE" != tests ]; then
   timeout 240 python3 scripts/cuda_smoke.py --out "$OUT/smoke.json" > "$OUT/smoke.log" 2>&1
   SMOKE_RC=$?
 fi
-if [ "$MODE" != quick ]; then
+if [ "$MODE" != quick ] && [ "$MODE" != tests ]; then
   timeout 200 python3 scripts/probe_durable.py --out "$OUT/durable_probe.json" 2>&1 | tee "$OUT/durable_probe.log"
   timeout 300 python3 bench/vmm_grow.py --out-dir "$OUT" 2>&1 | tr '\r' '\n' | tee "$OUT/vmm_grow.log"
   cp "$OUT"/durable_probe.json bench/results/ 2>/dev/null
