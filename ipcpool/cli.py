@@ -10,7 +10,7 @@ import os
 import sys
 
 from . import backend as backends
-from .errors import IpcPoolError
+from .errors import IpcPoolError, ObjectNotFound
 
 log = logging.getLogger("ipcpool")
 
@@ -100,23 +100,35 @@ def cmd_trim(args) -> int:
     return 0
 
 
+def _print_table(rows: list[tuple[str, ...]], left: set[int]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+
+
 def cmd_ls(args) -> int:
     from .client import connect
 
     with connect(args.socket_dir) as client:
         objects = client.list(args.prefix)
+        growables = client.list_growables(args.prefix)
     if args.json:
-        print(json.dumps(objects, indent=2))
+        print(json.dumps({"objects": objects, "growables": growables}, indent=2))
         return 0
     rows = [("NAME", "SIZE", "DTYPE", "SHAPE", "STATE", "LEASES")]
     for o in objects:
         shape = o["meta"].get("shape")
         rows.append((o["name"], _human(o["size"]), o["meta"].get("dtype") or "-",
                      "x".join(map(str, shape)) if shape is not None else "-", o["state"], str(o["leases"])))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) if i in (0, 2, 3, 4) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    _print_table(rows, {0, 2, 3, 4})
     print(f"{len(objects)} object(s), {_human(sum(o['size'] for o in objects))}")
+    if growables:
+        print()
+        rows = [("GROWABLE", "SIZE", "CHUNKS", "POOL", "STATE", "ATTACHED")]
+        rows += [(g["name"], _human(g["size"]), str(g["chunks"]), g["pool"], g["state"], str(g["attached"]))
+                 for g in growables]
+        _print_table(rows, {0, 3, 4})
+        print(f"{len(growables)} growable buffer(s), {_human(sum(g['size'] for g in growables))}")
     return 0
 
 
@@ -127,7 +139,13 @@ def cmd_rm(args) -> int:
     with connect(args.socket_dir) as client:
         for name in args.names:
             try:
-                client.delete(name)
+                try:
+                    client.delete(name)
+                except ObjectNotFound:   # not an object: a growable buffer of that name?
+                    try:
+                        client.delete_growable(name)
+                    except ObjectNotFound:
+                        raise ObjectNotFound(f"no object or growable buffer named {name!r}") from None
             except IpcPoolError as exc:
                 print(f"ipcpool rm: {name}: {exc}", file=sys.stderr)
                 failed += 1

@@ -37,12 +37,20 @@ def test_load_ls_rm(broker, tmp_path):
     assert table[1].split() == ["m/embed.weight", "8.0", "KiB", "float32", "64x32", "sealed", "0"]
     assert table[-1].startswith("3 object(s)")
     listed = json.loads(ipcpool_cmd("ls", "--json", "--socket-dir", sd).stdout)
-    assert sorted(o["name"] for o in listed) == ["m/embed.weight", "m/empty", "m/layer0.bias"]
+    assert sorted(o["name"] for o in listed["objects"]) == ["m/embed.weight", "m/empty", "m/layer0.bias"]
 
-    rm = ipcpool_cmd("rm", "m/empty", "m/nope", "--socket-dir", sd)
-    assert rm.returncode == 1 and "m/nope: no object named 'm/nope'" in rm.stderr
-    assert [o["name"] for o in json.loads(ipcpool_cmd("ls", "--json", "--socket-dir", sd).stdout)] == [
-        "m/embed.weight", "m/layer0.bias"]
+    with ipcpool.connect(sd) as c:
+        c.create_growable("m/kv", 3 << 20).close()
+        table = ipcpool_cmd("ls", "m/", "--socket-dir", sd).stdout.splitlines()
+        assert table[-3].split() == ["GROWABLE", "SIZE", "CHUNKS", "POOL", "STATE", "ATTACHED"]
+        assert table[-2].split() == ["m/kv", "3.0", "MiB", "1", "default", "live", "0"]
+        assert table[-1].startswith("1 growable buffer(s)")
+
+    rm = ipcpool_cmd("rm", "m/empty", "m/nope", "m/kv", "--socket-dir", sd)
+    assert rm.returncode == 1 and "m/nope: no object or growable buffer named 'm/nope'" in rm.stderr
+    listed = json.loads(ipcpool_cmd("ls", "--json", "--socket-dir", sd).stdout)
+    assert [o["name"] for o in listed["objects"]] == ["m/embed.weight", "m/layer0.bias"]
+    assert listed["growables"] == []
 
 
 def test_load_refuses_a_broken_file(broker, tmp_path):
