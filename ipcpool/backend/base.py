@@ -14,6 +14,7 @@ the *done* event handle the broker must wait on before it frees (rule R2).
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +90,9 @@ class SessionContext(ABC):
 
 class BrokerPool(ABC):
     spec: PoolSpec
+    # An adopted pool that keeps the memory restored objects live in but cannot allocate (CUDA: an
+    # imported pool). The registry then creates a fresh pool of the same spec for new memory.
+    read_only = False
 
     @property
     @abstractmethod
@@ -144,8 +148,11 @@ class BrokerPool(ABC):
         sent as-is; empty for memory that needs none beyond the pool's own FD."""
         return []
 
-    def restore(self, offset: int, nbytes: int) -> tuple[object, Export]:
-        """Re-adopt an allocation that lived in this (adopted) pool before a broker restart."""
+    def restore(self, row: dict[str, Any], fds: list[int]) -> tuple[object, Export]:
+        """Re-adopt an allocation that lived in this pool before a broker restart: ``row`` has the
+        export's fields as ``durable`` stored them, ``fds`` its chunk FDs (owned; closed on error)."""
+        for fd in fds:
+            os.close(fd)
         raise BackendUnavailable(f"pool {self.spec.name!r}: this backend cannot re-adopt allocations")
 
     @abstractmethod
@@ -169,8 +176,9 @@ class BrokerBackend(ABC):
     name: str
     durable = False   # pools can be handed to systemd's FD store and re-adopted after a restart
 
-    def adopt_pool(self, spec: PoolSpec, fd: int) -> BrokerPool:
-        """A pool from the FD a previous broker stored (takes ownership of ``fd``)."""
+    def adopt_pool(self, spec: PoolSpec, fd: int, info: dict[str, Any]) -> BrokerPool:
+        """A pool from the FD a previous broker stored (takes ownership of ``fd``), with the
+        ``pool_info`` it recorded."""
         raise BackendUnavailable(f"the {self.name} backend cannot re-adopt pools")
 
     @abstractmethod

@@ -96,7 +96,10 @@ class HostPool(BrokerPool):
         self._used_high = max(self._used_high, self._alloc.used)
         return offset, Export(size=nbytes, offset=offset)
 
-    def restore(self, offset: int, nbytes: int) -> tuple[object, Export]:
+    def restore(self, row: dict[str, Any], fds: list[int]) -> tuple[object, Export]:
+        for fd in fds:
+            os.close(fd)
+        offset, nbytes = row["offset"], row["size"]
         self._alloc.reserve(offset, nbytes)
         self._used_high = max(self._used_high, self._alloc.used)
         return offset, Export(size=nbytes, offset=offset)
@@ -145,7 +148,7 @@ class HostBrokerBackend(BrokerBackend):
     def create_pool(self, spec: PoolSpec) -> BrokerPool:
         return HostPool(spec)
 
-    def adopt_pool(self, spec: PoolSpec, fd: int) -> BrokerPool:
+    def adopt_pool(self, spec: PoolSpec, fd: int, info: dict[str, Any]) -> BrokerPool:
         return HostPool(spec, fd)
 
     def open_session(self) -> SessionContext:

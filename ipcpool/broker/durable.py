@@ -3,9 +3,14 @@
 At start the broker stores each durable pool's FD (FDSTORE=1, FDNAME=pool-<name>) and a memfd
 holding the table of sealed objects and growable buffers (FDNAME=meta), which it rewrites in place
 as they change (systemd holds the same open file). A growable buffer's FDs are stored as it is
-created and grown (FDNAME=grow-<id>-<n>) and removed when it is released. A broker started with
-those FDs ($LISTEN_FDS, $LISTEN_FDNAMES, $LISTEN_PID) adopts the pools and growables and re-creates
-the sealed objects where they were: a crash or an upgrade loses no weights. Anonymous allocations and unsealed objects
+created and grown (FDNAME=grow-<id>-<n>), a sealed object's VMM chunks as it is sealed
+(FDNAME=vmm-<key>-<n>); they are removed when released. A broker started with those FDs
+($LISTEN_FDS, $LISTEN_FDNAMES, $LISTEN_PID) adopts the pools and growables and re-creates the sealed
+objects where they were: a crash or an upgrade loses no weights.
+
+A CUDA pool comes back as an imported pool, which holds its memory but cannot allocate: it is kept
+read-only as ``<name>~<n>`` (stored under that name from then on) for the objects restored in it,
+beside a fresh pool for new memory, and released once its last restored object is gone. Anonymous allocations and unsealed objects
 belong to sessions, which a restart ends, so they are not kept.
 """
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 
 import msgpack
 
@@ -58,6 +64,9 @@ class Durability:
         self.inherited = listen_fds() if inherited is None else inherited
         self._meta_fd = self.inherited.pop(META_NAME, None)
         self._objects = self._growables = None
+        self._table_read: dict | None = None
+        self._pools: dict = {}
+        self._taken: list[str] = []   # pool FD names adopted: stored again, maybe as another pool
         if self._meta_fd is not None:
             log.info("adopting %d FD(s) from the FD store", len(self.inherited) + 1)
 
@@ -65,83 +74,137 @@ class Durability:
     def enabled(self) -> bool:
         return self.notifier.enabled
 
-    def take_pool_fd(self, name: str) -> int | None:
-        return self.inherited.pop(f"pool-{name}", None)   # FDNAME allows no colon
+    # -- what a previous broker left -------------------------------------------------------------
+    def _table(self) -> dict:
+        """The stored table, read once (empty on a fresh start or when unreadable)."""
+        if self._table_read is None:
+            self._table_read = {}
+            if self._meta_fd is not None:
+                try:
+                    size = os.fstat(self._meta_fd).st_size
+                    table = msgpack.unpackb(os.pread(self._meta_fd, size, 0), raw=False) if size else {}
+                except (OSError, ValueError, msgpack.UnpackException) as exc:
+                    log.error("the stored object table is unreadable (%s); starting without it", exc)
+                    table = {}
+                if table and (not isinstance(table, dict) or table.get("version") != META_VERSION):
+                    log.error("the stored object table has an unknown version; starting without it")
+                    table = {}
+                self._table_read = table
+        return self._table_read
 
-    def take_growable_fds(self, gid: int, count: int) -> list[int] | None:
-        """A stored growable's FDs, or None (and none taken) if any is missing."""
-        names = [f"grow-{gid}-{i}" for i in range(count)]
+    def stored_objects(self) -> list[dict]:
+        """The sealed objects a previous broker recorded."""
+        return list(self._table().get("objects", []))
+
+    def stored_growables(self) -> list[dict]:
+        return list(self._table().get("growables", []))
+
+    def pool_info(self, name: str) -> dict:
+        info = self._table().get("pools", {}).get(name, {})
+        return info if isinstance(info, dict) else {}
+
+    def take_pool_fd(self, name: str) -> int | None:
+        fd = self.inherited.pop(f"pool-{name}", None)   # FDNAME allows no colon
+        if fd is not None:
+            self._taken.append(f"pool-{name}")
+        return fd
+
+    def older_pools(self) -> list[tuple[str, int]]:
+        """Read-only pool generations (``<name>~<n>``) adopted by earlier restarts, taken."""
+        names = [k for k in self.inherited if k.startswith("pool-") and "~" in k]
+        return [(k.removeprefix("pool-"), self.inherited.pop(k)) for k in names]
+
+    def _take(self, prefix: str, count: int) -> list[int] | None:
+        names = [f"{prefix}-{i}" for i in range(count)]
         if not all(n in self.inherited for n in names):
             return None
         return [self.inherited.pop(n) for n in names]
 
-    def stored_objects(self) -> list[dict]:
-        """The sealed objects a previous broker recorded (empty on a fresh start)."""
-        return self._stored("objects")
+    def take_growable_fds(self, gid: int, count: int) -> list[int] | None:
+        """A stored growable's FDs, or None (and none taken) if any is missing."""
+        return self._take(f"grow-{gid}", count)
 
-    def stored_growables(self) -> list[dict]:
-        return self._stored("growables")
+    def take_object_fds(self, key: str, count: int) -> list[int] | None:
+        """The chunk FDs of a stored VMM-backed object, or None (and none taken) if any is missing."""
+        return self._take(f"vmm-{key}", count)
 
-    def _stored(self, key: str) -> list[dict]:
-        if self._meta_fd is None:
-            return []
-        try:
-            size = os.fstat(self._meta_fd).st_size
-            table = msgpack.unpackb(os.pread(self._meta_fd, size, 0), raw=False) if size else {}
-        except (OSError, ValueError, msgpack.UnpackException) as exc:
-            log.error("the stored object table is unreadable (%s); starting without it", exc)
-            return []
-        if not isinstance(table, dict) or table.get("version") != META_VERSION:
-            log.error("the stored object table has an unknown version; starting without it")
-            return []
-        return list(table.get(key, []))
-
-    def store(self, pools: dict) -> None:
-        """Hand the pools' FDs and the object table's memfd to systemd (duplicates are ignored)."""
-        for name in list(self.inherited):   # stored by an older config: let systemd drop them
+    # -- handing ours to systemd -------------------------------------------------------------------
+    def store(self, registry) -> None:
+        """Hand the pools' FDs and the table's memfd to systemd. What the previous broker stored and
+        this one did not adopt is removed; a pool adopted read-only moves to its new name."""
+        for name in list(self.inherited):
             os.close(self.inherited.pop(name))
             self.notifier.notify("FDSTOREREMOVE=1", f"FDNAME={name}")
         if not self.enabled:
             return
-        for name, pool in pools.items():
+        for name in self._taken:   # systemd removes by name: the name may now be a fresh pool's
+            self.notifier.notify("FDSTOREREMOVE=1", f"FDNAME={name}")
+        for name, pool in registry.pools.items():
             self.notifier.notify("FDSTORE=1", f"FDNAME=pool-{name}", fds=(pool.fd,))
         if self._meta_fd is None:
             self._meta_fd = os.memfd_create("ipcpool:meta", os.MFD_CLOEXEC)
         self.notifier.notify("FDSTORE=1", f"FDNAME={META_NAME}", fds=(self._meta_fd,))
+        self._pools = registry.pools
+
+    def unstore_pool(self, pool) -> None:
+        if self.enabled:
+            self.notifier.notify("FDSTOREREMOVE=1", f"FDNAME=pool-{pool.spec.name}")
+
+    def _store_all(self, prefix: str, fds: list[int], first: int = 0) -> None:
+        if self.enabled:
+            for i in range(first, len(fds)):
+                self.notifier.notify("FDSTORE=1", f"FDNAME={prefix}-{i}", fds=(fds[i],))
+
+    def _unstore_all(self, prefix: str, count: int) -> None:
+        if self.enabled:
+            for i in range(count):
+                self.notifier.notify("FDSTOREREMOVE=1", f"FDNAME={prefix}-{i}")
+
+    def store_object(self, obj) -> None:
+        """A sealed object whose memory is VMM chunks: their FDs go to the store under a key of
+        its own (its pool's FD covers every other object)."""
+        fds = obj.alloc.pool.chunk_fds(obj.alloc.handle)
+        if fds:
+            obj.fdkey = obj.fdkey or secrets.token_hex(6)
+            self._store_all(f"vmm-{obj.fdkey}", fds)
+
+    def unstore_object(self, obj) -> None:
+        if obj.fdkey:
+            self._unstore_all(f"vmm-{obj.fdkey}", len(obj.alloc.export.chunks))
+
+    def store_growable(self, g) -> None:
+        """Hand systemd the growable's FDs it does not hold yet (new chunks)."""
+        fds = g.memory.fds(0)
+        self._store_all(f"grow-{g.gid}", fds, g.stored)
+        g.stored = len(fds)
+
+    def unstore_growable(self, g) -> None:
+        self._unstore_all(f"grow-{g.gid}", g.stored)
+        g.stored = 0
 
     def tables(self, objects, growables) -> None:
         """The tables ``save`` records."""
         self._objects, self._growables = objects, growables
 
-    def store_growable(self, g) -> None:
-        """Hand systemd the growable's FDs it does not hold yet (new chunks)."""
-        fds = g.memory.fds(0)
-        if self.enabled:
-            for i in range(g.stored, len(fds)):
-                self.notifier.notify("FDSTORE=1", f"FDNAME=grow-{g.gid}-{i}", fds=(fds[i],))
-        g.stored = len(fds)
-
-    def unstore_growable(self, g) -> None:
-        if self.enabled:
-            for i in range(g.stored):
-                self.notifier.notify("FDSTOREREMOVE=1", f"FDNAME=grow-{g.gid}-{i}")
-        g.stored = 0
-
     def save(self) -> None:
         """Rewrite the table in place (after each seal, delete, and growable change)."""
         if self._meta_fd is None or self._objects is None:
             return
-        objects = [
-            {"name": o.name, "pool": o.alloc.pool.spec.name, "offset": o.alloc.export.offset,
-             "size": o.alloc.size, "uid": o.alloc.uid, "meta": o.meta, "created": o.created}
-            for o in self._objects.objects.values() if o.sealed
-        ]
+        objects = []
+        for o in self._objects.objects.values():
+            if o.sealed:
+                e = o.alloc.export
+                objects.append({
+                    "name": o.name, "pool": o.alloc.pool.spec.name, "offset": e.offset, "size": e.size,
+                    "data": e.data, "sub": e.sub, "chunks": list(e.chunks), "fdkey": o.fdkey,
+                    "uid": o.alloc.uid, "meta": o.meta, "created": o.created})
         growables = [
             {"gid": g.gid, "name": g.name, "pool": g.pool, "uid": g.uid, "chunks": list(g.memory.chunks),
              "gen": g.gen, "info": g.memory.info(), "fds": g.stored, "compression_requested": g.compression_requested}
             for g in self._growables.by_name.values() if g.stored
         ]
-        table = {"version": META_VERSION, "objects": objects, "growables": growables}
+        pools = {name: pool.pool_info() for name, pool in self._pools.items()}
+        table = {"version": META_VERSION, "objects": objects, "growables": growables, "pools": pools}
         data = msgpack.packb(table, use_bin_type=True)
         os.ftruncate(self._meta_fd, len(data))
         os.pwrite(self._meta_fd, data, 0)

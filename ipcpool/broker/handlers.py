@@ -86,6 +86,7 @@ class Handlers:
 
     def op_seal(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.objects.seal(session, f["name"], f["alloc"], f.get("done_event", b""))
+        self.broker.durable.store_object(obj)
         self.broker.durable.save()
         self._announce(obj)
         return {}
@@ -109,6 +110,7 @@ class Handlers:
 
     def op_delete(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.objects.delete(session, f["name"])
+        self.broker.durable.unstore_object(obj)
         self.broker.durable.save()
         if not obj.sealed:
             for w in self.objects.take_waiters(obj.name):

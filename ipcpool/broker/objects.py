@@ -35,6 +35,7 @@ class NamedObject:
     created: float = field(default_factory=time.time)
     sealed: bool = False
     seal_event: bytes = b""
+    fdkey: str | None = None   # its VMM chunk FDs' name in systemd's FD store, once stored
 
     @property
     def state(self) -> str:
@@ -103,16 +104,23 @@ class ObjectTable:
     def count_by_uid(self, uid: int) -> int:
         return sum(1 for o in self.objects.values() if o.alloc.uid == uid)
 
-    def restore(self, rows: list[dict]) -> int:
-        """Re-create sealed objects a previous broker recorded; returns how many came back."""
+    def restore(self, rows: list[dict], take_fds) -> int:
+        """Re-create sealed objects a previous broker recorded (``take_fds(key, count)`` gives a
+        VMM-backed one's chunk FDs); returns how many came back."""
         n = 0
         for row in rows:
             try:
-                alloc = self.registry.restore(row["pool"], row["offset"], row["size"], row.get("uid", 0))
-            except (IpcPoolError, KeyError, TypeError) as exc:
+                fds: list[int] = []
+                if row.get("chunks"):
+                    fds = take_fds(row["fdkey"], len(row["chunks"]))
+                    if fds is None:
+                        raise InvalidRequest("its chunk FDs are not in the store")
+                alloc = self.registry.restore(row, fds)
+            except (IpcPoolError, KeyError, TypeError, OSError) as exc:
                 log.error("stored object %r not restored: %s", row.get("name"), exc)
                 continue
-            obj = NamedObject(row["name"], alloc, None, row.get("meta") or {}, row.get("created", time.time()), sealed=True)
+            obj = NamedObject(row["name"], alloc, None, row.get("meta") or {}, row.get("created", time.time()),
+                              sealed=True, fdkey=row.get("fdkey"))
             self.registry.hold(alloc, obj)
             self.objects[obj.name] = obj
             n += 1

@@ -8,9 +8,11 @@ when its last holder lets go; each holder's done event reaches the backend as it
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
+import os
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..backend.base import BrokerBackend, BrokerPool, Export
 from ..config import Config
@@ -43,26 +45,56 @@ class Registry:
         self.allocations: dict[int, Allocation] = {}
         self.by_token: dict[bytes, Allocation] = {}
         self.bytes_by_uid: collections.Counter = collections.Counter()
+        self.renamed: dict[str, str] = {}   # configured name -> its read-only adopted generation
+        self.on_pool_emptied = lambda pool: None   # a read-only pool's last allocation went
         self._next_aid = 1
 
-    def create_pools(self, stored_fd=lambda name: None) -> None:
-        """Create the configured pools, adopting the ones ``stored_fd(name)`` still has."""
+    def create_pools(self, durable=None) -> None:
+        """Create the configured pools, adopting what ``durable`` (the FD store) still has. A pool
+        adopted read-only (its memory restored objects live in) is renamed ``<name>~<n>``, and a
+        fresh pool of the same spec serves new allocations under the configured name."""
+        specs = {s.name: s for s in self.config.pools}
+        stored = durable if durable is not None and self.backend.durable else None
         try:
+            for name, fd in stored.older_pools() if stored else []:   # from earlier restarts
+                spec = specs.get(name.split("~")[0])
+                if spec is None:
+                    os.close(fd)
+                    continue
+                self.pools[name] = self.backend.adopt_pool(replace(spec, name=name), fd, stored.pool_info(name))
             for spec in self.config.pools:
-                fd = stored_fd(spec.name) if self.backend.durable else None
-                if fd is not None:
-                    self.pools[spec.name] = self.backend.adopt_pool(spec, fd)
-                    log.info("pool %s adopted from the FD store", spec.name)
-                else:
+                fd = stored.take_pool_fd(spec.name) if stored else None
+                if fd is None:
                     self.pools[spec.name] = self.backend.create_pool(spec)
+                    continue
+                pool = self.backend.adopt_pool(spec, fd, stored.pool_info(spec.name))
+                if pool.read_only:
+                    old = next(f"{spec.name}~{n}" for n in itertools.count(1) if f"{spec.name}~{n}" not in self.pools)
+                    pool.spec = replace(spec, name=old)
+                    self.pools[old] = pool
+                    self.renamed[spec.name] = old
+                    self.pools[spec.name] = self.backend.create_pool(spec)
+                    log.info("pool %s adopted from the FD store as %s (read-only)", spec.name, old)
+                else:
+                    self.pools[spec.name] = pool
+                    log.info("pool %s adopted from the FD store", spec.name)
         except BaseException:
             self.close()
             raise
 
-    def restore(self, pool_name: str, offset: int, nbytes: int, uid: int) -> Allocation:
-        """An allocation that survived a restart (of a stored object), held by nobody yet."""
-        pool = self.pool(pool_name)
-        handle, export = pool.restore(offset, nbytes)
+    def restore(self, row: dict, fds: list[int]) -> Allocation:
+        """An allocation that survived a restart (of a stored object), held by nobody yet.
+        Memory of a pool adopted read-only is found under its new name; VMM chunks are adopted by
+        the configured pool itself."""
+        name = row["pool"] if row.get("chunks") else self.renamed.get(row["pool"], row["pool"])
+        try:
+            pool = self.pool(name)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        uid, nbytes = row.get("uid", 0), row["size"]
+        handle, export = pool.restore(row, fds)
         alloc = Allocation(self._next_aid, pool, handle, export, uid)
         self._next_aid += 1
         self.allocations[alloc.aid] = alloc
@@ -157,6 +189,24 @@ class Registry:
             del self.by_token[alloc.share_token]
         self.bytes_by_uid[alloc.uid] -= alloc.size
         alloc.pool.free(alloc.handle, ctx if ctx is not None else self.backend.broker_context(), done_event)
+        if alloc.pool.read_only and not any(a.pool is alloc.pool for a in self.allocations.values()):
+            self._drop_pool(alloc.pool)
+
+    def drop_empty_generations(self) -> None:
+        """After a restore: read-only generations no restored allocation lives in."""
+        for pool in [p for p in self.pools.values() if p.read_only]:
+            if not any(a.pool is pool for a in self.allocations.values()):
+                self._drop_pool(pool)
+
+    def _drop_pool(self, pool: BrokerPool) -> None:
+        """A read-only generation holds nothing any more: let its memory go (with the FD store's
+        copy; clients that still have it imported keep theirs until they close)."""
+        name = pool.spec.name
+        del self.pools[name]
+        self.renamed = {k: v for k, v in self.renamed.items() if v != name}
+        self.on_pool_emptied(pool)
+        pool.close()
+        log.info("pool %s: its last restored allocation is gone; released", name)
 
     def release_session(self, session: Session) -> int:
         """Drop every hold of a session (it said bye, or its process is gone)."""

@@ -96,16 +96,18 @@ class Broker:
             self.backend = broker_backend(self.choice.name)
             self.durable = Durability(self.notifier)
             self.registry = Registry(self.config, self.backend)
-            self.registry.create_pools(self.durable.take_pool_fd)
+            self.registry.create_pools(self.durable)
+            self.registry.on_pool_emptied = self._pool_emptied
             self.objects = ObjectTable(self.registry)
             self.growables = GrowableTable(self.registry)
             self.durable.tables(self.objects, self.growables)
-            restored = self.objects.restore(self.durable.stored_objects())
+            restored = self.objects.restore(self.durable.stored_objects(), self.durable.take_object_fds)
+            self.registry.drop_empty_generations()
             regrown = self.growables.restore(self.durable.stored_growables(), self.durable.take_growable_fds)
             if restored or regrown:
                 log.info("restored %d sealed object(s) and %d growable buffer(s) from the FD store", restored, regrown)
             if self.backend.durable:
-                self.durable.store(self.registry.pools)
+                self.durable.store(self.registry)
                 self.durable.save()
             self.handlers = Handlers(self)
             self._bind()
@@ -146,6 +148,10 @@ class Broker:
         self._poller.register(self.router, zmq.POLLIN)
         for fd in (self.listener.fileno(), self._wake_r.fileno()):
             self._watch(fd)
+
+    def _pool_emptied(self, pool) -> None:
+        self.durable.unstore_pool(pool)
+        self.durable.save()
 
     def _status_line(self) -> str:
         return f"{self.choice.name} backend, {len(self.sessions)} session(s), {len(self.objects.objects)} object(s)"
