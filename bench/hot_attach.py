@@ -59,17 +59,14 @@ def _attach(socket_dir, prefix, count, t_spawn, out):
     t_ctx = time.perf_counter_ns()
     with ipcpool.connect(socket_dir) as c:
         t_connected = time.perf_counter_ns()
-        leases = c.get_many([f"{prefix}{i:05d}" for i in range(count)])
-        tensors = [torch.from_dlpack(b).view(torch.uint8) for b in leases]
+        tensors = c.get_tensors([f"{prefix}{i:05d}" for i in range(count)])
         t_attached = time.perf_counter_ns()
         total = torch.zeros((), dtype=torch.int64, device="cuda")
-        for t in tensors:
+        for t in tensors.values():
             total += t.sum(dtype=torch.int64)
         checksum = int(total.item())
         t_ready = time.perf_counter_ns()
-        del tensors
-        for b in leases:
-            b.release()
+        del tensors   # the leases go with the client
     out.put({"attach_ms": (t_attached - t_connected) / 1e6, "ready_ms": (t_ready - t_spawn) / 1e6,
              "interpreter_ms": (t_start - t_spawn) / 1e6, "torch_and_context_ms": (t_ctx - t_start) / 1e6,
              "checksum": checksum})

@@ -304,31 +304,47 @@ class Client:
             try:
                 for start in range(0, len(names), protocol.MAX_BATCH):
                     batch = names[start : start + protocol.MAX_BATCH]
-                    leases = self._call("get_many", names=batch)["leases"]
-                    self._adopt_many(leases, batch, stream, out)
+                    self._adopt_batch(self._call("get_many", names=batch), batch, stream, out)
             except BaseException:
                 for buf in out:
                     buf.free(stream)
                 raise
         return out
 
-    def _adopt_many(self, leases: list[dict], names: list[str], stream: Any, out: list[Buffer]) -> None:
-        """Import a batch of leases pool by pool (each pool's set-up and shared event once)."""
-        by_pool: dict[str, list[int]] = {}
-        for i, lease in enumerate(leases):
-            if lease.get("chunks"):   # VMM-backed: mapped from its own FDs
-                out.append(self._adopt(lease, stream, owner=False, name=names[i], readonly=True))
-                continue
-            by_pool.setdefault(lease["pool"], []).append(i)
-        for pool_name, idx in by_pool.items():
-            try:
-                memories = self._pool(pool_name).import_many([_export(leases[i]) for i in idx], stream)
-            except BaseException:
-                for i in idx:
-                    self._send("free", alloc=leases[i]["alloc"])
-                raise
-            for i, memory in zip(idx, memories):
-                out.append(self._keep(leases[i], memory, False, names[i], True))
+    def _adopt_batch(self, r: dict, names: list[str], stream: Any, out: list[Buffer]) -> None:
+        """Import a batch of leases (columns, see ``batch_fields``) pool by pool: each pool's
+        set-up and its one shared event once. VMM-backed ones are mapped from their own FDs."""
+        n = len(names)
+        if any(len(r.get(k, ())) != n for k in ("alloc", "pool", "size", "offset", "data", "sub", "chunks", "meta")):
+            raise ProtocolError("get_many reply: columns do not match the names asked for")
+        pools, events, datas = r["pools"], r["events"], r["datas"]
+        by_pool: dict[int, list[int]] = {}
+        for i in range(n):
+            by_pool.setdefault(r["pool"][i], []).append(i)
+        slots: list[Buffer | None] = [None] * n
+        try:
+            for p, idx in by_pool.items():
+                name, event = pools[p], events[p]
+                exports = [Export(size=r["size"][i], offset=r["offset"][i], data=datas[r["data"][i]],
+                                  ready_event=event, sub=r["sub"][i], chunks=tuple(r["chunks"][i])) for i in idx]
+                plain = [(i, e) for i, e in zip(idx, exports) if not e.chunks]
+                try:
+                    memories = self._pool(name).import_many([e for _, e in plain], stream) if plain else []
+                except BaseException:
+                    for i, _ in plain:
+                        self._send("free", alloc=r["alloc"][i])
+                    raise
+                for (i, _), memory in zip(plain, memories):
+                    slots[i] = buf = Buffer(self, r["alloc"][i], name, memory, False, name=names[i],
+                                            meta=r["meta"][i], readonly=True)
+                    self._buffers[id(buf)] = buf
+                for i, e in zip(idx, exports):
+                    if e.chunks:
+                        lease = {"alloc": r["alloc"][i], "pool": name, "size": e.size, "offset": e.offset,
+                                 "data": e.data, "event": event, "chunks": list(e.chunks), "meta": r["meta"][i]}
+                        slots[i] = self._adopt(lease, stream, owner=False, name=names[i], readonly=True)
+        finally:
+            out.extend(b for b in slots if b is not None)   # on failure the caller frees these
 
     def release(self, lease: Buffer, stream: Any = None) -> None:
         """Let go of a lease (the same as ``lease.release(stream)``)."""
@@ -387,6 +403,19 @@ class Client:
         from . import interop
 
         return interop.get(self, name, "torch", stream=stream, timeout=timeout)
+
+    def get_tensors(self, names: list[str], *, stream: Any = None) -> dict[str, Any]:
+        """Many objects as torch tensors by name, with one request (``get_many``): how a
+        restarted worker attaches to its weights. Leases last until ``release_all`` or close."""
+        from . import interop
+
+        return interop.get_many(self, names, "torch", stream=stream)
+
+    def get_arrays(self, names: list[str], *, stream: Any = None) -> dict[str, Any]:
+        """Many objects as CuPy arrays (CUDA) or numpy arrays (host) by name, in one request."""
+        from . import interop
+
+        return interop.get_many(self, names, "cupy" if self.backend_name == "cuda" else "numpy", stream=stream)
 
     def get_array(self, name: str, *, stream: Any = None, timeout: float | None = None) -> Any:
         """Object ``name`` as a CuPy array (CUDA backend) or numpy array (host backend), zero-copy."""

@@ -831,13 +831,14 @@ class CudaMemory(ImportedMemory):
     """One imported allocation: a cuda.core Buffer over the broker's memory (zero-copy)."""
 
     def __init__(self, buffer: Buffer, size: int, device: int, whole: bool = True,
-                 mapping: vmm.Mapping | None = None):
+                 mapping: vmm.Mapping | None = None, base: tuple[CudaMemory, int] | None = None):
         self._buffer: Buffer | None = buffer
         self._ptr = int(buffer.handle)
         self.size = size
         self.device = device
         self.whole = whole   # False: a range of a slab the pool keeps imported
         self.mapping = mapping   # VMM chunks mapped here (memory above the import limit)
+        self.base = base         # a slab range: (the slab, as memory of its own; our offset in it)
 
     @property
     def ptr(self) -> int:
@@ -929,7 +930,7 @@ class CudaClientPool(ClientPool):
             self._mr.close()
             raise
         self.slab_size = int(info.get("slab_size", 0))
-        self._slabs: dict[bytes, Buffer] = {}
+        self._slabs: dict[bytes, CudaMemory] = {}
         self._closed = False
 
     def import_allocation(self, export: Export, stream: Any = None, fds: list[int] = ()) -> ImportedMemory:
@@ -950,9 +951,7 @@ class CudaClientPool(ClientPool):
                 if export.sub:
                     if export.offset + export.size > self.slab_size:
                         raise InvalidRequest("a slab range lies outside its slab")
-                    slab = self._slab(export.data)
-                    view = Buffer.from_handle(int(slab.handle) + export.offset, export.size, owner=slab)
-                    return CudaMemory(view, export.size, self.device, whole=False)
+                    return self._range(export)
                 buf = Buffer.from_ipc_descriptor(
                     self._mr, IPCBufferDescriptor._init(bytes(export.data), export.size), stream=s
                 )
@@ -976,9 +975,7 @@ class CudaClientPool(ClientPool):
                     if e.sub:
                         if e.offset + e.size > self.slab_size:
                             raise InvalidRequest("a slab range lies outside its slab")
-                        slab = self._slab(e.data)
-                        view = Buffer.from_handle(int(slab.handle) + e.offset, e.size, owner=slab)
-                        out.append(CudaMemory(view, e.size, self.device, whole=False))
+                        out.append(self._range(e))
                     else:
                         desc = IPCBufferDescriptor._init(bytes(e.data), e.size)
                         out.append(CudaMemory(Buffer.from_ipc_descriptor(self._mr, desc, stream=s), e.size, self.device))
@@ -1011,13 +1008,20 @@ class CudaClientPool(ClientPool):
                 os.close(fd)
         return CudaMemory(view, export.size, self.device, mapping=mapping)
 
-    def _slab(self, data: bytes) -> Buffer:
+    def _range(self, export: Export) -> CudaMemory:
+        """A range of a slab: a view into the slab's one import (no pointer import of its own)."""
+        slab = self._slab(export.data)
+        view = Buffer.from_handle(int(slab.buffer.handle) + export.offset, export.size, owner=slab.buffer)
+        return CudaMemory(view, export.size, self.device, whole=False, base=(slab, export.offset))
+
+    def _slab(self, data: bytes) -> CudaMemory:
         """A slab of the broker's, imported once (slabs live as long as the pool)."""
         slab = self._slabs.get(data)
         if slab is None:
             desc = IPCBufferDescriptor._init(bytes(data), self.slab_size)
             # Never freed through this import while the pool lives; closed with the pool.
-            slab = self._slabs[data] = Buffer.from_ipc_descriptor(self._mr, desc, stream=LEGACY_DEFAULT_STREAM)
+            buf = Buffer.from_ipc_descriptor(self._mr, desc, stream=LEGACY_DEFAULT_STREAM)
+            slab = self._slabs[data] = CudaMemory(buf, self.slab_size, self.device, whole=False)
         return slab
 
     def release(self, memory: ImportedMemory, stream: Any = None) -> bytes:
@@ -1048,7 +1052,7 @@ class CudaClientPool(ClientPool):
             return
         self._closed = True
         for slab in self._slabs.values():
-            slab.close(stream=LEGACY_DEFAULT_STREAM)
+            slab.buffer.close(stream=LEGACY_DEFAULT_STREAM)
         self._slabs.clear()
         self._mr.close()
 

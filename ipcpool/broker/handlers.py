@@ -106,7 +106,7 @@ class Handlers:
             by_pool.setdefault(o.alloc.pool, []).append(o.alloc.handle)
         # One event per pool after all the seals, instead of one per object to open and wait on.
         joined = {pool: pool.join_seals(handles, session.backend) for pool, handles in by_pool.items()}
-        return {"leases": [lease_fields(o, joined[o.alloc.pool]) for o in objs]}
+        return batch_fields(objs, joined)
 
     def op_delete(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.objects.delete(session, f["name"])
@@ -180,6 +180,27 @@ def export_fields(alloc, export: Export | None = None) -> dict:
         "alloc": alloc.aid, "pool": alloc.pool.spec.name, "size": e.size, "offset": e.offset,
         "data": e.data, "event": e.ready_event, "sub": e.sub, "chunks": list(e.chunks),
     }
+
+
+def batch_fields(objs: list[NamedObject], joined: dict) -> dict:
+    """A batch of leases as columns (one entry per object, in order), each pool, event and export
+    data sent once: a thousand leases pack and unpack several times faster than a thousand maps."""
+    pools = list(joined)
+    pool_index = {p: i for i, p in enumerate(pools)}
+    datas: dict[bytes, int] = {}
+    cols: dict[str, list] = {k: [] for k in ("alloc", "pool", "size", "offset", "data", "sub", "chunks", "meta")}
+    for o in objs:
+        e = o.alloc.export
+        cols["alloc"].append(o.alloc.aid)
+        cols["pool"].append(pool_index[o.alloc.pool])
+        cols["size"].append(e.size)
+        cols["offset"].append(e.offset)
+        cols["data"].append(datas.setdefault(e.data, len(datas)))
+        cols["sub"].append(e.sub)
+        cols["chunks"].append(list(e.chunks))
+        cols["meta"].append(o.meta)
+    return {"pools": [p.spec.name for p in pools], "events": [joined[p] for p in pools],
+            "datas": list(datas), **cols}
 
 
 def lease_fields(obj: NamedObject, event: bytes | None = None) -> dict:

@@ -199,3 +199,32 @@ def test_get_many_across_processes_waits_for_every_seal(start_broker):
         (sums,) = run_procs(_attach_all, [(b.socket_dir, names)])
         assert sums == [(i + 1) * size for i, size in enumerate(sizes)]
         stream.synchronize()
+
+
+def _tensors_all(socket_dir, names, out):
+    import torch
+
+    stream = torch.cuda.Stream()
+    with ipcpool.connect(socket_dir) as c:
+        tensors = c.get_tensors(names, stream=stream)
+        with torch.cuda.stream(stream):
+            got = {n: (tuple(t.shape), str(t.dtype), float(t.double().sum())) for n, t in tensors.items()}
+    out.put(got)
+
+
+def test_get_tensors_views_slab_ranges_and_whole_allocations(start_broker):
+    """A batch of tensors by name: slab ranges as slices of one slab tensor, whole allocations and
+    VMM-backed ones on their own; dtype and shape from the metadata, bytes from the writer."""
+    import torch
+
+    b = start_broker(backend="cuda")
+    specs = {"w/a": ((64, 32), torch.float32), "w/b": ((7,), torch.int64),
+             "w/c": ((4096, 8192), torch.float16), "w/d": ((3, 5), torch.bfloat16)}   # w/c: 64 MiB
+    with ipcpool.connect(b.socket_dir) as c:
+        want = {}
+        for i, (name, (shape, dtype)) in enumerate(specs.items()):
+            t = (torch.arange(int(torch.tensor(shape).prod()), device="cuda") % 97 + i).to(dtype).reshape(shape)
+            c.put_tensor(name, t)
+            want[name] = (shape, str(dtype), float(t.double().sum()))
+        (got,) = run_procs(_tensors_all, [(b.socket_dir, list(specs))])
+        assert got == want

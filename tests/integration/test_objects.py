@@ -209,3 +209,21 @@ def test_get_many_is_all_or_nothing(broker):
         assert len(big) == 2500
         for b in big:
             b.release()
+
+
+def test_get_arrays_by_name_with_dtype_and_shape(broker):
+    rng = np.random.default_rng(3)
+    want = {"arr/f": rng.standard_normal((16, 8)).astype(np.float32), "arr/i": np.arange(7, dtype=np.int64),
+            "arr/h": rng.standard_normal((3, 2, 5)).astype(np.float16)}
+    with ipcpool.connect(broker.socket_dir) as c:
+        for name, a in want.items():
+            c.put_tensor(name, a)
+        c.create("arr/raw", 64).seal()                   # no dtype: refused, and nothing kept
+        with pytest.raises(ipcpool.InvalidRequest, match="no dtype/shape"):
+            c.get_arrays(["arr/f", "arr/raw"])
+        assert c.list("arr/f")[0]["leases"] == 0
+        got = c.get_arrays(list(want))
+        assert list(got) == list(want)
+        for name, a in want.items():
+            assert got[name].dtype == a.dtype and np.array_equal(got[name], a)
+        assert c.release_all("arr/f") == 1
