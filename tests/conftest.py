@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -102,8 +103,12 @@ def run_together(jobs, timeout: float = 120.0) -> list:
     results = []
     deadline = time.monotonic() + timeout
     try:
-        for _ in procs:
-            results.append(q.get(timeout=max(0.1, deadline - time.monotonic())))
+        while len(results) < len(procs) and time.monotonic() < deadline:
+            try:
+                results.append(q.get(timeout=0.2))
+            except queue.Empty:   # a child that died before reporting fails the run now
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    break
     finally:
         for p in procs:
             p.join(max(0.1, deadline - time.monotonic()))
