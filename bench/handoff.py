@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import sys
 import time
 from pathlib import Path
@@ -247,6 +248,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("host", "cuda"), default="host")
     parser.add_argument("--handoffs", type=int, default=1000)
+    parser.add_argument("--no-spin-too", action="store_true",
+                        help="also run ipcpool with busy polling off, for the difference it makes")
     args = parser.parse_args()
     n = args.handoffs + WARMUP
     results = {"benchmark": "handoff", "backend": args.backend, "machine": machine(), "handoffs": args.handoffs,
@@ -255,15 +258,22 @@ def main() -> None:
         from bench.common import gpu_device
 
         results["device"] = gpu_device()
-    with broker(args.backend, '[[pools]]\nname = "default"\nmax_size = "4G"\n') as socket_dir:
+    pool = '[[pools]]\nname = "default"\nmax_size = "4G"\n'
+    with broker(args.backend, pool) as socket_dir:
         results["peers"]["ipcpool"] = run_pair("ipcpool", _ipc_producer, _ipc_consumer, n, socket_dir, args.backend)
+    if args.no_spin_too:   # the same without busy polling (broker busy_poll_us = 0, clients' spin 0)
+        os.environ["IPCPOOL_CLIENT_SPIN_US"] = "0"   # inherited by the spawned clients
+        with broker(args.backend, "busy_poll_us = 0\n" + pool) as socket_dir:
+            results["peers"]["ipcpool, no busy polling"] = run_pair(
+                "ipcpool, no busy polling", _ipc_producer, _ipc_consumer, n, socket_dir, args.backend)
+        del os.environ["IPCPOOL_CLIENT_SPIN_US"]
     if args.backend == "host":
         results["peers"]["shared_memory"] = run_pair("multiprocessing.shared_memory", _shm_producer, _shm_consumer, n)
     else:
         results["peers"]["torch.multiprocessing"] = run_pair("torch.multiprocessing", _torch_producer, _torch_consumer, n)
         results["peers"]["cuda.core"] = run_pair("cuda.core IPC buffers", _core_producer, _core_consumer, n)
     base = results["peers"]["ipcpool"]["p50_us"]
-    results["speedup_p50"] = {k: v["p50_us"] / base for k, v in results["peers"].items() if k != "ipcpool"}
+    results["speedup_p50"] = {k: v["p50_us"] / base for k, v in results["peers"].items() if not k.startswith("ipcpool")}
     path = write_json(f"handoff_{args.backend}", results)
     plot(results, RESULTS / f"handoff_{args.backend}.png")
     print(f"\n{'':<24}{'p50 µs':>10}{'p99 µs':>10}")

@@ -38,6 +38,10 @@ from .meta import wire_meta
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
+# A reply usually comes within a few hundred microseconds: poll for it this long before sleeping,
+# since waking a sleeping process costs tens of microseconds each time. IPCPOOL_CLIENT_SPIN_US=0
+# turns it off (a client short of CPU).
+SPIN_S = int(os.environ.get("IPCPOOL_CLIENT_SPIN_US", "300")) / 1e6
 
 
 def _export(reply: dict) -> Export:
@@ -194,11 +198,13 @@ class Client:
 
     def _wait_reply(self, rid: int, timeout: float | None) -> dict:
         timeout_ms = -1 if timeout is None else int(timeout * 1000)
+        spin_until = time.perf_counter() + SPIN_S
         while True:
             try:   # the common case: the reply is already there, no poll needed
                 return self._take_reply(rid, self._dealer.recv(zmq.NOBLOCK))
             except zmq.Again:
-                pass
+                if time.perf_counter() < spin_until:   # a reply due soon: don't sleep for it yet
+                    continue
             except _NotYet:
                 continue
             events = dict(self._poller.poll(timeout_ms))

@@ -35,6 +35,7 @@ class Config:
     quotas: dict[int, Quota] = field(default_factory=dict)
     default_quota: Quota = Quota()
     metrics_address: str = ""   # "host:port" of the Prometheus endpoint; empty: none
+    busy_poll_us: int = 500     # after a request, poll without sleeping this long (0: never)
 
     def quota_for(self, uid: int) -> Quota:
         return self.quotas.get(uid, self.default_quota)
@@ -116,7 +117,10 @@ def _gid(value: Any, key: str) -> int:
 
 
 def parse(data: dict[str, Any]) -> Config:
-    _known(data, {"socket_dir", "backend", "access", "pools", "quotas", "metrics_address"}, "config")
+    _known(data, {"socket_dir", "backend", "access", "pools", "quotas", "metrics_address", "busy_poll_us"}, "config")
+    busy_poll_us = _expect(data.get("busy_poll_us", 500), int, "busy_poll_us")
+    if not 0 <= busy_poll_us <= 100_000:
+        raise ConfigError(f"busy_poll_us: 0 to 100000 microseconds, got {busy_poll_us}")
     metrics_address = _expect(data.get("metrics_address", ""), str, "metrics_address")
     if metrics_address:
         host, _, port = metrics_address.rpartition(":")
@@ -163,6 +167,7 @@ def parse(data: dict[str, Any]) -> Config:
         quotas=quotas,
         default_quota=default_quota,
         metrics_address=metrics_address,
+        busy_poll_us=busy_poll_us,
     )
 
 

@@ -116,7 +116,7 @@ def _typed(client: Client, lease: Any, kind: str, bases: dict[int, Any] | None) 
             lease.free()
             raise InvalidRequest(f"object {name!r}: torch has no dtype {dtype!r}")
         raw = _torch_bytes(client, lease, bases)
-        itemsize = torch.empty((), dtype=torch_dtype).element_size()
+        itemsize = torch_dtype.itemsize
         return raw[: count * itemsize].view(torch_dtype).reshape(shape)
     xp = __import__(kind)
     arr = xp.asarray(lease)

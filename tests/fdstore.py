@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import threading
+import time
 
 
 class FdStore:
@@ -26,6 +27,14 @@ class FdStore:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self.fds)
+
+    def names_when(self, check, timeout: float = 10.0) -> set[str]:
+        """The stored names once ``check(names)`` holds (the datagrams are read by a thread, so
+        the last few may still be in flight), or as they are at the timeout."""
+        deadline = time.monotonic() + timeout
+        while not check(names := set(self.snapshot())) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return names
 
     def _serve(self):
         while not self._stop:

@@ -53,7 +53,7 @@ class PoolStats:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)   # made a thousand at a time by a batch attach: kept cheap
 class Export:
     """One allocation as it travels to a client.
 

@@ -300,7 +300,7 @@ class _Slab:
 
 
 class _Allocation:
-    __slots__ = ("buffer", "size", "ready", "extra", "waits", "freed", "slab", "offset", "sealed", "chunks")
+    __slots__ = ("buffer", "chunks", "extra", "freed", "offset", "ready", "seal_done", "sealed", "size", "slab", "waits")
 
     def __init__(self, buffer: Buffer | None, size: int, ready: Any, slab: _Slab | None = None, offset: int = 0,
                  chunks: list[vmm.Chunk] | None = None):
@@ -308,6 +308,7 @@ class _Allocation:
         self.chunks = chunks        # set for memory above the import limit (VMM chunks)
         self.slab = slab            # set for a range of a slab (buffer is then None)
         self.sealed: Any = None     # the seal event of a named object (also kept in ``extra``)
+        self.seal_done = False      # ... and it has completed
         self.offset = offset
         self.size = size
         self.ready = ready          # the ready IPC event (None for a slab range): alive until the free has run (R4)
@@ -517,8 +518,11 @@ class CudaPool(BrokerPool):
         stream = sess.stream(self.device)
         for handle in handles:
             alloc = _as_alloc(handle)
-            if alloc.sealed is not None:
-                stream.wait(alloc.sealed)   # our own events: a local wait, nothing to open
+            if alloc.sealed is not None and not alloc.seal_done:
+                if alloc.sealed.is_done:
+                    alloc.seal_done = True      # never waited on again (a thousand-object attach)
+                else:
+                    stream.wait(alloc.sealed)   # our own events: a local wait, nothing to open
         event, joined = record_ipc(stream)
         sess.hand_out(event)
         return joined
@@ -828,17 +832,19 @@ class CudaBrokerBackend(BrokerBackend):
 
 
 class CudaMemory(ImportedMemory):
-    """One imported allocation: a cuda.core Buffer over the broker's memory (zero-copy)."""
+    """One imported allocation: a cuda.core Buffer over the broker's memory (zero-copy). For a slab
+    range the Buffer is made on first use: a batch of a thousand leases mostly needs only ``ptr``."""
 
-    def __init__(self, buffer: Buffer, size: int, device: int, whole: bool = True,
+    def __init__(self, buffer: Buffer | None, size: int, device: int, whole: bool = True,
                  mapping: vmm.Mapping | None = None, base: tuple[CudaMemory, int] | None = None):
-        self._buffer: Buffer | None = buffer
-        self._ptr = int(buffer.handle)
+        self._buffer = buffer
+        self._released = False
         self.size = size
         self.device = device
         self.whole = whole   # False: a range of a slab the pool keeps imported
         self.mapping = mapping   # VMM chunks mapped here (memory above the import limit)
         self.base = base         # a slab range: (the slab, as memory of its own; our offset in it)
+        self._ptr = int(buffer.handle) if buffer is not None else base[0].ptr + base[1]
 
     @property
     def ptr(self) -> int:
@@ -846,18 +852,22 @@ class CudaMemory(ImportedMemory):
 
     @property
     def buffer(self) -> Buffer:
+        self._live()
         if self._buffer is None:
-            raise ClosedError("memory was released")
+            self._buffer = Buffer.from_handle(self._ptr, self.size, owner=self.base[0].buffer)
         return self._buffer
 
     @property
     def released(self) -> bool:
-        return self._buffer is None
+        return self._released
+
+    def _live(self) -> None:
+        if self._released:
+            raise ClosedError("memory was released")
 
     @property
     def cuda_array_interface(self) -> dict[str, Any]:
-        if self._buffer is None:
-            raise ClosedError("memory was released")
+        self._live()
         # "stream": None: the stream given at import already waits on the ready event (R1); work
         # on other streams is ordered by the caller, as for any CUDA allocation.
         return {
@@ -881,12 +891,12 @@ class CudaMemory(ImportedMemory):
             return self.buffer.__dlpack__(**kwargs)
 
     def dlpack_device(self) -> tuple[int, int]:
-        _ = self.buffer   # raises once released
+        self._live()
         return (2, self.device)   # kDLCUDA: known, so no pointer query (~20 µs measured) per call
 
     def copy_from_host(self, src: memoryview, offset: int, backend: CudaClientBackend, stream: Any) -> None:
         """Host bytes into this memory at ``offset``, ordered on ``stream`` (``Buffer.write``)."""
-        _ = self.buffer   # raises once released
+        self._live()
         with _OnDevice(self.device):
             s = backend.stream(stream, self.device)
             try:
@@ -896,11 +906,11 @@ class CudaMemory(ImportedMemory):
             except CUDAError as exc:
                 raise _translate(exc, "copying host bytes to the GPU") from exc
 
-    def _take(self) -> Buffer:
-        buf = self._buffer
-        if buf is None:
+    def _take(self) -> Buffer | None:
+        if self._released:
             raise ClosedError("memory was already released")
-        self._buffer = None
+        self._released = True
+        buf, self._buffer = self._buffer, None
         return buf
 
 
@@ -1010,9 +1020,7 @@ class CudaClientPool(ClientPool):
 
     def _range(self, export: Export) -> CudaMemory:
         """A range of a slab: a view into the slab's one import (no pointer import of its own)."""
-        slab = self._slab(export.data)
-        view = Buffer.from_handle(int(slab.buffer.handle) + export.offset, export.size, owner=slab.buffer)
-        return CudaMemory(view, export.size, self.device, whole=False, base=(slab, export.offset))
+        return CudaMemory(None, export.size, self.device, whole=False, base=(self._slab(export.data), export.offset))
 
     def _slab(self, data: bytes) -> CudaMemory:
         """A slab of the broker's, imported once (slabs live as long as the pool)."""

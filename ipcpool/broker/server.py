@@ -71,6 +71,7 @@ class Broker:
         self._pending: dict[int, tuple[socket.socket, float]] = {}  # accepted, no hello yet
         self._next_sid = 1
         self._stop = False
+        self._spin_until = 0.0   # poll without sleeping until then (busy_poll_us after a request)
         self.started = time.time()
         self.registry: Registry | None = None
         self.notifier = Notifier()
@@ -233,6 +234,8 @@ class Broker:
         deadline = self.objects.next_deadline()
         if deadline is not None:
             timeout_ms = max(0, min(timeout_ms, int((deadline - time.monotonic()) * 1000) + 1))
+        if time.monotonic() < self._spin_until:   # right after a request: don't sleep (busy_poll_us)
+            timeout_ms = 0
         events = dict(self._poller.poll(timeout_ms))
         if self._wake_r.fileno() in events:
             try:
@@ -444,6 +447,7 @@ class Broker:
             except zmq.Again:
                 return
             self._on_message(frames)
+            self._spin_until = time.monotonic() + self.config.busy_poll_us / 1e6
 
     def send(self, ident: bytes, msg: dict) -> None:
         try:

@@ -46,6 +46,8 @@ def test_full_config(tmp_path):
         ('[quotas.default]\nobjects = -1', "quotas.default.objects"),
         ('[quotas.default]\nobjects = "many"', "quotas.default.objects"),
         ('pools = []', "pools"),
+        ('busy_poll_us = -1', "busy_poll_us"),
+        ('busy_poll_us = "fast"', "busy_poll_us"),
     ],
 )
 def test_bad_values_name_their_key(tmp_path, text, key):
