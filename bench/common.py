@@ -85,3 +85,18 @@ def write_json(name: str, data: dict, out_dir: Path = RESULTS) -> Path:
     path = out_dir / f"{name}.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
+
+
+def save(name: str, data: dict, plot, out_dir: Path = RESULTS) -> Path:
+    """``name``.json and, drawn by ``plot(data, path)``, ``name``.png beside it (a machine
+    without matplotlib still gets the JSON)."""
+    path = write_json(name, data, out_dir)
+    try:
+        plot(data, Path(out_dir) / f"{name}.png")
+    except ImportError as exc:
+        progress(f"no plot: {exc}")
+    return path
+
+
+def progress(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)

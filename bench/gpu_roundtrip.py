@@ -21,15 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import ipcpool  # noqa: E402
-from bench.common import broker, gpu_device, machine, percentiles, write_json  # noqa: E402
+from bench.common import broker, gpu_device, machine, percentiles, progress, save  # noqa: E402
 
 
 def summary(us: list[float]) -> dict:
     return percentiles([int(u * 1000) for u in us])
 
-
-def progress(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def broker_latency(sock: Path, size: int, iters: int) -> dict:
@@ -178,11 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                                 for n in args.clients.split(",")]
     out = Path(args.out_dir)
     stem = f"gpu_roundtrip_{time.strftime('%Y%m%d-%H%M%S')}"
-    write_json(stem, result, out)
-    try:
-        plot(result, out / f"{stem}.png")
-    except ImportError as exc:
-        progress(f"no plot: {exc}")
+    save(stem, result, plot, out)
     print(f"\n{'what':<34}{'p50 µs':>10}{'p99 µs':>10}")
     rows = {"broker allocate+import+ready": result["broker"]["allocate_import_ready"],
             "broker free (one-way)": result["broker"]["free_oneway"], **result["local"]}

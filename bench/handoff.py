@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, broker, machine, percentiles, write_json  # noqa: E402
+from bench.common import broker, machine, percentiles, save  # noqa: E402
 from ipcpool.progress import Progress  # noqa: E402
 
 SIZE = 1 << 20
@@ -274,8 +274,7 @@ def main() -> None:
         results["peers"]["cuda.core"] = run_pair("cuda.core IPC buffers", _core_producer, _core_consumer, n)
     base = results["peers"]["ipcpool"]["p50_us"]
     results["speedup_p50"] = {k: v["p50_us"] / base for k, v in results["peers"].items() if not k.startswith("ipcpool")}
-    path = write_json(f"handoff_{args.backend}", results)
-    plot(results, RESULTS / f"handoff_{args.backend}.png")
+    path = save(f"handoff_{args.backend}", results, plot)
     print(f"\n{'':<24}{'p50 µs':>10}{'p99 µs':>10}")
     for k, v in results["peers"].items():
         print(f"{k:<24}{v['p50_us']:>10.1f}{v['p99_us']:>10.1f}")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, broker, machine, percentiles, write_json  # noqa: E402
+from bench.common import broker, machine, percentiles, save  # noqa: E402
 from ipcpool.progress import Progress  # noqa: E402
 
 CTX = mp.get_context("spawn")
@@ -180,8 +180,7 @@ def main() -> None:
     one = results["ipcpool"][0]
     results["ratio_p50_vs_raw"] = one["p50_us"] / results["raw_af_unix"]["p50_us"]
     results["ratio_p50_vs_zmq"] = one["p50_us"] / results["raw_zmq"]["p50_us"]
-    path = write_json("host_roundtrip", results)
-    plot(results, RESULTS / "host_roundtrip.png")
+    path = save("host_roundtrip", results, plot)
 
     raw = results["raw_af_unix"]
     print(f"\n{'':<24}{'p50 µs':>10}{'p99 µs':>10}{'allocs/s':>12}")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, broker, gpu_device, machine, write_json  # noqa: E402
+from bench.common import broker, gpu_device, machine, save  # noqa: E402
 
 CTX = mp.get_context("spawn")
 
@@ -173,8 +173,7 @@ def main() -> None:
         r.update(method="safetensors file -> GPU", ok=r["checksum"] == expected_checksum(count, total // count))
         results["rows"].append(r)
         print(f"safetensors load: {r['attach_ms']:8.2f} ms, ready {r['ready_ms']:8.1f} ms", flush=True)
-    write_json("hot_attach", results)
-    plot(results, RESULTS / "hot_attach.png")
+    save("hot_attach", results, plot)
     print(f"\n{'method':<28}{'attach ms':>12}{'ready ms':>12}  ok")
     for r in results["rows"]:
         print(f"{r['method']:<28}{r['attach_ms']:>12.2f}{r['ready_ms']:>12.1f}  {r['ok']}")

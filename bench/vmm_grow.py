@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import broker, gpu_device, machine, write_json  # noqa: E402
+from bench.common import broker, gpu_device, machine, progress, save  # noqa: E402
 
 METHODS = ["vmm", "cudaMalloc+copy", "cudaMallocManaged", "ipcpool"]
 RATIOS = {"cudaMalloc+copy": "malloc_copy_over_vmm", "cudaMallocManaged": "managed_over_vmm",
@@ -29,9 +29,6 @@ RATIOS = {"cudaMalloc+copy": "malloc_copy_over_vmm", "cudaMallocManaged": "manag
 PATTERN = 0x5A
 GiB = 1 << 30
 
-
-def progress(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def human(n: int) -> str:
@@ -359,11 +356,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out_dir)
     stem = f"vmm_grow_{time.strftime('%Y%m%d-%H%M%S')}"
-    write_json(stem, result, out)
-    try:
-        plot(result, out / f"{stem}.png")
-    except ImportError as exc:
-        progress(f"no plot: {exc}")
+    save(stem, result, plot, out)
     print(f"\n{'method':<20}{'total ms':>11}{'peak GiB':>10}{'fast/slow':>11}{'data kept':>11}{'oom at GiB':>12}")
     for m, r in result["methods"].items():
         if "error" in r:

@@ -429,21 +429,12 @@ class CudaPool(BrokerPool):
         """A VMM-backed object a previous broker stored: its chunks, adopted from their FDs, are
         ours again (and freed like any). Pool memory is restored by ``AdoptedCudaPool`` instead."""
         sizes = [int(n) for n in row.get("chunks") or ()]
-        if not sizes or len(sizes) != len(fds):
+        if not sizes:
             for fd in fds:
                 os.close(fd)
-            raise InvalidRequest(f"pool {self.spec.name!r} restores VMM chunks only, one FD each")
-        chunks: list[vmm.Chunk] = []
-        try:
-            with _OnDevice(self.device):
-                for fd, size in zip(fds, sizes):
-                    chunks.append(vmm.Chunk.adopt(fd, size))
-        except BaseException:
-            for fd in fds[len(chunks) + 1:]:
-                os.close(fd)
-            for c in chunks:
-                c.close()
-            raise
+            raise InvalidRequest(f"pool {self.spec.name!r} restores VMM chunks only")
+        with _OnDevice(self.device):
+            chunks = vmm.adopt_chunks(fds, sizes)
         self._vmm_bytes += sum(sizes)
         return _Allocation(None, row["size"], None, chunks=chunks), Export(size=row["size"], chunks=tuple(sizes))
 
@@ -749,21 +740,8 @@ class CudaBrokerBackend(BrokerBackend):
         return g
 
     def adopt_growable(self, spec: PoolSpec, info: dict[str, Any], chunks: list[int], fds: list[int]) -> BrokerGrowable:
-        if len(chunks) != len(fds):
-            for fd in fds:
-                os.close(fd)
-            raise InvalidRequest(f"a stored growable has {len(chunks)} chunks but {len(fds)} FDs")
-        adopted: list[vmm.Chunk] = []
-        try:
-            with _OnDevice(spec.device):
-                for i, (fd, size) in enumerate(zip(fds, chunks)):
-                    adopted.append(vmm.Chunk.adopt(fd, size))
-        except BaseException:
-            for fd in fds[len(adopted) + 1:]:
-                os.close(fd)
-            for c in adopted:
-                c.close()
-            raise
+        with _OnDevice(spec.device):
+            adopted = vmm.adopt_chunks(fds, chunks)
         return CudaGrowable(spec.device, bool(info.get("compression")), adopted)
 
     def open_session(self) -> SessionContext:

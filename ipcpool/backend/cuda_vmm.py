@@ -115,6 +115,25 @@ def create_chunks(device: int, sizes: list[int], compression: bool) -> list[Chun
     return chunks
 
 
+def adopt_chunks(fds: list[int], sizes: list[int]) -> list[Chunk]:
+    """Chunks a previous broker stored (takes ownership of every FD, also on failure)."""
+    if len(fds) != len(sizes):
+        for fd in fds:
+            os.close(fd)
+        raise InvalidRequest(f"{len(sizes)} stored chunks but {len(fds)} FDs")
+    chunks: list[Chunk] = []
+    try:
+        for fd, size in zip(fds, sizes):
+            chunks.append(Chunk.adopt(fd, size))
+    except BaseException:
+        for fd in fds[len(chunks) + 1:]:   # Chunk.adopt closed the one it failed on
+            os.close(fd)
+        for c in chunks:
+            c.close()
+        raise
+    return chunks
+
+
 def split(nbytes: int, gran: int, most: int) -> list[int]:
     """Chunk sizes covering ``nbytes``: each a multiple of ``gran``, at most ``most``."""
     total = round_up(nbytes, gran)
