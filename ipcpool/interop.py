@@ -87,10 +87,10 @@ def get(client: Client, name: str, kind: str, *, stream: Any, timeout: float | N
 
 def get_many(client: Client, names: list[str], kind: str, *, stream: Any) -> dict[str, Any]:
     """Many objects at once (``Client.get_many``), each viewed as its dtype and shape. On CUDA,
-    ranges of one slab are slices of one tensor over the slab, far cheaper than a DLPack import
-    per object: how a restarted worker takes up a thousand weights."""
+    ranges of one slab are strided views of one tensor over the slab: how a restarted worker
+    takes up a thousand weights."""
     leases = client.get_many(names, stream=stream)
-    bases: dict[int, Any] = {}
+    bases: dict = {}
     try:
         return {lease.name: _typed(client, lease, kind, bases) for lease in leases}
     except BaseException:
@@ -100,7 +100,7 @@ def get_many(client: Client, names: list[str], kind: str, *, stream: Any) -> dic
         raise
 
 
-def _typed(client: Client, lease: Any, kind: str, bases: dict[int, Any] | None) -> Any:
+def _typed(client: Client, lease: Any, kind: str, bases: dict | None) -> Any:
     """A lease's bytes as its metadata's dtype and shape (the lease is freed if that fails)."""
     name = lease.name
     dtype, shape = lease.meta.get("dtype"), lease.meta.get("shape")
@@ -115,8 +115,11 @@ def _typed(client: Client, lease: Any, kind: str, bases: dict[int, Any] | None) 
         if not isinstance(torch_dtype, torch.dtype):
             lease.free()
             raise InvalidRequest(f"object {name!r}: torch has no dtype {dtype!r}")
-        raw = _torch_bytes(client, lease, bases)
         itemsize = torch_dtype.itemsize
+        fast = _slab_tensor(lease, bases, torch_dtype, shape, count * itemsize)
+        if fast is not None:
+            return fast
+        raw = _torch_bytes(client, lease)
         return raw[: count * itemsize].view(torch_dtype).reshape(shape)
     xp = __import__(kind)
     arr = xp.asarray(lease)
@@ -124,21 +127,38 @@ def _typed(client: Client, lease: Any, kind: str, bases: dict[int, Any] | None) 
     return arr[: count * np_dtype.itemsize].view(np_dtype).reshape(shape)
 
 
-def _torch_bytes(client: Client, lease: Any, bases: dict[int, Any] | None) -> Any:
-    """A flat uint8 tensor over a lease (a slice of its slab's tensor where ``bases`` caches them)."""
+def _torch_bytes(client: Client, lease: Any) -> Any:
+    """A flat uint8 tensor over a lease."""
     import torch
 
-    if client.backend_name != "cuda":
-        import numpy
-
-        with warnings.catch_warnings():   # a lease is read-only by contract, not by page bits
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.from_numpy(numpy.asarray(lease).view(numpy.uint8))
-    base = getattr(lease._memory, "base", None)
-    if bases is None or base is None:
+    if client.backend_name == "cuda":
         return torch.from_dlpack(lease).view(torch.uint8)
+    import numpy
+
+    with warnings.catch_warnings():   # a lease is read-only by contract, not by page bits
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(numpy.asarray(lease).view(numpy.uint8))
+
+
+def _slab_tensor(lease: Any, bases: dict | None, dtype: Any, shape: list[int], nbytes: int) -> Any:
+    """A CUDA slab range as one strided view of a tensor over its whole slab (made once per slab
+    and dtype in ``bases``): one call per object instead of an import, slices and reshapes.
+    None where that does not apply (not a slab range, or an offset the dtype does not divide)."""
+    base = getattr(lease._memory, "base", None)
+    itemsize = dtype.itemsize
+    if bases is None or base is None or base[1] % itemsize or nbytes > lease.size:
+        return None
+    import torch
+
     slab, offset = base
-    whole = bases.get(id(slab.buffer))
+    whole = bases.get((id(slab), dtype))
     if whole is None:
-        whole = bases[id(slab.buffer)] = torch.from_dlpack(slab.dlpack()).view(torch.uint8)
-    return whole[offset : offset + lease.size]
+        raw = bases.get(id(slab))
+        if raw is None:
+            raw = bases[id(slab)] = torch.from_dlpack(slab.dlpack()).view(torch.uint8)
+        whole = bases[(id(slab), dtype)] = raw[: raw.numel() // itemsize * itemsize].view(dtype)
+    strides, step = [], 1
+    for dim in reversed(shape):   # C-contiguous
+        strides.append(step)
+        step *= dim
+    return whole.as_strided(shape, strides[::-1], offset // itemsize)
