@@ -502,6 +502,7 @@ class CudaPool(BrokerPool):
         event, sealed = record_ipc(stream)
         alloc.extra.append(event)
         alloc.sealed = event
+        self._backend.unconfirmed.append(alloc)   # its completion is noted later, off any request
         return sealed
 
     def join_seals(self, handles: list[object], session: SessionContext) -> bytes:
@@ -725,6 +726,7 @@ class CudaBrokerBackend(BrokerBackend):
         self._sessions: weakref.WeakSet[_CudaSession] = weakref.WeakSet()
         self._pools: list[CudaPool] = []
         self._pending: list[tuple[CudaPool, _Allocation]] = []  # frees waiting on done events
+        self.unconfirmed: collections.deque[_Allocation] = collections.deque()  # seals not seen done
 
     def create_pool(self, spec: PoolSpec) -> BrokerPool:
         pool = CudaPool(self, spec)
@@ -783,6 +785,17 @@ class CudaBrokerBackend(BrokerBackend):
             for g in self._orphans:
                 g.sweep()
             self._orphans = [g for g in self._orphans if len(g)]
+        self._confirm_seals()
+
+    def _confirm_seals(self, most: int = 64) -> None:
+        """Note seal events that have completed (a few queries per call, oldest first), so a
+        batch attach need not wait on, or even query, a thousand long-finished seals."""
+        for _ in range(min(most, len(self.unconfirmed))):
+            alloc = self.unconfirmed[0]
+            if alloc.sealed is not None and not alloc.freed and not alloc.sealed.is_done:
+                return   # seals complete in order on a stream; later ones likely pending too
+            self.unconfirmed.popleft()
+            alloc.seal_done = alloc.sealed is not None
 
     def query_streams(self) -> None:
         for session in list(self._sessions):
