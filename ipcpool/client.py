@@ -488,11 +488,14 @@ class Client:
 
     def _attach(self, reply: dict) -> GrowableBuffer:
         name = reply["name"]
+        mapping = None
         try:
             mapping = self._backend.import_growable(reply["info"])
             g = GrowableBuffer(self, reply, mapping)
             g._map_to(reply["gen"], reply["size"], lambda first: self._chunk_fds(growable=name, first=first))
         except BaseException:
+            if mapping is not None:
+                mapping.close()   # what was mapped so far
             self._call("grow_detach", name=name)
             raise
         self._growables[name] = g
