@@ -112,6 +112,7 @@ class Durability:
     def older_pools(self) -> list[tuple[str, int]]:
         """Read-only pool generations (``<name>~<n>``) adopted by earlier restarts, taken."""
         names = [k for k in self.inherited if k.startswith("pool-") and "~" in k]
+        self._taken += names
         return [(k.removeprefix("pool-"), self.inherited.pop(k)) for k in names]
 
     def _take(self, prefix: str, count: int) -> list[int] | None:
