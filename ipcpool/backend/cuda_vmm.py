@@ -173,8 +173,10 @@ class Mapping:
         try:
             return self._place(new)
         except BaseException:
+            mapped = {int(h) for h, _ in self._handles}   # those are released by close()
             for handle, _ in new:
-                cu.cuMemRelease(handle)
+                if int(handle) not in mapped:
+                    cu.cuMemRelease(handle)
             raise
 
     def _place(self, new: list[tuple[Any, int]]) -> bool:
