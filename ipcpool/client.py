@@ -328,29 +328,32 @@ class Client:
         for i in range(n):
             by_pool.setdefault(r["pool"][i], []).append(i)
         slots: list[Buffer | None] = [None] * n
+        settled = [False] * n   # imported, or given back already
         try:
             for p, idx in by_pool.items():
                 name, event = pools[p], events[p]
                 exports = [Export(size=r["size"][i], offset=r["offset"][i], data=datas[r["data"][i]],
                                   ready_event=event, sub=r["sub"][i], chunks=tuple(r["chunks"][i])) for i in idx]
                 plain = [(i, e) for i, e in zip(idx, exports) if not e.chunks]
-                try:
-                    memories = self._pool(name).import_many([e for _, e in plain], stream) if plain else []
-                except BaseException:
-                    for i, _ in plain:
-                        self._send("free", alloc=r["alloc"][i])
-                    raise
+                memories = self._pool(name).import_many([e for _, e in plain], stream) if plain else []
                 for (i, _), memory in zip(plain, memories):
                     slots[i] = buf = Buffer(self, r["alloc"][i], name, memory, False, name=names[i],
                                             meta=r["meta"][i], readonly=True)
                     self._buffers[id(buf)] = buf
+                    settled[i] = True
                 for i, e in zip(idx, exports):
                     if e.chunks:
                         lease = {"alloc": r["alloc"][i], "pool": name, "size": e.size, "offset": e.offset,
                                  "data": e.data, "event": event, "chunks": list(e.chunks), "meta": r["meta"][i]}
+                        settled[i] = True   # _adopt gives it back itself if it fails
                         slots[i] = self._adopt(lease, stream, owner=False, name=names[i], readonly=True)
+        except BaseException:
+            for i in range(n):   # leases never imported go back now; the caller frees the rest
+                if not settled[i]:
+                    self._send("free", alloc=r["alloc"][i])
+            raise
         finally:
-            out.extend(b for b in slots if b is not None)   # on failure the caller frees these
+            out.extend(b for b in slots if b is not None)
 
     def release(self, lease: Buffer, stream: Any = None) -> None:
         """Let go of a lease (the same as ``lease.release(stream)``)."""
