@@ -255,18 +255,21 @@ class Client:
 
     def _adopt(self, reply: dict, stream: Any, owner: bool, *, name: str | None = None,
                readonly: bool = False) -> Buffer:
-        try:
-            export = _export(reply)
-            fds = self._alloc_fds(reply["alloc"], len(export.chunks)) if export.chunks else []
-            memory = self._pool(reply["pool"]).import_allocation(export, stream, fds)
-        except BaseException:
-            self._send("free", alloc=reply["alloc"])   # give it back; nothing was imported
-            raise
-        return self._keep(reply, memory, owner, name, readonly)
+        memory = self._import(reply["alloc"], reply["pool"], _export(reply), stream)
+        return self._keep(reply["alloc"], reply["pool"], memory, owner, name, reply.get("meta"), readonly)
 
-    def _keep(self, reply: dict, memory, owner: bool, name: str | None, readonly: bool) -> Buffer:
-        buf = Buffer(self, reply["alloc"], reply["pool"], memory, owner, name=name,
-                     meta=reply.get("meta"), readonly=readonly)
+    def _import(self, aid: int, pool: str, export: Export, stream: Any):
+        """One allocation imported (a VMM-backed one from its chunk FDs); given back on failure."""
+        try:
+            fds = self._alloc_fds(aid, len(export.chunks)) if export.chunks else []
+            return self._pool(pool).import_allocation(export, stream, fds)
+        except BaseException:
+            self._send("free", alloc=aid)   # give it back; nothing was imported
+            raise
+
+    def _keep(self, aid: int, pool: str, memory, owner: bool, name: str | None, meta: dict | None,
+              readonly: bool) -> Buffer:
+        buf = Buffer(self, aid, pool, memory, owner, name=name, meta=meta, readonly=readonly)
         self._buffers[id(buf)] = buf
         return buf
 
@@ -337,16 +340,13 @@ class Client:
                 plain = [(i, e) for i, e in zip(idx, exports) if not e.chunks]
                 memories = self._pool(name).import_many([e for _, e in plain], stream) if plain else []
                 for (i, _), memory in zip(plain, memories):
-                    slots[i] = buf = Buffer(self, r["alloc"][i], name, memory, False, name=names[i],
-                                            meta=r["meta"][i], readonly=True)
-                    self._buffers[id(buf)] = buf
                     settled[i] = True
+                    slots[i] = self._keep(r["alloc"][i], name, memory, False, names[i], r["meta"][i], True)
                 for i, e in zip(idx, exports):
-                    if e.chunks:
-                        lease = {"alloc": r["alloc"][i], "pool": name, "size": e.size, "offset": e.offset,
-                                 "data": e.data, "event": event, "chunks": list(e.chunks), "meta": r["meta"][i]}
-                        settled[i] = True   # _adopt gives it back itself if it fails
-                        slots[i] = self._adopt(lease, stream, owner=False, name=names[i], readonly=True)
+                    if e.chunks:   # mapped from its own chunk FDs
+                        settled[i] = True   # _import gives it back itself if it fails
+                        memory = self._import(r["alloc"][i], name, e, stream)
+                        slots[i] = self._keep(r["alloc"][i], name, memory, False, names[i], r["meta"][i], True)
         except BaseException:
             for i in range(n):   # leases never imported go back now; the caller frees the rest
                 if not settled[i]:

@@ -19,7 +19,7 @@ from .errors import ProtocolError
 _UCRED = struct.Struct("3i")
 # Linux >= 6.5: a pidfd for the peer, taken at connect time (no pid-reuse race).
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
-MAX_FDS = 16
+MAX_FDS = protocol.FD_BATCH   # the most FDs one control message carries
 
 
 @dataclass(frozen=True)

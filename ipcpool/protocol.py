@@ -167,7 +167,7 @@ CONTROL: dict[str, dict[str, Field]] = {
     # The chunk FDs of a growable buffer (from chunk ``first``) or of a VMM-backed allocation.
     "chunk_fds": {"growable": _object_name(required=False), "alloc": _u64(required=False), "first": _u64()},
 }
-FD_BATCH = 16   # FDs in one control reply (fdpass.MAX_FDS on the receiving side)
+FD_BATCH = 16   # FDs in one control reply at most
 
 
 def validate(msg: dict, schemas: dict[str, dict[str, Field]]) -> tuple[str, dict[str, Any]]:
