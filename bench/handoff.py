@@ -41,6 +41,7 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
             import torch
 
             stream = torch.cuda.Stream()
+            torch.cuda.set_stream(stream)   # the worker's stream for all its work, set once
         fill = bytes(SIZE)
         steps = []
         for i in range(n):
@@ -49,19 +50,23 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
             buf = c.create(f"h/{i}", SIZE, stream=stream)
             t1 = time.perf_counter_ns()
             if backend == "cuda":
-                with torch.cuda.stream(stream):
-                    torch.from_dlpack(buf).view(torch.uint8).fill_(i % 251)
+                x = torch.from_dlpack(buf)
+                t_view = time.perf_counter_ns()
+                x.view(torch.uint8).fill_(i % 251)
             else:
-                buf.view[:] = fill
-                buf.view[0] = i % 251
+                x = buf.view
+                t_view = time.perf_counter_ns()
+                x[:] = fill
+                x[0] = i % 251
+            del x
             t2 = time.perf_counter_ns()
             buf.seal(stream=stream)
             t3 = time.perf_counter_ns()
             link.put(t0)
-            steps.append((t1 - t0, t2 - t1, t3 - t2))
+            steps.append((t1 - t0, t_view - t1, t2 - t_view, t3 - t2))
             acks.get()
             c.delete(f"h/{i}")
-        _report_steps("producer", ("create", "fill", "seal"), steps)
+        _report_steps("producer", ("create", "view", "fill", "seal"), steps)
 
 
 def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
@@ -73,24 +78,29 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             import torch
 
             stream = torch.cuda.Stream()
+            torch.cuda.set_stream(stream)
         steps = []
         for i in range(n):
             go.put(True)
             lease = c.get(f"h/{i}", stream=stream, timeout=60)
             t_got = time.perf_counter_ns()
             if backend == "cuda":
-                with torch.cuda.stream(stream):
-                    value = int(torch.from_dlpack(lease).view(torch.uint8)[0].item())
+                x = torch.from_dlpack(lease)
+                t_view = time.perf_counter_ns()
+                value = int(x.view(torch.uint8)[0].item())
             else:
-                value = lease.view[0]
+                x = lease.view
+                t_view = time.perf_counter_ns()
+                value = x[0]
+            del x
             t1 = time.perf_counter_ns()
             assert value == i % 251, (value, i)
             lease.release(stream=stream)
             t0 = link.get()
-            steps.append((t_got - t0, t1 - t_got))
+            steps.append((t_got - t0, t_view - t_got, t1 - t_view))
             out.put(t1 - t0)
             acks.put(True)
-        _report_steps("consumer", ("start->got lease", "read"), steps)
+        _report_steps("consumer", ("start->got lease", "view", "read"), steps)
 
 
 def _report_steps(who: str, names: tuple[str, ...], steps: list[tuple[int, ...]]) -> None:
@@ -170,13 +180,12 @@ def _core_producer(_, __, n, go, link, acks):
     stream = dev.create_stream()
     mr = DeviceMemoryResource(dev, DeviceMemoryResourceOptions(ipc_enabled=True, max_size=1 << 30))
     link.put(mr)          # the pool travels once
-    tstream = torch.cuda.ExternalStream(int(stream.handle))
+    torch.cuda.set_stream(torch.cuda.ExternalStream(int(stream.handle)))
     for i in range(n):
         go.get()
         t0 = time.perf_counter_ns()
         buf = mr.allocate(SIZE, stream=stream)
-        with torch.cuda.stream(tstream):
-            torch.from_dlpack(buf).view(torch.uint8).fill_(i % 251)
+        torch.from_dlpack(buf).view(torch.uint8).fill_(i % 251)
         stream.sync()     # this path has no IPC event: the producer synchronises before handing off
         link.put((t0, buf))
         acks.get()

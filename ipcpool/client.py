@@ -20,6 +20,7 @@ from typing import Any
 import zmq
 
 from . import fdpass, paths, protocol
+from .arena import ARENA_BYTES, ClientArena
 from .backend import client_backend
 from .backend.base import ClientPool, Export
 from .buffer import Buffer, Subscription
@@ -28,6 +29,7 @@ from .errors import (
     ClosedError,
     InvalidRequest,
     IpcPoolError,
+    ObjectExists,
     PeerRefused,
     ProtocolError,
     error_from_wire,
@@ -55,9 +57,12 @@ class _NotYet(Exception):
     """A reply to an earlier request arrived first; keep waiting for ours."""
 
 
-def connect(socket_dir: str | os.PathLike | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> Client:
-    """Open a session with the broker serving ``socket_dir`` (default: see ``paths``)."""
-    return Client(socket_dir, timeout=timeout)
+def connect(socket_dir: str | os.PathLike | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+            arena_bytes: int | None = None) -> Client:
+    """Open a session with the broker serving ``socket_dir`` (default: see ``paths``).
+    ``arena_bytes``: the size of the arenas small objects are carved from without a round trip
+    (default ``IPCPOOL_ARENA_BYTES`` or 32 MiB; 0: every create waits for the broker)."""
+    return Client(socket_dir, timeout=timeout, arena_bytes=arena_bytes)
 
 
 def _warn_unclosed(pid: int, socks: list) -> None:
@@ -70,9 +75,11 @@ def _warn_unclosed(pid: int, socks: list) -> None:
 
 
 class Client:
-    def __init__(self, socket_dir: str | os.PathLike | None = None, *, timeout: float = DEFAULT_TIMEOUT):
+    def __init__(self, socket_dir: str | os.PathLike | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+                 arena_bytes: int | None = None):
         self.socket_dir = paths.resolve(socket_dir)
         self.timeout = timeout
+        self.arena_bytes = ARENA_BYTES if arena_bytes is None else max(0, int(arena_bytes))
         self._lock = threading.RLock()
         self._closed = False
         self._next_id = 1
@@ -80,6 +87,12 @@ class Client:
         self._buffers: dict[int, Buffer] = {}
         self._watches: dict[int, collections.deque] = {}
         self._growables: dict[str, GrowableBuffer] = {}
+        self._arenas: dict[str, list[ClientArena]] = {}   # per pool
+        self._no_arena: set[str] = set()                  # pools that hand out none
+        self._by_arena: dict[int, ClientArena] = {}
+        self._inflight: dict[int, Buffer] = {}   # pipelined creates by request id, until their reply
+        self._sealing: dict[int, Buffer] = {}    # pipelined seals by request id
+        self._writing: set[str] = set()          # names of objects this client is writing
         self.async_errors: list[IpcPoolError] = []
         self._control = self._open_control()
         try:
@@ -196,10 +209,13 @@ class Client:
             rid = self._send(op, **fields)
             return self._wait_reply(rid, None if _wait is None else self.timeout + _wait)
 
-    def _wait_reply(self, rid: int, timeout: float | None) -> dict:
+    def _wait_reply(self, rid: int, timeout: float | None, until=None) -> dict | None:
+        """The reply to ``rid``; or, with ``until``, None as soon as ``until()`` holds."""
         timeout_ms = -1 if timeout is None else int(timeout * 1000)
         spin_until = time.perf_counter() + SPIN_S
         while True:
+            if until is not None and until():
+                return None
             try:   # the common case: the reply is already there, no poll needed
                 return self._take_reply(rid, self._dealer.recv(zmq.NOBLOCK))
             except zmq.Again:
@@ -224,11 +240,18 @@ class Client:
                 if g is not None and isinstance(reply.get("gen"), int) and isinstance(reply.get("size"), int):
                     g._announce(reply["gen"], reply["size"])
                 raise _NotYet
+            if reply["notify"] == "reclaim":
+                arena = self._by_arena.get(reply.get("arena"))
+                if arena is not None and isinstance(reply.get("offset"), int):
+                    arena.reclaimed(reply["offset"])
+                raise _NotYet
             queue = self._watches.get(reply.get("watch"))
             if queue is not None and isinstance(reply.get("object"), dict):
                 queue.append(reply["object"])
             raise _NotYet
         self._backend.broker_progressed()
+        if self._inflight or self._sealing:
+            self._pipelined(reply)
         if reply.get("id") == rid:
             if reply.get("ok"):
                 return reply
@@ -238,6 +261,29 @@ class Client:
             log.error("broker rejected an earlier request: %s", err)
             self.async_errors.append(err)
         raise _NotYet
+
+    def _pipelined(self, reply: dict) -> None:
+        """The reply to a create or seal sent without waiting: settle its buffer (raises _NotYet)."""
+        buf = self._inflight.pop(reply.get("id"), None)
+        if buf is not None:
+            if reply.get("ok"):
+                buf.alloc_id = reply.get("alloc", 0)
+            else:
+                buf._create_error = error_from_wire(reply.get("code", 1), str(reply.get("error")))
+            raise _NotYet
+        buf = self._sealing.pop(reply.get("id"), None)
+        if buf is not None:
+            if not reply.get("ok") and buf._create_error is None:   # (after a refused create: expected)
+                err = error_from_wire(reply.get("code", 1), str(reply.get("error")))
+                log.error("the broker refused the seal of %r: %s", buf.name, err)
+                self.async_errors.append(err)
+            raise _NotYet
+
+    def _settle(self, buf: Buffer) -> None:
+        """Wait for the reply to ``buf``'s pipelined create (usually here already)."""
+        rid = buf._create_rid
+        if rid in self._inflight:
+            self._wait_reply(-1, self.timeout, until=lambda: rid not in self._inflight)
 
     def allocate(self, nbytes: int, *, pool: str = "default", stream: Any = None) -> Buffer:
         """Allocate ``nbytes`` from the broker's pool ``pool``; on CUDA, ``stream`` waits for it."""
@@ -276,23 +322,97 @@ class Client:
     # -- named objects --------------------------------------------------------------------------
     def create(self, name: str, nbytes: int, *, pool: str = "default", meta: dict | None = None,
                stream: Any = None) -> Buffer:
-        """A new named object, writable by this client alone until ``Buffer.seal()``."""
+        """A new named object, writable by this client alone until ``Buffer.seal()``.
+
+        An object of up to a quarter of an arena (``arena_bytes``) is carved from this client's
+        arena without waiting for the broker: its refusal (a name another session uses, the
+        objects quota) is then raised by ``seal()`` (or ``free()``), and nothing is lost. Larger
+        objects wait for the broker, and a refusal is raised here."""
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
             raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
         fields = {"name": name, "nbytes": nbytes, "pool": pool}
         if meta:
             fields["meta"] = wire_meta(meta)
         with self._lock:
-            reply = self._call("create", **fields)
-            reply["meta"] = fields.get("meta", {})
-            return self._adopt(reply, stream, owner=True, name=name)
+            self._check_open()
+            if name in self._writing:
+                raise ObjectExists(f"this client is already writing an object named {name!r}; seal or free it first")
+            buf = self._create_in_arena(fields)
+            if buf is None:
+                reply = self._call("create", **fields)
+                reply["meta"] = fields.get("meta", {})
+                buf = self._adopt(reply, stream, owner=True, name=name)
+            self._writing.add(name)
+            return buf
+
+    def _create_in_arena(self, fields: dict) -> Buffer | None:
+        """The create pipelined: carved here, sent without waiting. None where no arena has room."""
+        nbytes, pool = fields["nbytes"], fields["pool"]
+        if nbytes > self.arena_bytes // 4:
+            return None
+        protocol.check_object_name("name", fields["name"])   # what the broker would refuse, now
+        if "meta" in fields:
+            protocol.check_meta("meta", fields["meta"])
+        arena, offset = self._carve(pool, nbytes)
+        if arena is None:
+            return None
+        rid = self._send("create", arena=arena.aid, offset=offset, **fields)
+        buf = self._keep(0, pool, arena.memory_at(offset, nbytes), True, fields["name"], fields.get("meta", {}), False)
+        buf._arena, buf._create_rid = (arena, offset), rid
+        self._inflight[rid] = buf
+        return buf
+
+    def _carve(self, pool: str, nbytes: int) -> tuple[ClientArena | None, int]:
+        arenas = self._arenas.setdefault(pool, [])
+        for attempt in range(2):
+            for arena in reversed(arenas):
+                offset = arena.carve(nbytes)
+                if offset is not None:
+                    return arena, offset
+            if attempt == 0:
+                self._drain()   # ranges the broker has reclaimed since
+        if len(arenas) >= protocol.MAX_ARENAS or pool in self._no_arena:
+            return None, 0
+        arena = self._open_arena(pool)
+        if arena is None:
+            return None, 0
+        arenas.append(arena)
+        offset = arena.carve(nbytes)
+        return (arena, offset) if offset is not None else (None, 0)
+
+    def _open_arena(self, pool: str) -> ClientArena | None:
+        try:
+            reply = self._call("arena", pool=pool, nbytes=self.arena_bytes)
+        except (InvalidRequest, ProtocolError) as exc:   # none from this pool (or broker): the usual way
+            log.debug("no arena from pool %r: %s", pool, exc)
+            self._no_arena.add(pool)
+            return None
+        except IpcPoolError as exc:   # out of memory or quota: the usual create says so plainly
+            log.debug("no arena from pool %r: %s", pool, exc)
+            return None
+        client_pool = self._pool(pool)
+        arena = ClientArena(reply["alloc"], client_pool, client_pool.import_allocation(_export(reply)))
+        self._by_arena[arena.aid] = arena
+        return arena
 
     def _seal(self, buf: Buffer, stream: Any) -> None:
         with self._lock:
             self._check_open()
             self._buffers.pop(id(buf), None)
+            self._writing.discard(buf.name)
             done = self._pools[buf.pool].release(buf._memory, stream)
-            self._call("seal", name=buf.name, alloc=buf.alloc_id, **({"done_event": done} if done else {}))
+            extra = {"done_event": done} if done else {}
+            if buf._create_rid is None:
+                self._call("seal", name=buf.name, alloc=buf.alloc_id, **extra)
+                return
+            if buf._create_error is None:
+                # Right behind the create, without waiting: a reader waiting for this object has
+                # it one broker hop after this send.
+                self._sealing[self._send("seal", name=buf.name, **extra)] = buf
+            self._settle(buf)
+            if buf._create_error is not None:
+                buf._arena[0].refused(buf._arena[1], stream)
+                raise buf._create_error
 
     def get(self, name: str, *, stream: Any = None, timeout: float | None = None) -> Buffer:
         """A read lease on object ``name``; on CUDA ``stream`` waits for the seal. Blocks until the
@@ -443,8 +563,15 @@ class Client:
     def _free(self, buf: Buffer, stream: Any) -> None:
         with self._lock:
             self._buffers.pop(id(buf), None)
+            if buf.owner and buf.name is not None:
+                self._writing.discard(buf.name)
             if self._closed:
                 return
+            if buf._create_rid is not None:
+                self._settle(buf)
+                if buf._create_error is not None:   # the broker never had it: only ours to drop
+                    buf._arena[0].refused(buf._arena[1], stream)
+                    return
             done = self._pools[buf.pool].release(buf._memory, stream)
             fields = {"alloc": buf.alloc_id}
             if done:
@@ -554,7 +681,12 @@ class Client:
         return out
 
     def share(self, buf: Buffer) -> bytes:
-        return self._call("share", alloc=buf.alloc_id)["token"]
+        with self._lock:
+            if buf._create_rid is not None:
+                self._settle(buf)
+                if buf._create_error is not None:
+                    raise buf._create_error
+            return self._call("share", alloc=buf.alloc_id)["token"]
 
     def stats(self) -> dict:
         """Per-pool ``reserved``, ``used``, ``reserved_high``, ``used_high``; ``sessions``."""

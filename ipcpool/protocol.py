@@ -29,6 +29,8 @@ MAX_ARRAY = 1024
 MAX_MAP = 256
 MAX_NAME = 255
 HANDLE_BYTES = 64                # CUDA pointer export data and IPC event handles
+ARENA_ALIGN = 512                # offsets a client carves in its arena (both sides round alike)
+MAX_ARENAS = 8                   # arenas per session and pool
 
 _UNPACK_LIMITS = dict(
     max_str_len=MAX_STR,
@@ -142,8 +144,13 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "trim": {"pool": _name(), "keep": _u64()},
     "set_release_threshold": {"pool": _name(), "bytes": _u64()},
     "ping": {},
-    "create": {"name": _object_name(), "nbytes": _u64(), "pool": _name(), "meta": Field(dict, False, check=check_meta)},
-    "seal": {"name": _object_name(), "alloc": _u64(), "done_event": _bin(required=False)},
+    # With ``arena`` and ``offset``: the object is the range the client carved in its arena.
+    "create": {"name": _object_name(), "nbytes": _u64(), "pool": _name(), "meta": Field(dict, False, check=check_meta),
+               "arena": _u64(required=False), "offset": _u64(required=False)},
+    # ``alloc`` is left out by a client that sends its seal before the (pipelined) create's reply.
+    "seal": {"name": _object_name(), "alloc": _u64(required=False), "done_event": _bin(required=False)},
+    # A range of pool memory this session carves objects from itself (a create without waiting).
+    "arena": {"pool": _name(), "nbytes": _u64()},
     "get": {"name": _object_name(), "timeout_ms": _u64(required=False)},
     "get_many": {"names": Field(list, max_len=MAX_BATCH, check=check_names)},
     "delete": {"name": _object_name()},

@@ -78,6 +78,9 @@ class RangeAllocator:
         self.used += size
         return size
 
+    def taken(self, offset: int) -> bool:
+        return offset in self._used
+
     def size_of(self, offset: int) -> int:
         return self._used[offset]
 

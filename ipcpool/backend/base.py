@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import BackendUnavailable
+from ..errors import BackendUnavailable, InvalidRequest
 
 # Three reuse policies of a CUDA mempool; the host backend accepts and ignores them.
 REUSE_POLICIES = ("follow_event_dependencies", "allow_opportunistic", "allow_internal_dependencies")
@@ -111,6 +112,20 @@ class BrokerPool(ABC):
     @abstractmethod
     def allocate(self, nbytes: int, session: SessionContext) -> tuple[object, Export]:
         """Allocate on the session's stream; return an opaque handle and its export."""
+
+    @property
+    def arena_limit(self) -> int:
+        """The largest arena (an allocation a client carves objects from itself) this pool hands
+        out; 0 where its allocations cannot be carved."""
+        return 0
+
+    def carve(self, handle: object, export: Export, offset: int, nbytes: int,
+              on_idle: Callable[[], None]) -> tuple[object, Export]:
+        """The range [``offset``, +``nbytes``) of arena ``handle`` as an allocation of its own. It
+        is freed like any other (after every importer's done event, R2), except that its memory
+        stays the arena's: ``on_idle()`` is called then instead. The range is idle on the device
+        whenever it is handed to its arena's client, so it needs no ready event."""
+        raise InvalidRequest(f"pool {self.spec.name!r} cannot carve its allocations")
 
     @abstractmethod
     def free(self, handle: object, session: SessionContext, done_event: bytes = b"") -> None:
@@ -276,6 +291,15 @@ class ClientPool(ABC):
     @abstractmethod
     def release(self, memory: ImportedMemory, stream: Any = None) -> bytes:
         """Drop the import (on ``stream``); return the done-event handle for the broker (R2)."""
+
+    def carved(self, arena: ImportedMemory, offset: int, nbytes: int) -> ImportedMemory:
+        """A range of an imported arena (see ``BrokerPool.carve``), released like any import."""
+        raise InvalidRequest("this pool's memory cannot be carved")
+
+    def idle_marker(self, stream: Any = None) -> Any:
+        """Something whose ``is_done`` turns true once the work queued on ``stream`` so far has
+        finished; None where there is no asynchronous work (the host)."""
+        return None
 
     @abstractmethod
     def close(self) -> None: ...

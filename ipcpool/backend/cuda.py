@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import (
@@ -300,7 +301,8 @@ class _Slab:
 
 
 class _Allocation:
-    __slots__ = ("buffer", "chunks", "extra", "freed", "offset", "ready", "seal_done", "sealed", "size", "slab", "waits")
+    __slots__ = ("buffer", "chunks", "extra", "freed", "offset", "on_idle", "ready", "seal_done", "sealed", "size",
+                 "slab", "waits")
 
     def __init__(self, buffer: Buffer | None, size: int, ready: Any, slab: _Slab | None = None, offset: int = 0,
                  chunks: list[vmm.Chunk] | None = None):
@@ -315,6 +317,7 @@ class _Allocation:
         self.extra: list[Any] = []  # ready/seal events recorded for other sessions, likewise
         self.waits: list[_DoneWait] = []  # importers' done events the free must follow (R2)
         self.freed = False
+        self.on_idle: Callable[[], None] | None = None   # a range carved from an arena: its memory stays the arena's
 
 
 class CudaPool(BrokerPool):
@@ -408,6 +411,19 @@ class CudaPool(BrokerPool):
             raise
         sess.graveyard.sweep()
         return _Allocation(buf, nbytes, ready), Export(size=nbytes, offset=0, data=data, ready_event=ready_handle)
+
+    @property
+    def arena_limit(self) -> int:
+        return self.slab_item_max   # arenas are slab ranges, so carving one needs no driver call
+
+    def carve(self, handle: object, export: Export, offset: int, nbytes: int,
+              on_idle: Callable[[], None]) -> tuple[object, Export]:
+        arena = _as_alloc(handle)
+        if arena.slab is None or arena.freed:
+            raise InvalidRequest("only a live slab range can be carved")
+        alloc = _Allocation(None, nbytes, None, arena.slab, arena.offset + offset)
+        alloc.on_idle = on_idle
+        return alloc, Export(size=nbytes, offset=arena.offset + offset, data=arena.slab.data, sub=True)
 
     def _allocate_vmm(self, nbytes: int) -> tuple[object, Export]:
         """Memory a pool pointer import could not carry (see IMPORT_LIMIT): VMM chunks whose FDs
@@ -536,8 +552,11 @@ class CudaPool(BrokerPool):
         """Every importer is done: free on the backend's stream, after the allocation itself."""
         stream = self._backend.reaper(self.device)
         if alloc.slab is not None:   # every importer's done marker completed: the range is idle
-            alloc.slab.ranges.free(alloc.offset)
-            self._slab_used -= alloc.slab.ranges.rounded(alloc.size)
+            if alloc.on_idle is not None:
+                alloc.on_idle()      # back to its arena (the arena's own range stays taken)
+            else:
+                alloc.slab.ranges.free(alloc.offset)
+                self._slab_used -= alloc.slab.ranges.rounded(alloc.size)
             if alloc.extra:
                 self._backend.graveyard.bury(stream, *alloc.extra)
             alloc.extra = []
@@ -1008,6 +1027,17 @@ class CudaClientPool(ClientPool):
             for fd in fds:
                 os.close(fd)
         return CudaMemory(view, export.size, self.device, mapping=mapping)
+
+    def carved(self, arena: ImportedMemory, offset: int, nbytes: int) -> ImportedMemory:
+        if not isinstance(arena, CudaMemory) or arena.base is None:
+            raise InvalidRequest("an arena is a range of a slab")
+        if offset + nbytes > arena.size:
+            raise InvalidRequest("a carved range lies outside its arena")
+        return CudaMemory(None, nbytes, self.device, whole=False, base=(arena.base[0], arena.base[1] + offset))
+
+    def idle_marker(self, stream: Any = None) -> Any:
+        with _OnDevice(self.device):
+            return self._backend.stream(stream, self.device).record()
 
     def _range(self, export: Export) -> CudaMemory:
         """A range of a slab: a view into the slab's one import (no pointer import of its own)."""

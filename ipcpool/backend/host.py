@@ -50,6 +50,16 @@ class _HostSession(SessionContext):
         pass
 
 
+class _Carved:
+    """A range of an arena: freeing it hands it back to the arena, not to the pool."""
+
+    __slots__ = ("offset", "on_idle")
+
+    def __init__(self, offset: int, on_idle):
+        self.offset = offset
+        self.on_idle = on_idle
+
+
 class HostPool(BrokerPool):
     def __init__(self, spec: PoolSpec, fd: int | None = None):
         """A new pool, or (``fd``) the memfd of one a previous broker left in systemd's store."""
@@ -96,6 +106,15 @@ class HostPool(BrokerPool):
         self._used_high = max(self._used_high, self._alloc.used)
         return offset, Export(size=nbytes, offset=offset)
 
+    @property
+    def arena_limit(self) -> int:
+        return self._alloc.capacity // 16
+
+    def carve(self, handle: object, export: Export, offset: int, nbytes: int, on_idle) -> tuple[object, Export]:
+        if not isinstance(handle, int):
+            raise InvalidRequest("only a pool allocation can be carved")
+        return _Carved(handle + offset, on_idle), Export(size=nbytes, offset=handle + offset)
+
     def restore(self, row: dict[str, Any], fds: list[int]) -> tuple[object, Export]:
         for fd in fds:
             os.close(fd)
@@ -106,6 +125,9 @@ class HostPool(BrokerPool):
 
     def free(self, handle: object, session: SessionContext, done_event: bytes = b"") -> None:
         # The host has no asynchronous work to wait for: the client's munmap-free release is done.
+        if isinstance(handle, _Carved):
+            handle.on_idle()
+            return
         self._note_highs()
         self._alloc.free(handle)
         if self._threshold is not None and self._reserved() > self._threshold:
@@ -208,6 +230,11 @@ class HostClientPool(ClientPool):
 
     def release(self, memory: ImportedMemory, stream: Any = None) -> bytes:
         return b""
+
+    def carved(self, arena: ImportedMemory, offset: int, nbytes: int) -> ImportedMemory:
+        if not isinstance(arena, HostMemory) or offset + nbytes > arena.size:
+            raise InvalidRequest("a carved range lies outside its arena")
+        return HostMemory(arena._mapping, arena.offset + offset, nbytes)
 
     def close(self) -> None:
         # Buffers still alive keep the mapping (and thus their memory) valid; see _Mapping.

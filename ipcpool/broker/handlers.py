@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from .. import protocol
 from .._version import __version__
 from ..backend.base import Export
+from ..errors import InvalidRequest
 from .objects import NamedObject, abort_error
 from .session import Session
 
@@ -81,11 +82,22 @@ class Handlers:
 
     # -- named objects ---------------------------------------------------------------------------
     def op_create(self, session: Session, f: dict, rid: int) -> dict:
-        obj = self.objects.create(session, f["name"], f["nbytes"], f["pool"], f.get("meta", {}))
+        carve = None
+        if "arena" in f or "offset" in f:
+            if "arena" not in f or "offset" not in f:
+                raise InvalidRequest("create: arena and offset go together")
+            carve = lambda: self.broker.arenas.carve(session, f["arena"], f["offset"], f["nbytes"])  # noqa: E731
+        obj = self.objects.create(session, f["name"], f["nbytes"], f["pool"], f.get("meta", {}), carve)
+        if carve is not None:
+            return {"alloc": obj.alloc.aid}   # the client has the memory already
         return export_fields(obj.alloc)
 
+    def op_arena(self, session: Session, f: dict, rid: int) -> dict:
+        arena = self.broker.arenas.open(session, f["pool"], f["nbytes"])
+        return export_fields(arena.alloc)
+
     def op_seal(self, session: Session, f: dict, rid: int) -> dict:
-        obj = self.objects.seal(session, f["name"], f["alloc"], f.get("done_event", b""))
+        obj = self.objects.seal(session, f["name"], f.get("alloc"), f.get("done_event", b""))
         self.broker.durable.store_object(obj)
         self.broker.durable.save()
         self._announce(obj)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import (
@@ -75,7 +76,10 @@ class ObjectTable:
         self.watches: dict[int, Watch] = {}
         self._next_wid = 1
 
-    def create(self, session: Session, name: str, nbytes: int, pool: str, meta: dict) -> NamedObject:
+    def create(self, session: Session, name: str, nbytes: int, pool: str, meta: dict,
+               carve: Callable[[], Allocation] | None = None) -> NamedObject:
+        """A new object being written by ``session``: a fresh allocation of ``pool``, or what
+        ``carve()`` gives (a range of the session's arena)."""
         if name in self.objects:
             raise ObjectExists(f"an object named {name!r} already exists; delete it first or pick another name")
         uid = session.cred.uid
@@ -84,21 +88,21 @@ class ObjectTable:
             raise QuotaExceeded(
                 f"uid {uid} has {limit} named objects, its quota; delete some or ask the operator to raise it"
             )
-        alloc = self.registry.allocate(session, nbytes, pool)   # the writer's hold
+        alloc = carve() if carve is not None else self.registry.allocate(session, nbytes, pool)   # the writer's hold
         obj = NamedObject(name, alloc, session, meta)
         self.registry.hold(alloc, obj)
         self.objects[name] = obj
         return obj
 
-    def seal(self, session: Session, name: str, aid: int, done_event: bytes) -> NamedObject:
+    def seal(self, session: Session, name: str, aid: int | None, done_event: bytes) -> NamedObject:
         obj = self.objects.get(name)
-        if obj is None or obj.writer is not session or obj.alloc.aid != aid:
+        if obj is None or obj.writer is not session or aid not in (None, obj.alloc.aid):
             raise InvalidRequest(f"{name!r} is not an object this session is writing")
         alloc = obj.alloc
         obj.seal_event = alloc.pool.seal(alloc.handle, session.backend, done_event)
         obj.sealed = True
         obj.writer = None
-        self.registry.free(session, aid)   # the writer's import: its done event is ordered by seal()
+        self.registry.free(session, alloc.aid)   # the writer's import: its done event is ordered by seal()
         return obj
 
     def count_by_uid(self, uid: int) -> int:

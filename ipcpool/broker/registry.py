@@ -31,6 +31,7 @@ class Allocation:
     uid: int
     holders: collections.Counter = field(default_factory=collections.Counter)
     share_token: bytes | None = None
+    charged: bool = True   # counted in its uid's bytes (a range carved from an arena is not: the arena is)
 
     @property
     def size(self) -> int:
@@ -130,6 +131,16 @@ class Registry:
         self.hold(alloc, session)
         return alloc
 
+    def carve(self, session: Session, arena: Allocation, offset: int, nbytes: int, on_idle) -> Allocation:
+        """A range of ``arena`` as an allocation of its own, held once by ``session``; its bytes are
+        the arena's, already counted."""
+        handle, export = arena.pool.carve(arena.handle, arena.export, offset, nbytes, on_idle)
+        alloc = Allocation(self._next_aid, arena.pool, handle, export, arena.uid, charged=False)
+        self._next_aid += 1
+        self.allocations[alloc.aid] = alloc
+        self.hold(alloc, session)
+        return alloc
+
     def check_quota(self, uid: int, nbytes: int) -> None:
         """Refuse ``nbytes`` more for ``uid`` where that would pass its byte quota."""
         quota = self.config.quota_for(uid).bytes
@@ -187,7 +198,8 @@ class Registry:
         del self.allocations[alloc.aid]
         if alloc.share_token is not None:
             del self.by_token[alloc.share_token]
-        self.bytes_by_uid[alloc.uid] -= alloc.size
+        if alloc.charged:
+            self.bytes_by_uid[alloc.uid] -= alloc.size
         alloc.pool.free(alloc.handle, ctx if ctx is not None else self.backend.broker_context(), done_event)
         if alloc.pool.read_only and not any(a.pool is alloc.pool for a in self.allocations.values()):
             self._drop_pool(alloc.pool)

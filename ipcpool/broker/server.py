@@ -30,6 +30,7 @@ from ..errors import (
     WaitTimeout,
 )
 from .durable import Durability
+from .arenas import ArenaTable
 from .growables import GrowableTable
 from .handlers import Handlers
 from .metrics import Metrics
@@ -101,6 +102,7 @@ class Broker:
             self.registry.on_pool_emptied = self._pool_emptied
             self.objects = ObjectTable(self.registry)
             self.growables = GrowableTable(self.registry)
+            self.arenas = ArenaTable(self.registry, lambda session, note: self.send(session.token, note))
             self.durable.tables(self.objects, self.growables)
             restored = self.objects.restore(self.durable.stored_objects(), self.durable.take_object_fds)
             self.registry.drop_empty_generations()
@@ -236,6 +238,8 @@ class Broker:
             timeout_ms = max(0, min(timeout_ms, int((deadline - time.monotonic()) * 1000) + 1))
         if time.monotonic() < self._spin_until:   # right after a request: don't sleep (busy_poll_us)
             timeout_ms = 0
+        elif self.registry is not None and getattr(self.backend, "pending_frees", 0):
+            timeout_ms = min(timeout_ms, 2)   # frees wait on done events: look again soon
         events = dict(self._poller.poll(timeout_ms))
         if self._wake_r.fileno() in events:
             try:
@@ -256,6 +260,10 @@ class Broker:
                     self._on_process_gone(self._by_pidfd[fd])
         if self._pending:
             self._expire_pending()
+        if self.registry is not None:
+            if not events and getattr(self.backend, "pending_frees", 0):
+                self.backend.sweep()
+            self.arenas.settle()   # ranges that went idle (in any sweep) back to their arenas
         if deadline is not None:
             for name, w in self.objects.expired(time.monotonic()):
                 self.send(w.session.token, protocol.error_reply(
@@ -424,6 +432,7 @@ class Broker:
                 self._unwatch(fd)
         try:
             if self.registry is not None:
+                self.arenas.end_session(session)
                 for g in self.growables.end_session(session):
                     self.durable.unstore_growable(g)
                     self.durable.save()
@@ -447,6 +456,7 @@ class Broker:
             except zmq.Again:
                 return
             self._on_message(frames)
+            self.arenas.settle()   # a range a request made idle goes back before the next request
             self._spin_until = time.monotonic() + self.config.busy_poll_us / 1e6
 
     def send(self, ident: bytes, msg: dict) -> None:

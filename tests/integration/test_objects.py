@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import ipcpool
+from ipcpool.arena import ARENA_BYTES
 from tests.conftest import SPAWN, run_procs
 
 
@@ -36,10 +37,17 @@ def test_create_seal_get_and_metadata(broker):
 
 
 def test_names_are_unique_and_validated(broker):
-    with ipcpool.connect(broker.socket_dir) as c:
+    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir, arena_bytes=0) as strict:
         c.create("x", 10).seal()
         with pytest.raises(ipcpool.ObjectExists, match="already exists"):
-            c.create("x", 10)
+            strict.create("x", 10)                 # a create that waits for the broker: raised here
+        clash = c.create("x", 10)                  # carved from an arena: raised by the seal
+        with pytest.raises(ipcpool.ObjectExists, match="already exists"):
+            clash.seal()
+        w = c.create("w", 10)
+        with pytest.raises(ipcpool.ObjectExists, match="already writing an object named 'w'"):
+            c.create("w", 10)
+        w.seal()
         for bad in ["", "/abs", "a//b", "a/../b", "sp ace", "x" * 256, "ä"]:
             with pytest.raises(ipcpool.InvalidRequest, match="invalid object name"):
                 c.create(bad, 10)
@@ -47,7 +55,7 @@ def test_names_are_unique_and_validated(broker):
             c.create("y", 10, meta={"dtype": "Float 32"})
         with pytest.raises(ValueError, match="unknown keys"):
             c.create("y", 10, meta={"color": "red"})
-        assert [o["name"] for o in c.list()] == ["x"]
+        assert [o["name"] for o in c.list()] == ["w", "x"]
 
 
 def test_get_waits_for_the_seal(broker):
@@ -85,7 +93,8 @@ def test_get_timeout_and_no_wait(broker):
 
 
 def test_delete_is_deferred_while_leased(broker):
-    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as r:
+    # arena_bytes=0: every object an allocation of its own, so the pool's bytes show each one
+    with ipcpool.connect(broker.socket_dir, arena_bytes=0) as c, ipcpool.connect(broker.socket_dir) as r:
         buf = c.create("d", 1 << 20)
         buf.view[:3] = b"abc"
         buf.seal()
@@ -132,9 +141,9 @@ def test_death_aborts_unsealed_keeps_sealed_releases_leases(broker):
         while (objs := c.list()) and objs[0]["leases"] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert [(o["name"], o["state"], o["leases"]) for o in c.list()] == [("sealed/1", "sealed", 0)]
-        assert used(c) == 1 << 20
+        assert used(c) == ARENA_BYTES   # the dead writer's arena lives on with its sealed object
         c.delete("sealed/1")
-        assert used(c) == 0
+        assert used(c) == 0             # ... and goes with it
 
 
 def _expect_error(socket_dir):

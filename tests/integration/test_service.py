@@ -104,7 +104,7 @@ def test_metrics_endpoint(start_broker):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     b = start_broker(config_text=f'metrics_address = "127.0.0.1:{port}"\n[[pools]]\nname = "default"\nmax_size = "64M"\n')
-    with ipcpool.connect(b.socket_dir) as c:
+    with ipcpool.connect(b.socket_dir, arena_bytes=0) as c:   # exact bytes per object
         buf = c.allocate(1 << 20)
         c.create("m/x", 4096).seal()
         with pytest.raises(ipcpool.UnknownPool):

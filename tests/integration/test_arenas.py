@@ -1,0 +1,70 @@
+"""Arenas on the host backend: creates carved by the client without a round trip, checked and
+mirrored by the broker, ranges handed back once idle, refusals surfacing at seal."""
+
+import pytest
+
+import ipcpool
+
+MiB = 1 << 20
+ARENA = 4 * MiB   # small, so that a run of objects must reuse its ranges
+
+
+def used(c):
+    return c.stats()["pools"]["default"]["used"]
+
+
+def test_ranges_come_back_once_readers_are_done(broker):
+    with ipcpool.connect(broker.socket_dir, arena_bytes=ARENA) as w, ipcpool.connect(broker.socket_dir) as r:
+        carved = []
+        for i in range(40):   # 40 MiB of objects through 4 MiB arenas
+            buf = w.create(f"a/{i}", MiB)
+            buf.view[:2] = bytes([i % 251, 7])
+            carved.append(buf.carved_at)
+            buf.seal()
+            with r.get(f"a/{i}") as lease:
+                assert bytes(lease.view[:2]) == bytes([i % 251, 7])
+            w.delete(f"a/{i}")
+        assert None not in carved                       # no create waited for the broker
+        assert len({aid for aid, _ in carved}) <= 2     # ranges reused: one arena, or two if a
+                                                        # reclaim notice was still on its way
+        assert used(w) in (ARENA, 2 * ARENA)            # arenas stay the session's while it lives
+    with ipcpool.connect(broker.socket_dir) as c:
+        assert used(c) == 0                             # and go with it
+
+
+def test_a_refused_create_loses_nothing(broker):
+    with ipcpool.connect(broker.socket_dir, arena_bytes=ARENA) as c:
+        c.create("x", MiB).seal()
+        clash = c.create("x", MiB)
+        at = clash.carved_at
+        with pytest.raises(ipcpool.ObjectExists, match="an object named 'x' already exists"):
+            clash.seal()
+        assert c.create("y", MiB).carved_at == at       # the range came straight back
+        assert [o["name"] for o in c.list()] == ["x", "y"]
+        aborted = c.create("z", MiB)
+        aborted.free()                                  # never sealed: freed, not published
+        with pytest.raises(ipcpool.ObjectNotFound):
+            c.get("z", timeout=0)
+
+
+def test_broker_checks_every_carved_range(broker):
+    with ipcpool.connect(broker.socket_dir, arena_bytes=ARENA) as a, ipcpool.connect(broker.socket_dir) as b:
+        first = a.create("mine", MiB)
+        aid, taken = first.carved_at
+        create = dict(nbytes=MiB, pool="default")
+        cases = [
+            (b, dict(name="b1", arena=aid, offset=0), f"arena {aid} is not one of this session's"),
+            (a, dict(name="a1", arena=aid, offset=taken), "is not free"),
+            (a, dict(name="a2", arena=aid, offset=ARENA - 512), "is not free"),   # runs past the end
+            (a, dict(name="a3", arena=aid, offset=100), "not aligned"),
+            (a, dict(name="a4", arena=aid), "arena and offset go together"),
+            (a, dict(name="a5", arena=aid + 1000, offset=0), "is not one of this session's"),
+        ]
+        for client, fields, message in cases:
+            with pytest.raises(ipcpool.InvalidRequest, match=message):
+                client._call("create", **create, **fields)
+        first.view[:3] = b"abc"
+        first.seal()                                    # the broker serves on, unharmed
+        with b.get("mine") as lease:
+            assert bytes(lease.view[:3]) == b"abc"
+        assert sorted(o["name"] for o in b.list()) == ["mine"]
