@@ -50,9 +50,9 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
             buf = c.create(f"h/{i}", SIZE, stream=stream)
             t1 = time.perf_counter_ns()
             if backend == "cuda":
-                x = torch.from_dlpack(buf)
+                x = buf.tensor()   # (bytes: no dtype in the metadata)
                 t_view = time.perf_counter_ns()
-                x.view(torch.uint8).fill_(i % 251)
+                x.fill_(i % 251)
             else:
                 x = buf.view
                 t_view = time.perf_counter_ns()
@@ -85,9 +85,9 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             lease = c.get(f"h/{i}", stream=stream, timeout=60)
             t_got = time.perf_counter_ns()
             if backend == "cuda":
-                x = torch.from_dlpack(lease)
+                x = lease.tensor()
                 t_view = time.perf_counter_ns()
-                value = int(x.view(torch.uint8)[0].item())
+                value = int(x[0].item())
             else:
                 x = lease.view
                 t_view = time.perf_counter_ns()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Any
 
+from . import interop
 from .backend.base import ImportedMemory
 from .errors import ClosedError, InvalidRequest
 
@@ -85,6 +86,14 @@ class Buffer:
         if not hasattr(mem, "dlpack_device"):
             raise AttributeError("__dlpack_device__: not CUDA memory")
         return mem.dlpack_device()
+
+    def tensor(self) -> Any:
+        """This buffer as a torch tensor, zero-copy: its metadata's dtype and shape, else its
+        bytes (uint8). On CUDA a slab range is a view of one tensor kept per slab: a few µs, where
+        ``torch.from_dlpack`` builds a fresh import each call. Work on it goes on torch's current
+        stream: the one given to ``create``/``get`` (or ordered after it by the caller)."""
+        self._live()
+        return interop.as_tensor(self._client, self)
 
     def share(self) -> bytes:
         """A token another session passes to ``Client.open`` to use this memory too. The broker

@@ -19,7 +19,7 @@ from typing import Any
 
 import zmq
 
-from . import fdpass, paths, protocol
+from . import fdpass, interop, paths, protocol
 from .arena import ARENA_BYTES, ClientArena
 from .backend import client_backend
 from .backend.base import ClientPool, Export
@@ -44,6 +44,9 @@ DEFAULT_TIMEOUT = 30.0
 # since waking a sleeping process costs tens of microseconds each time. IPCPOOL_CLIENT_SPIN_US=0
 # turns it off (a client short of CPU).
 SPIN_S = int(os.environ.get("IPCPOOL_CLIENT_SPIN_US", "300")) / 1e6
+# A get that waits for a seal is usually a consumer waiting for a producer a hop away: it polls
+# longer (IPCPOOL_GET_SPIN_US; never longer than the reply spin is off: IPCPOOL_CLIENT_SPIN_US=0).
+GET_SPIN_S = int(os.environ.get("IPCPOOL_GET_SPIN_US", "1000")) / 1e6 if SPIN_S else 0.0
 
 
 def _export(reply: dict) -> Export:
@@ -93,6 +96,7 @@ class Client:
         self._inflight: dict[int, Buffer] = {}   # pipelined creates by request id, until their reply
         self._sealing: dict[int, Buffer] = {}    # pipelined seals by request id
         self._writing: set[str] = set()          # names of objects this client is writing
+        self._tensor_bases: dict = {}            # torch views of whole slabs (interop), per dtype
         self.async_errors: list[IpcPoolError] = []
         self._control = self._open_control()
         try:
@@ -207,12 +211,13 @@ class Client:
         with self._lock:
             self._check_open()
             rid = self._send(op, **fields)
-            return self._wait_reply(rid, None if _wait is None else self.timeout + _wait)
+            spin = GET_SPIN_S if _wait != 0.0 else SPIN_S
+            return self._wait_reply(rid, None if _wait is None else self.timeout + _wait, spin=spin)
 
-    def _wait_reply(self, rid: int, timeout: float | None, until=None) -> dict | None:
+    def _wait_reply(self, rid: int, timeout: float | None, until=None, spin: float = SPIN_S) -> dict | None:
         """The reply to ``rid``; or, with ``until``, None as soon as ``until()`` holds."""
         timeout_ms = -1 if timeout is None else int(timeout * 1000)
-        spin_until = time.perf_counter() + SPIN_S
+        spin_until = time.perf_counter() + spin
         while True:
             if until is not None and until():
                 return None
@@ -522,34 +527,24 @@ class Client:
     def put_tensor(self, name: str, tensor: Any, *, pool: str = "default", stream: Any = None,
                    user: dict | None = None) -> None:
         """Store a torch tensor, CuPy or numpy array as a new sealed object (dtype and shape kept)."""
-        from . import interop
-
         interop.put(self, name, tensor, pool=pool, stream=stream, user=user)
 
     def get_tensor(self, name: str, *, stream: Any = None, timeout: float | None = None) -> Any:
         """Object ``name`` as a torch tensor, zero-copy. The lease lasts until ``release_all(name)``
         or close."""
-        from . import interop
-
         return interop.get(self, name, "torch", stream=stream, timeout=timeout)
 
     def get_tensors(self, names: list[str], *, stream: Any = None) -> dict[str, Any]:
         """Many objects as torch tensors by name, with one request (``get_many``): how a
         restarted worker attaches to its weights. Leases last until ``release_all`` or close."""
-        from . import interop
-
         return interop.get_many(self, names, "torch", stream=stream)
 
     def get_arrays(self, names: list[str], *, stream: Any = None) -> dict[str, Any]:
         """Many objects as CuPy arrays (CUDA) or numpy arrays (host) by name, in one request."""
-        from . import interop
-
         return interop.get_many(self, names, "cupy" if self.backend_name == "cuda" else "numpy", stream=stream)
 
     def get_array(self, name: str, *, stream: Any = None, timeout: float | None = None) -> Any:
         """Object ``name`` as a CuPy array (CUDA backend) or numpy array (host backend), zero-copy."""
-        from . import interop
-
         return interop.get(self, name, "cupy" if self.backend_name == "cuda" else "numpy",
                            stream=stream, timeout=timeout)
 
@@ -726,6 +721,7 @@ class Client:
                 self._finalizer.detach()
                 self._dealer.close()
                 self._control.close()
+                self._tensor_bases.clear()   # (views of slabs: before the pools go)
                 for pool in self._pools.values():
                     pool.close()
                 self._pools.clear()

@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .client import Client
 from .errors import InvalidRequest
 from .meta import dtype_name
+
+if TYPE_CHECKING:
+    from .client import Client
+
+# Per-object work of a thousand-object attach, done once: torch dtypes by name, strides by shape.
+_TORCH_DTYPES: dict[str, Any] = {}
+_STRIDES: dict[tuple[int, ...], list[int]] = {}
 
 
 def _kind(obj: Any) -> str:
@@ -82,7 +88,37 @@ def _torch_stream(stream: Any, device: Any) -> Any:
 
 
 def get(client: Client, name: str, kind: str, *, stream: Any, timeout: float | None) -> Any:
-    return _typed(client, client.get(name, stream=stream, timeout=timeout), kind, None)
+    return _typed(client, client.get(name, stream=stream, timeout=timeout), kind, client._tensor_bases)
+
+
+def as_tensor(client: Client, buf: Any) -> Any:
+    """A buffer as a torch tensor of its metadata's dtype and shape (else its bytes, uint8)."""
+    import torch
+
+    dtype, shape = buf.meta.get("dtype"), buf.meta.get("shape")
+    if dtype is None or shape is None:
+        return _torch_typed(client, buf, torch.uint8, [buf.size], client._tensor_bases)
+    return _torch_typed(client, buf, _torch_dtype(buf.name, dtype), shape, client._tensor_bases)
+
+
+def _torch_dtype(name: str, dtype: str) -> Any:
+    torch_dtype = _TORCH_DTYPES.get(dtype)
+    if torch_dtype is None:
+        import torch
+
+        torch_dtype = getattr(torch, dtype, None)
+        if not isinstance(torch_dtype, torch.dtype):
+            raise InvalidRequest(f"object {name!r}: torch has no dtype {dtype!r}")
+        _TORCH_DTYPES[dtype] = torch_dtype
+    return torch_dtype
+
+
+def _torch_typed(client: Client, buf: Any, dtype: Any, shape: list[int], bases: dict | None) -> Any:
+    nbytes = math.prod(shape) * dtype.itemsize
+    fast = _slab_tensor(buf, bases, dtype, shape, nbytes)
+    if fast is not None:
+        return fast
+    return _torch_bytes(client, buf)[:nbytes].view(dtype).reshape(shape)
 
 
 def get_many(client: Client, names: list[str], kind: str, *, stream: Any) -> dict[str, Any]:
@@ -90,9 +126,8 @@ def get_many(client: Client, names: list[str], kind: str, *, stream: Any) -> dic
     ranges of one slab are strided views of one tensor over the slab: how a restarted worker
     takes up a thousand weights."""
     leases = client.get_many(names, stream=stream)
-    bases: dict = {}
     try:
-        return {lease.name: _typed(client, lease, kind, bases) for lease in leases}
+        return {lease.name: _typed(client, lease, kind, client._tensor_bases) for lease in leases}
     except BaseException:
         for lease in leases:
             if not lease.freed:
@@ -109,18 +144,11 @@ def _typed(client: Client, lease: Any, kind: str, bases: dict | None) -> Any:
         raise InvalidRequest(f"object {name!r} has no dtype/shape metadata; use Client.get() for raw bytes")
     count = math.prod(shape)
     if kind == "torch":
-        import torch
-
-        torch_dtype = getattr(torch, dtype, None)
-        if not isinstance(torch_dtype, torch.dtype):
+        try:
+            return _torch_typed(client, lease, _torch_dtype(name, dtype), shape, bases)
+        except BaseException:
             lease.free()
-            raise InvalidRequest(f"object {name!r}: torch has no dtype {dtype!r}")
-        itemsize = torch_dtype.itemsize
-        fast = _slab_tensor(lease, bases, torch_dtype, shape, count * itemsize)
-        if fast is not None:
-            return fast
-        raw = _torch_bytes(client, lease)
-        return raw[: count * itemsize].view(torch_dtype).reshape(shape)
+            raise
     xp = __import__(kind)
     arr = xp.asarray(lease)
     np_dtype = xp.dtype(dtype)
@@ -157,8 +185,14 @@ def _slab_tensor(lease: Any, bases: dict | None, dtype: Any, shape: list[int], n
         if raw is None:
             raw = bases[id(slab)] = torch.from_dlpack(slab.dlpack()).view(torch.uint8)
         whole = bases[(id(slab), dtype)] = raw[: raw.numel() // itemsize * itemsize].view(dtype)
-    strides, step = [], 1
-    for dim in reversed(shape):   # C-contiguous
-        strides.append(step)
-        step *= dim
-    return whole.as_strided(shape, strides[::-1], offset // itemsize)
+    key = tuple(shape)
+    strides = _STRIDES.get(key)
+    if strides is None:
+        strides, step = [], 1
+        for dim in reversed(key):   # C-contiguous
+            strides.append(step)
+            step *= dim
+        if len(_STRIDES) > 4096:   # bounded: a worker sees a few hundred shapes at most
+            _STRIDES.clear()
+        strides = _STRIDES[key] = strides[::-1]
+    return whole.as_strided(key, strides, offset // itemsize)

@@ -228,3 +228,48 @@ def test_get_tensors_views_slab_ranges_and_whole_allocations(start_broker):
             want[name] = (shape, str(dtype), float(t.double().sum()))
         (got,) = run_procs(_tensors_all, [(b.socket_dir, list(specs))])
         assert got == want
+
+
+def _tensor_reader(socket_dir, count, out):
+    import torch
+
+    stream = torch.cuda.Stream()
+    torch.cuda.set_stream(stream)
+    seen = []
+    with ipcpool.connect(socket_dir) as c:
+        for i in range(count):
+            lease = c.get(f"t/{i}", stream=stream, timeout=60)
+            t = lease.tensor()
+            seen.append((str(t.dtype), tuple(t.shape), t.data_ptr() == lease.ptr, float(t[1, 2].item())))
+            lease.release(stream=stream)
+    out.put(("seen", seen))
+
+
+def _tensor_writer(socket_dir, count, out):
+    import torch
+
+    stream = torch.cuda.Stream()
+    torch.cuda.set_stream(stream)
+    carved = 0
+    with ipcpool.connect(socket_dir) as c:
+        for i in range(count):
+            buf = c.create(f"t/{i}", 64 * 128 * 2, meta={"dtype": "bfloat16", "shape": [64, 128]})
+            carved += buf.carved_at is not None
+            t = buf.tensor()
+            t.fill_(i).mul_(2)   # several kernels; the seal follows them all on this stream
+            buf.seal(stream=stream)
+        stream.synchronize()
+    out.put(("carved", carved))
+
+
+def test_buffer_tensor_on_both_sides_of_a_carved_handoff(start_broker):
+    """Objects carved from the writer's arena (no create round trip), written and read as typed
+    tensors over each slab (``Buffer.tensor``), in two processes."""
+    b = start_broker(backend="cuda")
+    got = dict(run_together([(_tensor_writer, (b.socket_dir, 50)), (_tensor_reader, (b.socket_dir, 50))]))
+    assert got["carved"] == 50
+    assert got["seen"] == [("torch.bfloat16", (64, 128), True, float(2 * i)) for i in range(50)]
+    with ipcpool.connect(b.socket_dir) as c:
+        assert len(c.list("t/")) == 50
+        for i in range(50):
+            c.delete(f"t/{i}")
