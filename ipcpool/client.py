@@ -97,6 +97,7 @@ class Client:
         self._sealing: dict[int, Buffer] = {}    # pipelined seals by request id
         self._writing: set[str] = set()          # names of objects this client is writing
         self._tensor_bases: dict = {}            # torch views of whole slabs (interop), per dtype
+        self._credits: dict[str, collections.deque[bytes]] = {}   # the broker's events, per pool
         self.async_errors: list[IpcPoolError] = []
         self._control = self._open_control()
         try:
@@ -255,6 +256,8 @@ class Client:
                 queue.append(reply["object"])
             raise _NotYet
         self._backend.broker_progressed()
+        if "credit" in reply or "credits" in reply:
+            self._keep_credits(reply)
         if self._inflight or self._sealing:
             self._pipelined(reply)
         if reply.get("id") == rid:
@@ -266,6 +269,24 @@ class Client:
             log.error("broker rejected an earlier request: %s", err)
             self.async_errors.append(err)
         raise _NotYet
+
+    def _keep_credits(self, reply: dict) -> None:
+        """Events of the broker's this client records as its next done events (see
+        ``BrokerPool.credit``), kept per pool."""
+        got = [reply.get("credit")] if "credit" in reply else list(reply.get("credits") or ())
+        pool = reply.get("pool")
+        if isinstance(pool, str):
+            self._credits.setdefault(pool, collections.deque()).extend(
+                c for c in got if isinstance(c, bytes) and len(c) == protocol.HANDLE_BYTES)
+
+    def _release(self, buf: Buffer, stream: Any) -> bytes:
+        """Release ``buf``'s import; its done event, on a credit of the broker's where one is left."""
+        credits = self._credits.get(buf.pool)
+        credit = credits.popleft() if credits else b""
+        done = self._pools[buf.pool].release(buf._memory, stream, credit)
+        if credit and done != credit:
+            credits.appendleft(credit)   # not needed (memory with no done event): keep it
+        return done
 
     def _pipelined(self, reply: dict) -> None:
         """The reply to a create or seal sent without waiting: settle its buffer (raises _NotYet)."""
@@ -405,7 +426,7 @@ class Client:
             self._check_open()
             self._buffers.pop(id(buf), None)
             self._writing.discard(buf.name)
-            done = self._pools[buf.pool].release(buf._memory, stream)
+            done = self._release(buf, stream)
             extra = {"done_event": done} if done else {}
             if buf._create_rid is None:
                 self._call("seal", name=buf.name, alloc=buf.alloc_id, **extra)
@@ -567,7 +588,7 @@ class Client:
                 if buf._create_error is not None:   # the broker never had it: only ours to drop
                     buf._arena[0].refused(buf._arena[1], stream)
                     return
-            done = self._pools[buf.pool].release(buf._memory, stream)
+            done = self._release(buf, stream)
             fields = {"alloc": buf.alloc_id}
             if done:
                 fields["done_event"] = done

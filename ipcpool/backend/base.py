@@ -147,6 +147,13 @@ class BrokerPool(ABC):
             self.add_release(handle, session, done_event)
         return b""
 
+    def credit(self, session: SessionContext) -> bytes:
+        """The handle of an event of the broker's that ``session``'s client may record as its next
+        done event on this pool's device (at a seal or a release), instead of exporting one of its
+        own: the broker keeps it alive, queries it without enqueuing a wait, and readers of a seal
+        wait on it directly. Empty where there are no events, or the session holds enough."""
+        return b""
+
     def join_seals(self, handles: list[object], session: SessionContext) -> bytes:
         """One event on ``session``'s stream that completes after the seal of every one of
         ``handles`` (sealed objects of this pool): a batch of leases waits on it once, not once per
@@ -289,8 +296,10 @@ class ClientPool(ABC):
         return [self.import_allocation(e, stream) for e in exports]
 
     @abstractmethod
-    def release(self, memory: ImportedMemory, stream: Any = None) -> bytes:
-        """Drop the import (on ``stream``); return the done-event handle for the broker (R2)."""
+    def release(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> bytes:
+        """Drop the import (on ``stream``); return the done-event handle for the broker (R2): the
+        broker's event ``credit`` (see ``BrokerPool.credit``) recorded, where one is given and
+        an event is needed, else one of our own."""
 
     def carved(self, arena: ImportedMemory, offset: int, nbytes: int) -> ImportedMemory:
         """A range of an imported arena (see ``BrokerPool.carve``), released like any import."""

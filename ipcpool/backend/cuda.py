@@ -63,7 +63,7 @@ try:
     from . import cuda_driver as drv
     from . import cuda_vmm as vmm
     from .cuda_caps import capabilities
-    from .cuda_events import Graveyard, record_ipc, wait_ipc
+    from .cuda_events import Graveyard, fresh_ipc, record_into, record_ipc, wait_ipc
 except ImportError as _exc:  # pragma: no cover - depends on the installation
     raise BackendUnavailable(f"the CUDA backend needs cuda-core and cuda-bindings: {_exc}") from _exc
 
@@ -91,6 +91,7 @@ IMPORT_LIMIT = 1 << 32
 VMM_CHUNK = 2 << 30
 SLAB_SIZE = 1 << 30
 SLAB_ALIGN = 512
+MAX_CREDITS = 64   # events of ours a session may hold unused (see _CudaSession.issue_credit)
 
 _tls = threading.local()
 
@@ -190,6 +191,9 @@ class _CudaSession(SessionContext):
         self._streams: dict[int, Stream] = {}
         self.graveyard = Graveyard()
         self._handed: list[Any] = []
+        # Events of ours the client may record instead of exporting its own (handle -> event): a
+        # seal recorded on one is waited on by readers directly, one GPU hop from the writer.
+        self.credits: dict[bytes, Any] = {}
         self.closed = False
         self.peer_dead = False
 
@@ -204,6 +208,15 @@ class _CudaSession(SessionContext):
 
     def streams(self) -> list[Stream]:
         return list(self._streams.values())
+
+    def issue_credit(self, device: int) -> bytes:
+        """A fresh, never-recorded IPC event of ours on ``device`` for the client to record: it
+        stays ours (alive as long as anyone may wait on it, R4) and is queried locally."""
+        if self.closed or len(self.credits) >= MAX_CREDITS:
+            return b""
+        event, handle = fresh_ipc(_make_current(device))
+        self.credits[handle] = event
+        return handle
 
     def hand_out(self, event: Any) -> None:
         """An event named in a reply: alive until the client's next message (by then it has
@@ -231,6 +244,9 @@ class _CudaSession(SessionContext):
             return
         self._retire_handed()
         self.closed = True
+        for event in self.credits.values():   # never used: nobody waits on them
+            event.close()
+        self.credits.clear()
         self.graveyard.sweep()
         if len(self.graveyard):
             # Hand what is still pending to the backend; it sweeps it later. Never block here.
@@ -252,11 +268,18 @@ class _DoneWait:
     or once the client's process is gone: a stream that waits on a dead process's event never moves
     on (seen on an H200: still blocked 15 s after the kill), and nothing queued behind it would."""
 
-    __slots__ = ("marker", "session", "stream")
+    __slots__ = ("keep", "marker", "session", "stream")
 
-    def __init__(self, handle: bytes, session: _CudaSession, device: int):
+    def __init__(self, handle: bytes, session: _CudaSession, device: int, keep: bool = False):
         self.session = session
         self.stream = None
+        self.keep = False
+        credit = session.credits.pop(handle, None)
+        if credit is not None:
+            # One of our events, recorded by the client: queried here, no wait enqueued. ``keep``:
+            # readers wait on it too, so it lives on (in the allocation's events) after this.
+            self.marker, self.keep = credit, keep
+            return
         if session.closed:  # a late message: wait on a stream of its own, never a shared one (R3)
             self.stream = stream = _make_current(device).create_stream()
         else:
@@ -276,7 +299,8 @@ class _DoneWait:
         if self.marker is not None and not (self.session.peer_dead or self.marker.is_done):
             return False
         if self.marker is not None:
-            self.marker.close()
+            if not self.keep:
+                self.marker.close()
             self.marker = None
         if self.stream is not None:
             self.stream.close()
@@ -510,9 +534,20 @@ class CudaPool(BrokerPool):
         recorded once, after a wait on it on the writer's session stream (its own stream: R3)."""
         alloc = _as_alloc(handle)
         sess = _as_session(session)
+        credit = sess.credits.get(done_event) if done_event else None
+        if credit is not None and alloc.ready is None:
+            # Recorded by the writer on one of our events: readers wait on that very event (one
+            # GPU hop), and so does the free. Kept until the free has run, like any seal event.
+            alloc.waits.append(_DoneWait(done_event, sess, self.device, keep=True))
+            alloc.extra.append(credit)
+            alloc.sealed = credit
+            self._backend.unconfirmed.append(alloc)
+            return done_event
         stream = sess.stream(self.device)
         if alloc.ready is not None:
             stream.wait(alloc.ready)
+        if credit is not None:
+            stream.wait(credit)   # our own event: a local wait (the _DoneWait below only queries it)
         if done_event:
             alloc.waits.append(_DoneWait(done_event, sess, self.device))  # the wait, on stream
         event, sealed = record_ipc(stream)
@@ -520,6 +555,9 @@ class CudaPool(BrokerPool):
         alloc.sealed = event
         self._backend.unconfirmed.append(alloc)   # its completion is noted later, off any request
         return sealed
+
+    def credit(self, session: SessionContext) -> bytes:
+        return _as_session(session).issue_credit(self.device)
 
     def join_seals(self, handles: list[object], session: SessionContext) -> bytes:
         sess = _as_session(session)
@@ -1053,7 +1091,7 @@ class CudaClientPool(ClientPool):
             slab = self._slabs[data] = CudaMemory(buf, self.slab_size, self.device, whole=False)
         return slab
 
-    def release(self, memory: ImportedMemory, stream: Any = None) -> bytes:
+    def release(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> bytes:
         if not isinstance(memory, CudaMemory):
             raise InvalidRequest(f"not CUDA memory: {type(memory).__name__}")
         buf = memory._take()
@@ -1069,6 +1107,9 @@ class CudaClientPool(ClientPool):
                 s = self._backend.stream(stream, self.device)
                 if memory.whole:
                     buf.close(stream=s)          # cudaFreeAsync of the import, after work on s
+                if credit:   # R2 on the broker's own event: it lives as long as the broker needs
+                    record_into(s, credit)
+                    return credit
                 with _OnStream(s):
                     event, handle = record_ipc(s)   # R2: the broker frees (or reuses) after this
         except CUDAError as exc:

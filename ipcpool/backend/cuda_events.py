@@ -17,9 +17,11 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+from cuda.bindings.driver import cuEventRecord
 from cuda.core import Event, EventOptions
 
 from ..errors import InvalidRequest
+from .cuda_driver import check
 from ..protocol import HANDLE_BYTES
 
 try:  # private constructors: the only way to rebuild a descriptor from wire bytes in cuda.core 1.2
@@ -36,6 +38,23 @@ def record_ipc(stream: Any) -> tuple[Event, bytes]:
     event = stream.record(options=_IPC)
     reserved = event.ipc_descriptor.__reduce__()[1][0]
     return event, bytes(reserved)
+
+
+def fresh_ipc(device: Any) -> tuple[Event, bytes]:
+    """A never-recorded IPC event on ``device`` (a cuda.core Device) and its handle: one a peer
+    records (``record_into``) while its owner keeps it alive."""
+    event = device.create_event(options=_IPC)
+    return event, bytes(event.ipc_descriptor.__reduce__()[1][0])
+
+
+def record_into(stream: Any, handle: bytes) -> None:
+    """Record a peer's IPC event on ``stream`` (it behaves as a local event once opened); close
+    our import at once: a recorded event is released only after the record has completed."""
+    event = open_ipc(handle)
+    try:
+        check(cuEventRecord(event.handle, stream.handle), "cuEventRecord on a peer's event")
+    finally:
+        event.close()
 
 
 def open_ipc(handle: bytes) -> Event:

@@ -228,7 +228,7 @@ class HostClientPool(ClientPool):
             raise InvalidRequest("allocation lies outside the pool")
         return HostMemory(self._mapping, export.offset, export.size)
 
-    def release(self, memory: ImportedMemory, stream: Any = None) -> bytes:
+    def release(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> bytes:
         return b""
 
     def carved(self, arena: ImportedMemory, offset: int, nbytes: int) -> ImportedMemory:

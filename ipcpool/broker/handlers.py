@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .server import Broker
 
 VERSION = __version__
+ARENA_CREDITS = 4   # events handed out with an arena: its first creates' seals need no wait
 
 
 class Handlers:
@@ -36,7 +37,8 @@ class Handlers:
 
     # -- anonymous allocations -------------------------------------------------------------------
     def op_allocate(self, session: Session, f: dict, rid: int) -> dict:
-        return export_fields(self.registry.allocate(session, f["nbytes"], f["pool"]))
+        alloc = self.registry.allocate(session, f["nbytes"], f["pool"])
+        return {**export_fields(alloc), **credit(alloc.pool, session)}
 
     def op_free(self, session: Session, f: dict, rid: int) -> dict:
         self.registry.free(session, f["alloc"], f.get("done_event", b""))
@@ -88,13 +90,14 @@ class Handlers:
                 raise InvalidRequest("create: arena and offset go together")
             carve = lambda: self.broker.arenas.carve(session, f["arena"], f["offset"], f["nbytes"])  # noqa: E731
         obj = self.objects.create(session, f["name"], f["nbytes"], f["pool"], f.get("meta", {}), carve)
-        if carve is not None:
-            return {"alloc": obj.alloc.aid}   # the client has the memory already
-        return export_fields(obj.alloc)
+        if carve is not None:   # the client has the memory already
+            return {"alloc": obj.alloc.aid, "pool": f["pool"], **credit(obj.alloc.pool, session)}
+        return {**export_fields(obj.alloc), **credit(obj.alloc.pool, session)}
 
     def op_arena(self, session: Session, f: dict, rid: int) -> dict:
         arena = self.broker.arenas.open(session, f["pool"], f["nbytes"])
-        return export_fields(arena.alloc)
+        credits = [arena.alloc.pool.credit(session.backend) for _ in range(ARENA_CREDITS)]
+        return {**export_fields(arena.alloc), "credits": [c for c in credits if c]}
 
     def op_seal(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.objects.seal(session, f["name"], f.get("alloc"), f.get("done_event", b""))
@@ -106,7 +109,7 @@ class Handlers:
     def op_get(self, session: Session, f: dict, rid: int) -> dict | None:
         obj = self.objects.lease(session, f["name"])
         if obj is not None:
-            return lease_fields(obj)
+            return {**lease_fields(obj), **credit(obj.alloc.pool, session)}
         timeout = f.get("timeout_ms")
         self.objects.wait(session, f["name"], rid, None if timeout is None else timeout / 1000)
         return None
@@ -180,10 +183,18 @@ class Handlers:
         for w in self.objects.take_waiters(obj.name):
             if w.session.token in self.broker.sessions:
                 self.objects.lease(w.session, obj.name)
-                self.broker.send(w.session.token, protocol.ok_reply(w.rid, **lease_fields(obj)))
+                fields = {**lease_fields(obj), **credit(obj.alloc.pool, w.session)}
+                self.broker.send(w.session.token, protocol.ok_reply(w.rid, **fields))
         info = obj.info()
         for watch in self.objects.watchers(obj.name):
             self.broker.send(watch.session.token, {"notify": "sealed", "watch": watch.wid, "object": info})
+
+
+def credit(pool, session: Session) -> dict:
+    """An event of the broker's for the client's next done event on ``pool`` (see
+    ``BrokerPool.credit``): a reply that hands out memory brings one for its release."""
+    handle = pool.credit(session.backend)
+    return {"credit": handle} if handle else {}
 
 
 def export_fields(alloc, export: Export | None = None) -> dict:

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 MiB = 1 << 20
 
 
-def _slow_writer(socket_dir, seconds, out):
+def _slow_writer(socket_dir, seconds, size, out):
     """Seal right after launching a slow kernel that fills the object: no host sync anywhere."""
     import cupy
 
@@ -24,11 +24,12 @@ def _slow_writer(socket_dir, seconds, out):
 
     stream = cupy.cuda.Stream(non_blocking=True)
     with ipcpool.connect(socket_dir) as c:
-        buf = c.create("slow/obj", 16 * MiB, stream=stream)
+        buf = c.create("slow/obj", size, stream=stream)
+        credit = buf.carved_at is not None and bool(c._credits.get("default"))
         t0 = time.perf_counter()
         spin_fill(buf.ptr, buf.size, seconds, 0x5A, stream)
         buf.seal(stream=stream)
-        out.put(("sealed_after_s", time.perf_counter() - t0))
+        out.put(("writer", {"sealed_after_s": time.perf_counter() - t0, "carved_with_a_credit": credit}))
         stream.synchronize()
 
 
@@ -46,12 +47,41 @@ def _reader(socket_dir, out):
     out.put(("reader_saw_the_writes", ok))
 
 
-def test_readers_wait_for_the_writers_kernel_not_the_seal_call(start_broker):
-    """Fails if the seal event is ignored: the reader would see the pool's old bytes."""
+@pytest.mark.parametrize("size", [16 * MiB, 4 * MiB], ids=["own-allocation", "carved"])
+def test_readers_wait_for_the_writers_kernel_not_the_seal_call(start_broker, size):
+    """Fails if the seal event is ignored: the reader would see the pool's old bytes. Carved: the
+    writer records the broker's event (a credit) and the reader waits on that very event."""
     b = start_broker(backend="cuda")
-    results = dict(run_together([(_slow_writer, (b.socket_dir, 1.0)), (_reader, (b.socket_dir,))]))
-    assert results["sealed_after_s"] < 0.5            # seal returned while the kernel still ran
+    results = dict(run_together([(_slow_writer, (b.socket_dir, 1.0, size)), (_reader, (b.socket_dir,))]))
+    assert results["writer"]["sealed_after_s"] < 0.5   # seal returned while the kernel still ran
     assert results["reader_saw_the_writes"] is True
+    assert results["writer"]["carved_with_a_credit"] is (size == 4 * MiB)
+
+
+def test_a_carved_range_comes_back_only_after_the_writers_kernel(start_broker):
+    """R2 on a credit: the broker queries its own event, recorded by the writer; the range must
+    not return to the arena before the writer's kernel has finished."""
+    import cupy
+
+    from tests.gpu.kernels import spin_fill
+
+    b = start_broker(backend="cuda")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with ipcpool.connect(b.socket_dir) as c:
+        buf = c.create("slow/carved", 4 * MiB, stream=stream)
+        aid, offset = buf.carved_at
+        arena = c._by_arena[aid]
+        assert c._credits.get("default")
+        spin_fill(buf.ptr, buf.size, 1.0, 0x11, stream)
+        t0 = time.monotonic()
+        buf.seal(stream=stream)
+        c.delete("slow/carved")
+        while arena.ranges.taken(offset) and time.monotonic() - t0 < 15:
+            c._drain()
+            time.sleep(0.005)
+        back_after = time.monotonic() - t0
+        stream.synchronize()
+    assert 0.8 < back_after < 10, back_after   # after the kernel (1 s), and not lost
 
 
 def _torch_consumer(socket_dir, i, out):
