@@ -44,6 +44,16 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
             torch.cuda.set_stream(stream)   # the worker's stream for all its work, set once
         fill = bytes(SIZE)
         steps = []
+        sent = [0]
+        send = c._send
+
+        def traced(op, **fields):   # when the seal leaves (a seal waits for its create's reply after)
+            rid = send(op, **fields)
+            if op == "seal":
+                sent[0] = time.perf_counter_ns()
+            return rid
+
+        c._send = traced
         for i in range(n):
             go.get()
             t0 = time.perf_counter_ns()
@@ -62,7 +72,7 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
             t2 = time.perf_counter_ns()
             buf.seal(stream=stream)
             t3 = time.perf_counter_ns()
-            link.put(t0)
+            link.put((t0, sent[0] or t3))
             steps.append((t1 - t0, t_view - t1, t2 - t_view, t3 - t2))
             acks.get()
             c.delete(f"h/{i}")
@@ -96,11 +106,11 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             t1 = time.perf_counter_ns()
             assert value == i % 251, (value, i)
             lease.release(stream=stream)
-            t0 = link.get()
-            steps.append((t_got - t0, t_view - t_got, t1 - t_view))
+            t0, t_sent = link.get()
+            steps.append((t_got - t0, t_got - t_sent, t_view - t_got, t1 - t_view))
             out.put(t1 - t0)
             acks.put(True)
-        _report_steps("consumer", ("start->got lease", "view", "read"), steps)
+        _report_steps("consumer", ("start->got lease", "seal sent->got lease", "view", "read"), steps)
 
 
 def _report_steps(who: str, names: tuple[str, ...], steps: list[tuple[int, ...]]) -> None:

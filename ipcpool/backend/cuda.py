@@ -63,7 +63,7 @@ try:
     from . import cuda_driver as drv
     from . import cuda_vmm as vmm
     from .cuda_caps import capabilities
-    from .cuda_events import Graveyard, fresh_ipc, record_into, record_ipc, wait_ipc
+    from .cuda_events import Graveyard, record_into, record_ipc, wait_ipc
 except ImportError as _exc:  # pragma: no cover - depends on the installation
     raise BackendUnavailable(f"the CUDA backend needs cuda-core and cuda-bindings: {_exc}") from _exc
 
@@ -210,11 +210,12 @@ class _CudaSession(SessionContext):
         return list(self._streams.values())
 
     def issue_credit(self, device: int) -> bytes:
-        """A fresh, never-recorded IPC event of ours on ``device`` for the client to record: it
-        stays ours (alive as long as anyone may wait on it, R4) and is queried locally."""
+        """A fresh IPC event of ours on ``device`` for the client to record (no peer has seen it
+        before): it stays ours (alive as long as anyone may wait on it, R4), queried locally."""
         if self.closed or len(self.credits) >= MAX_CREDITS:
             return b""
-        event, handle = fresh_ipc(_make_current(device))
+        with _OnDevice(device):   # (cuda.core makes IPC events by recording them only: on our own stream)
+            event, handle = record_ipc(self._backend.reaper(device))
         self.credits[handle] = event
         return handle
 

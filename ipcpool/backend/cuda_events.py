@@ -40,13 +40,6 @@ def record_ipc(stream: Any) -> tuple[Event, bytes]:
     return event, bytes(reserved)
 
 
-def fresh_ipc(device: Any) -> tuple[Event, bytes]:
-    """A never-recorded IPC event on ``device`` (a cuda.core Device) and its handle: one a peer
-    records (``record_into``) while its owner keeps it alive."""
-    event = device.create_event(options=_IPC)
-    return event, bytes(event.ipc_descriptor.__reduce__()[1][0])
-
-
 def record_into(stream: Any, handle: bytes) -> None:
     """Record a peer's IPC event on ``stream`` (it behaves as a local event once opened); close
     our import at once: a recorded event is released only after the record has completed."""
