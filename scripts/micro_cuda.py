@@ -48,12 +48,6 @@ def main() -> None:
 
     timeit("_OnDevice enter+exit", on_device)
     timeit("record fresh IPC event", lambda: record_ipc(core_stream)[0].close())
-    from ipcpool.backend.cuda_events import open_ipc, record_into
-
-    keep, handle = record_ipc(core_stream)
-    timeit("open+close an IPC event handle", lambda: open_ipc(handle).close())
-    timeit("record into a peer's IPC event", lambda: record_into(core_stream, handle))
-    core_stream.sync()
     x = torch.ones(16, device="cuda")
     timeit("tensor[0].item() (nothing to wait for)", lambda: x[0].item())
     with broker("cuda") as sock, ipcpool.connect(sock) as c:
