@@ -91,7 +91,7 @@ class Client:
         self._watches: dict[int, collections.deque] = {}
         self._growables: dict[str, GrowableBuffer] = {}
         self._arenas: dict[str, list[ClientArena]] = {}   # per pool
-        self._no_arena: set[str] = set()                  # pools that hand out none
+        self._no_arena: dict[str, float] = {}             # pool -> when to ask for an arena again
         self._by_arena: dict[int, ClientArena] = {}
         self._inflight: dict[int, Buffer] = {}   # pipelined creates by request id, until their reply
         self._sealing: dict[int, Buffer] = {}    # pipelined seals by request id
@@ -397,7 +397,7 @@ class Client:
                     return arena, offset
             if attempt == 0:
                 self._drain()   # ranges the broker has reclaimed since
-        if len(arenas) >= protocol.MAX_ARENAS or pool in self._no_arena:
+        if len(arenas) >= protocol.MAX_ARENAS or self._no_arena.get(pool, 0.0) > time.monotonic():
             return None, 0
         arena = self._open_arena(pool)
         if arena is None:
@@ -411,10 +411,11 @@ class Client:
             reply = self._call("arena", pool=pool, nbytes=self.arena_bytes)
         except (InvalidRequest, ProtocolError) as exc:   # none from this pool (or broker): the usual way
             log.debug("no arena from pool %r: %s", pool, exc)
-            self._no_arena.add(pool)
+            self._no_arena[pool] = float("inf")
             return None
-        except IpcPoolError as exc:   # out of memory or quota: the usual create says so plainly
-            log.debug("no arena from pool %r: %s", pool, exc)
+        except IpcPoolError as exc:   # out of memory or quota: the usual create says so plainly,
+            log.debug("no arena from pool %r: %s", pool, exc)   # and we ask again only a second later
+            self._no_arena[pool] = time.monotonic() + 1.0
             return None
         client_pool = self._pool(pool)
         arena = ClientArena(reply["alloc"], client_pool, client_pool.import_allocation(_export(reply)))
