@@ -92,6 +92,7 @@ VMM_CHUNK = 2 << 30
 SLAB_SIZE = 1 << 30
 SLAB_ALIGN = 512
 MAX_CREDITS = 64   # events of ours a session may hold unused (see _CudaSession.issue_credit)
+EVENT_STOCK = 32   # fresh events kept ready per device (CudaBrokerBackend.fresh_event)
 
 _tls = threading.local()
 
@@ -214,8 +215,7 @@ class _CudaSession(SessionContext):
         before): it stays ours (alive as long as anyone may wait on it, R4), queried locally."""
         if self.closed or len(self.credits) >= MAX_CREDITS:
             return b""
-        with _OnDevice(device):   # (cuda.core makes IPC events by recording them only: on our own stream)
-            event, handle = record_ipc(self._backend.reaper(device))
+        event, handle = self._backend.fresh_event(device)
         self.credits[handle] = event
         return handle
 
@@ -785,10 +785,12 @@ class CudaBrokerBackend(BrokerBackend):
         self._pools: list[CudaPool] = []
         self._pending: list[tuple[CudaPool, _Allocation]] = []  # frees waiting on done events
         self.unconfirmed: collections.deque[_Allocation] = collections.deque()  # seals not seen done
+        self._stock: dict[int, collections.deque] = {}   # fresh IPC events per device (fresh_event)
 
     def create_pool(self, spec: PoolSpec) -> BrokerPool:
         pool = CudaPool(self, spec)
         self._pools.append(pool)
+        self._stock.setdefault(spec.device, collections.deque())
         return pool
 
     def adopt_pool(self, spec: PoolSpec, fd: int, info: dict[str, Any]) -> BrokerPool:
@@ -815,6 +817,22 @@ class CudaBrokerBackend(BrokerBackend):
         if stream is None:
             stream = self._reapers[device] = _make_current(device).create_stream()
         return stream
+
+    def fresh_event(self, device: int) -> tuple[Any, bytes]:
+        """A fresh IPC event on ``device`` from a stock made while idle (``idle``), so handing one
+        out costs a request no driver call; made now when the stock is out."""
+        stock = self._stock.get(device)
+        if stock:
+            return stock.popleft()
+        with _OnDevice(device):   # (cuda.core makes IPC events only by recording them: on our own stream)
+            return record_ipc(self.reaper(device))
+
+    def idle(self) -> None:
+        """Top the stocks of fresh events up (the server calls this when no request is waiting)."""
+        for device, stock in self._stock.items():
+            while len(stock) < EVENT_STOCK:
+                with _OnDevice(device):
+                    stock.append(record_ipc(self.reaper(device)))
 
     def adopt(self, graveyard: Graveyard) -> None:
         self._orphans.append(graveyard)
@@ -871,6 +889,10 @@ class CudaBrokerBackend(BrokerBackend):
         for stream in self._reapers.values():
             stream.sync()
         self.graveyard.drain()
+        for stock in self._stock.values():
+            for event, _ in stock:
+                event.close()
+            stock.clear()
         for stream in self._reapers.values():
             stream.close()
         self._reapers.clear()

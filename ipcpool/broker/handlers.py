@@ -101,9 +101,9 @@ class Handlers:
 
     def op_seal(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.objects.seal(session, f["name"], f.get("alloc"), f.get("done_event", b""))
+        self._announce(obj)   # the readers waiting first: the rest is bookkeeping
         self.broker.durable.store_object(obj)
         self.broker.durable.save()
-        self._announce(obj)
         return {}
 
     def op_get(self, session: Session, f: dict, rid: int) -> dict | None:

@@ -261,8 +261,10 @@ class Broker:
         if self._pending:
             self._expire_pending()
         if self.registry is not None:
-            if not events and getattr(self.backend, "pending_frees", 0):
-                self.backend.sweep()
+            if not events:
+                if getattr(self.backend, "pending_frees", 0):
+                    self.backend.sweep()
+                self.backend.idle()
             self.arenas.settle()   # ranges that went idle (in any sweep) back to their arenas
         if deadline is not None:
             for name, w in self.objects.expired(time.monotonic()):
