@@ -225,9 +225,6 @@ class BrokerBackend(ABC):
             self._own_context = self.open_session()
         return self._own_context
 
-    def idle(self) -> None:
-        """Work worth doing ahead while no request waits (the server calls it then)."""
-
     def close(self) -> None:
         """Release backend-wide resources (after every pool is closed)."""
 

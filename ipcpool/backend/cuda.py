@@ -63,7 +63,7 @@ try:
     from . import cuda_driver as drv
     from . import cuda_vmm as vmm
     from .cuda_caps import capabilities
-    from .cuda_events import Graveyard, record_into, record_ipc, wait_ipc
+    from .cuda_events import Graveyard, UnrecordedEvent, record_into, record_ipc, wait_for, wait_ipc
 except ImportError as _exc:  # pragma: no cover - depends on the installation
     raise BackendUnavailable(f"the CUDA backend needs cuda-core and cuda-bindings: {_exc}") from _exc
 
@@ -92,7 +92,6 @@ VMM_CHUNK = 2 << 30
 SLAB_SIZE = 1 << 30
 SLAB_ALIGN = 512
 MAX_CREDITS = 64   # events of ours a session may hold unused (see _CudaSession.issue_credit)
-EVENT_STOCK = 32   # fresh events kept ready per device (CudaBrokerBackend.fresh_event)
 
 _tls = threading.local()
 
@@ -215,9 +214,10 @@ class _CudaSession(SessionContext):
         before): it stays ours (alive as long as anyone may wait on it, R4), queried locally."""
         if self.closed or len(self.credits) >= MAX_CREDITS:
             return b""
-        event, handle = self._backend.fresh_event(device)
-        self.credits[handle] = event
-        return handle
+        with _OnDevice(device):
+            event = UnrecordedEvent()   # no GPU work of ours per credit (see the class)
+        self.credits[event.ipc_handle] = event
+        return event.ipc_handle
 
     def hand_out(self, event: Any) -> None:
         """An event named in a reply: alive until the client's next message (by then it has
@@ -548,7 +548,7 @@ class CudaPool(BrokerPool):
         if alloc.ready is not None:
             stream.wait(alloc.ready)
         if credit is not None:
-            stream.wait(credit)   # our own event: a local wait (the _DoneWait below only queries it)
+            wait_for(stream, credit)   # our own event: a local wait (the _DoneWait below only queries it)
         if done_event:
             alloc.waits.append(_DoneWait(done_event, sess, self.device))  # the wait, on stream
         event, sealed = record_ipc(stream)
@@ -569,7 +569,7 @@ class CudaPool(BrokerPool):
                 if alloc.sealed.is_done:
                     alloc.seal_done = True      # never waited on again (a thousand-object attach)
                 else:
-                    stream.wait(alloc.sealed)   # our own events: a local wait, nothing to open
+                    wait_for(stream, alloc.sealed)   # our own events: a local wait, nothing to open
         event, joined = record_ipc(stream)
         sess.hand_out(event)
         return joined
@@ -785,12 +785,10 @@ class CudaBrokerBackend(BrokerBackend):
         self._pools: list[CudaPool] = []
         self._pending: list[tuple[CudaPool, _Allocation]] = []  # frees waiting on done events
         self.unconfirmed: collections.deque[_Allocation] = collections.deque()  # seals not seen done
-        self._stock: dict[int, collections.deque] = {}   # fresh IPC events per device (fresh_event)
 
     def create_pool(self, spec: PoolSpec) -> BrokerPool:
         pool = CudaPool(self, spec)
         self._pools.append(pool)
-        self._stock.setdefault(spec.device, collections.deque())
         return pool
 
     def adopt_pool(self, spec: PoolSpec, fd: int, info: dict[str, Any]) -> BrokerPool:
@@ -817,22 +815,6 @@ class CudaBrokerBackend(BrokerBackend):
         if stream is None:
             stream = self._reapers[device] = _make_current(device).create_stream()
         return stream
-
-    def fresh_event(self, device: int) -> tuple[Any, bytes]:
-        """A fresh IPC event on ``device`` from a stock made while idle (``idle``), so handing one
-        out costs a request no driver call; made now when the stock is out."""
-        stock = self._stock.get(device)
-        if stock:
-            return stock.popleft()
-        with _OnDevice(device):   # (cuda.core makes IPC events only by recording them: on our own stream)
-            return record_ipc(self.reaper(device))
-
-    def idle(self) -> None:
-        """Top the stocks of fresh events up (the server calls this when no request is waiting)."""
-        for device, stock in self._stock.items():
-            while len(stock) < EVENT_STOCK:
-                with _OnDevice(device):
-                    stock.append(record_ipc(self.reaper(device)))
 
     def adopt(self, graveyard: Graveyard) -> None:
         self._orphans.append(graveyard)
@@ -889,10 +871,6 @@ class CudaBrokerBackend(BrokerBackend):
         for stream in self._reapers.values():
             stream.sync()
         self.graveyard.drain()
-        for stock in self._stock.values():
-            for event, _ in stock:
-                event.close()
-            stock.clear()
         for stream in self._reapers.values():
             stream.close()
         self._reapers.clear()

@@ -15,9 +15,19 @@ Lifetimes:
 from __future__ import annotations
 
 import collections
+import ctypes
 from typing import Any
 
-from cuda.bindings.driver import cuEventRecord
+from cuda.bindings.driver import (
+    CUevent_flags,
+    CUresult,
+    cuEventCreate,
+    cuEventDestroy,
+    cuEventQuery,
+    cuEventRecord,
+    cuIpcGetEventHandle,
+    cuStreamWaitEvent,
+)
 from cuda.core import Event, EventOptions
 
 from ..errors import InvalidRequest
@@ -38,6 +48,50 @@ def record_ipc(stream: Any) -> tuple[Event, bytes]:
     event = stream.record(options=_IPC)
     reserved = event.ipc_descriptor.__reduce__()[1][0]
     return event, bytes(reserved)
+
+
+class UnrecordedEvent:
+    """An IPC event made with the driver API, never recorded here: a peer records it (a credit,
+    see ``BrokerPool.credit``). cuda.core makes IPC events only by recording them, which would
+    put a command of ours on the GPU, and with it a switch to our context there, for each one.
+    Offers what the broker uses of a cuda.core Event: ``is_done``, ``close``, and ``wait_on``."""
+
+    __slots__ = ("_event", "ipc_handle")
+
+    def __init__(self) -> None:
+        flags = int(CUevent_flags.CU_EVENT_INTERPROCESS) | int(CUevent_flags.CU_EVENT_DISABLE_TIMING)
+        self._event = check(cuEventCreate(flags), "cuEventCreate")
+        try:
+            handle = check(cuIpcGetEventHandle(self._event), "cuIpcGetEventHandle")
+            self.ipc_handle = ctypes.string_at(handle.getPtr(), HANDLE_BYTES)
+        except BaseException:
+            cuEventDestroy(self._event)
+            raise
+
+    @property
+    def is_done(self) -> bool:
+        (err,) = cuEventQuery(self._event)
+        if err == CUresult.CUDA_ERROR_NOT_READY:
+            return False
+        check((err,), "cuEventQuery")
+        return True
+
+    def wait_on(self, stream: Any) -> None:
+        """Make ``stream`` (a cuda.core Stream) wait for the latest record of this event."""
+        check(cuStreamWaitEvent(stream.handle, self._event, 0), "cuStreamWaitEvent")
+
+    def close(self) -> None:
+        if self._event is not None:
+            cuEventDestroy(self._event)
+            self._event = None
+
+
+def wait_for(stream: Any, event: Any) -> None:
+    """``stream.wait(event)`` for a cuda.core Event or an ``UnrecordedEvent`` alike."""
+    if isinstance(event, UnrecordedEvent):
+        event.wait_on(stream)
+    else:
+        stream.wait(event)
 
 
 def record_into(stream: Any, handle: bytes) -> None:

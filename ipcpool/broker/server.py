@@ -261,10 +261,8 @@ class Broker:
         if self._pending:
             self._expire_pending()
         if self.registry is not None:
-            if not events:
-                if getattr(self.backend, "pending_frees", 0):
-                    self.backend.sweep()
-                self.backend.idle()
+            if not events and getattr(self.backend, "pending_frees", 0):
+                self.backend.sweep()
             self.arenas.settle()   # ranges that went idle (in any sweep) back to their arenas
         if deadline is not None:
             for name, w in self.objects.expired(time.monotonic()):
