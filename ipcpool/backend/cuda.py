@@ -596,11 +596,8 @@ class CudaPool(BrokerPool):
             else:
                 alloc.slab.ranges.free(alloc.offset)
                 self._slab_used -= alloc.slab.ranges.rounded(alloc.size)
-            # Its seal event: every wait on it ran before some done event that has completed (a
-            # reader's own, or the one after a batch's joined event), or its process is gone. So
-            # it goes now, with no marker of ours on the GPU (a switch to our context there).
-            for event in alloc.extra:
-                event.close()
+            if alloc.extra:
+                self._backend.graveyard.bury(stream, *alloc.extra)
             alloc.extra = []
             return
         if alloc.chunks is not None:   # every importer has unmapped (after its work) or is gone
