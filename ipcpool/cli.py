@@ -42,12 +42,12 @@ def cmd_broker(args) -> int:
 
 
 def _stats_table(stats: dict) -> str:
-    cols = ("reserved", "used", "reserved_high", "used_high")
+    cols = ("reserved", "used", "reserved_high", "used_high", "arena_free")
     lines = [f"backend {stats['backend']}  sessions {stats['sessions']}  objects {stats.get('objects', 0)}"
              f"  pid {stats['pid']}",
              f"{'pool':<16}" + "".join(f"{c:>16}" for c in cols) + f"{'allocations':>13}"]
     for name, s in stats["pools"].items():
-        lines.append(f"{name:<16}" + "".join(f"{_human(s[c]):>16}" for c in cols) + f"{s['allocations']:>13}")
+        lines.append(f"{name:<16}" + "".join(f"{_human(s.get(c, 0)):>16}" for c in cols) + f"{s['allocations']:>13}")
     return "\n".join(lines)
 
 

@@ -91,6 +91,15 @@ class ArenaTable:
             elif not arena.ranges.used:
                 self._release(arena)
 
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per pool: bytes held in arenas (counted as used), and how many of them hold nothing."""
+        out: dict[str, dict[str, int]] = {}
+        for arena in self.arenas.values():
+            row = out.setdefault(arena.alloc.pool.spec.name, {"arena_bytes": 0, "arena_free": 0})
+            row["arena_bytes"] += arena.alloc.size
+            row["arena_free"] += arena.alloc.size - arena.ranges.used
+        return out
+
     def end_session(self, session: Session) -> None:
         for arena in [a for a in self.arenas.values() if a.session is session]:
             arena.closed = True

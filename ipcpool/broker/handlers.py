@@ -55,8 +55,12 @@ class Handlers:
     # -- pools and the session --------------------------------------------------------------------
     def op_stats(self, session: Session, f: dict, rid: int) -> dict:
         b = self.broker
+        pools = self.registry.stats()
+        arenas = b.arenas.stats()
+        for name, row in pools.items():
+            row.update(arenas.get(name, {"arena_bytes": 0, "arena_free": 0}))
         return {
-            "backend": b.choice.name, "sessions": len(b.sessions), "pools": self.registry.stats(),
+            "backend": b.choice.name, "sessions": len(b.sessions), "pools": pools,
             "objects": len(self.objects.objects), "pid": os.getpid(), "uptime": time.time() - b.started,
             "version": VERSION,
         }

@@ -28,6 +28,8 @@ def test_ranges_come_back_once_readers_are_done(broker):
         assert len({aid for aid, _ in carved}) <= 2     # ranges reused: one arena, or two if a
                                                         # reclaim notice was still on its way
         assert used(w) in (ARENA, 2 * ARENA)            # arenas stay the session's while it lives
+        pool = w.stats()["pools"]["default"]
+        assert pool["arena_bytes"] == used(w) and pool["arena_free"] == used(w)   # all carved ranges back
     with ipcpool.connect(broker.socket_dir) as c:
         assert used(c) == 0                             # and go with it
 
@@ -41,6 +43,8 @@ def test_a_refused_create_loses_nothing(broker):
             clash.seal()
         assert c.create("y", MiB).carved_at == at       # the range came straight back
         assert [o["name"] for o in c.list()] == ["x", "y"]
+        pool = c.stats()["pools"]["default"]
+        assert pool["arena_bytes"] == ARENA and pool["arena_free"] == ARENA - 2 * MiB   # x and y
         aborted = c.create("z", MiB)
         aborted.free()                                  # never sealed: freed, not published
         with pytest.raises(ipcpool.ObjectNotFound):
