@@ -4,6 +4,9 @@ gets it and reads one element. p50/p99 over N hand-offs, side by side with the p
     python bench/handoff.py --backend host   # vs multiprocessing.shared_memory
     python bench/handoff.py --backend cuda   # vs torch.multiprocessing and cuda.core IPC buffers
 
+Every run also times the floor: the same hand-off written by hand with everything set up once
+(memory imported once, events recycled, the host polling the event, a notice over AF_UNIX).
+
 Latency is from the producer's first call to the consumer holding the element (CLOCK_MONOTONIC is
 one clock for every process). Writes bench/results/handoff_<backend>.json and .png.
 """
@@ -123,6 +126,119 @@ def _report_steps(who: str, names: tuple[str, ...], steps: list[tuple[int, ...]]
     print(f"  {who} step p50: " + ", ".join(cols), file=sys.stderr, flush=True)
 
 
+# -- the floor: the same hand-off done by hand, everything set up once ------------------------------
+# Both processes share one memory region imported once (CUDA: an IPC pool allocation of SLOTS slots;
+# host: one memfd mapping) and a duplex AF_UNIX socketpair. CUDA: SLOTS IPC events are made once by
+# the producer, opened once by the consumer, and re-recorded in turn (event k again only after
+# hand-off k was acknowledged); the consumer polls cuEventQuery on the host, never a stream wait.
+SLOTS = 16
+
+
+def _floor_producer(_, backend, n, go, link, acks, pipe):
+    import mmap
+    from multiprocessing import reduction
+
+    if backend == "host":
+        fd = os.memfd_create("floor")
+        os.ftruncate(fd, SLOTS * SIZE)
+        mem = mmap.mmap(fd, SLOTS * SIZE)
+        reduction.send_handle(pipe, fd, pipe.recv())   # the consumer's pid came first
+        fill = bytes(SIZE)
+        for i in range(n):
+            go.get()
+            t0 = time.perf_counter_ns()
+            k = i % SLOTS
+            mem[k * SIZE : (k + 1) * SIZE] = fill
+            mem[k * SIZE] = i % 251
+            pipe.send_bytes(bytes((k,)))
+            link.put((t0, t0))
+            pipe.recv_bytes()   # the consumer's one-byte ack
+        return
+    import torch
+    from cuda.bindings import driver as cu
+    from cuda.core import Device, DeviceMemoryResource, DeviceMemoryResourceOptions
+
+    dev = Device(0)
+    dev.set_current()
+    stream = dev.create_stream()
+    mr = DeviceMemoryResource(dev, DeviceMemoryResourceOptions(ipc_enabled=True, max_size=1 << 30))
+    buf = mr.allocate(SLOTS * SIZE, stream=stream)
+    stream.sync()
+    flags = int(cu.CUevent_flags.CU_EVENT_INTERPROCESS) | int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+    events = [cu.cuEventCreate(flags)[1] for _ in range(SLOTS)]
+    handles = [bytes(cu.cuIpcGetEventHandle(e)[1].reserved) for e in events]
+    link.put((mr, buf, handles))
+    torch.cuda.set_stream(torch.cuda.ExternalStream(int(stream.handle)))
+    whole = torch.from_dlpack(buf).view(torch.uint8)
+    views = [whole[k * SIZE : (k + 1) * SIZE] for k in range(SLOTS)]
+    h = int(stream.handle)
+    pipe.recv_bytes()   # the consumer has opened everything
+    for i in range(n):
+        go.get()
+        t0 = time.perf_counter_ns()
+        k = i % SLOTS
+        views[k].fill_(i % 251)
+        cu.cuEventRecord(events[k], h)
+        pipe.send_bytes(k.to_bytes(8, "little") + i.to_bytes(8, "little"))   # a 16-byte notice
+        link.put((t0, t0))
+        pipe.recv_bytes()
+    buf.close(stream)
+
+
+def _floor_consumer(_, backend, n, go, link, acks, out, pipe):
+    import mmap
+    from multiprocessing import reduction
+
+    if backend == "host":
+        pipe.send(os.getpid())
+        fd = reduction.recv_handle(pipe)
+        mem = mmap.mmap(fd, SLOTS * SIZE)
+        for i in range(n):
+            go.put(True)
+            while not pipe.poll(0):   # spinning, as the ipcpool client does for a while
+                pass
+            k = pipe.recv_bytes()[0]
+            value = mem[k * SIZE]
+            t1 = time.perf_counter_ns()
+            assert value == i % 251, (value, i)
+            t0, _ = link.get()
+            out.put(t1 - t0)
+            pipe.send_bytes(b"a")
+        return
+    import torch
+    from cuda.bindings import driver as cu
+    from cuda.core import Device
+
+    Device(0).set_current()
+    stream = Device(0).create_stream()
+    torch.cuda.set_stream(torch.cuda.ExternalStream(int(stream.handle)))
+    _mr, buf, handles = link.get()
+    whole = torch.from_dlpack(buf).view(torch.uint8)
+    views = [whole[k * SIZE : (k + 1) * SIZE] for k in range(SLOTS)]
+    events = []
+    for raw in handles:
+        handle = cu.CUipcEventHandle()
+        handle.reserved = raw
+        events.append(cu.cuIpcOpenEventHandle(handle)[1])
+    pipe.send_bytes(b"r")
+    not_ready = cu.CUresult.CUDA_ERROR_NOT_READY
+    for i in range(n):
+        go.put(True)
+        while not pipe.poll(0):
+            pass
+        k = int.from_bytes(pipe.recv_bytes()[:8], "little")
+        while cu.cuEventQuery(events[k])[0] == not_ready:   # the host sees the fill complete
+            pass
+        value = int(views[k][0].item())
+        t1 = time.perf_counter_ns()
+        assert value == i % 251, (value, i)
+        t0, _ = link.get()
+        out.put(t1 - t0)
+        pipe.send_bytes(b"a")
+    del views, whole
+    buf.close()
+
+
 # -- multiprocessing.shared_memory (host peer) ------------------------------------------------------
 def _shm_producer(_, __, n, go, link, acks):
     from multiprocessing import shared_memory
@@ -219,11 +335,13 @@ def _core_consumer(_, __, n, go, link, acks, out):
         acks.put(True)
 
 
-def run_pair(label, producer, consumer, n, socket_dir=None, backend=None) -> dict:
-    # SimpleQueues: no feeder thread in the timed processes to contend for their GIL.
+def run_pair(label, producer, consumer, n, socket_dir=None, backend=None, pipe=False) -> dict:
+    # SimpleQueues: no feeder thread in the timed processes to contend for their GIL. ``pipe``: the
+    # pair also gets the two ends of one AF_UNIX socketpair (the floor's notice).
     go, link, acks, out = CTX.SimpleQueue(), CTX.SimpleQueue(), CTX.SimpleQueue(), CTX.SimpleQueue()
-    p = CTX.Process(target=producer, args=(socket_dir, backend, n, go, link, acks))
-    c = CTX.Process(target=consumer, args=(socket_dir, backend, n, go, link, acks, out))
+    ends = CTX.Pipe(duplex=True) if pipe else ()
+    p = CTX.Process(target=producer, args=(socket_dir, backend, n, go, link, acks, *ends[:1]))
+    c = CTX.Process(target=consumer, args=(socket_dir, backend, n, go, link, acks, out, *ends[1:]))
     p.start()
     c.start()
     samples = []
@@ -269,7 +387,10 @@ def main() -> None:
     parser.add_argument("--handoffs", type=int, default=1000)
     parser.add_argument("--no-spin-too", action="store_true",
                         help="also run ipcpool with busy polling off, for the difference it makes")
+    parser.add_argument("--skip", default="", help="comma-separated lines to leave out (e.g. cuda.core)")
+    parser.add_argument("--out-dir", type=Path, default=None, help="where the JSON and PNG go (default bench/results)")
     args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
     n = args.handoffs + WARMUP
     results = {"benchmark": "handoff", "backend": args.backend, "machine": machine(), "handoffs": args.handoffs,
                "object_bytes": SIZE, "peers": {}}
@@ -277,28 +398,33 @@ def main() -> None:
         from bench.common import gpu_device
 
         results["device"] = gpu_device()
+    peers = results["peers"]
     pool = '[[pools]]\nname = "default"\nmax_size = "4G"\n'
     with broker(args.backend, pool) as socket_dir:
-        results["peers"]["ipcpool"] = run_pair("ipcpool", _ipc_producer, _ipc_consumer, n, socket_dir, args.backend)
+        peers["ipcpool"] = run_pair("ipcpool", _ipc_producer, _ipc_consumer, n, socket_dir, args.backend)
     if args.no_spin_too:   # the same without busy polling (broker busy_poll_us = 0, clients' spin 0)
         os.environ["IPCPOOL_CLIENT_SPIN_US"] = "0"   # inherited by the spawned clients
         with broker(args.backend, "busy_poll_us = 0\n" + pool) as socket_dir:
-            results["peers"]["ipcpool, no busy polling"] = run_pair(
+            peers["ipcpool, no busy polling"] = run_pair(
                 "ipcpool, no busy polling", _ipc_producer, _ipc_consumer, n, socket_dir, args.backend)
         del os.environ["IPCPOOL_CLIENT_SPIN_US"]
+    peers["floor"] = run_pair("floor", _floor_producer, _floor_consumer, n, None, args.backend, pipe=True)
     if args.backend == "host":
-        results["peers"]["shared_memory"] = run_pair("multiprocessing.shared_memory", _shm_producer, _shm_consumer, n)
+        peers["shared_memory"] = run_pair("multiprocessing.shared_memory", _shm_producer, _shm_consumer, n)
     else:
-        results["peers"]["torch.multiprocessing"] = run_pair("torch.multiprocessing", _torch_producer, _torch_consumer, n)
-        results["peers"]["cuda.core"] = run_pair("cuda.core IPC buffers", _core_producer, _core_consumer, n)
-    base = results["peers"]["ipcpool"]["p50_us"]
-    results["speedup_p50"] = {k: v["p50_us"] / base for k, v in results["peers"].items() if not k.startswith("ipcpool")}
-    path = save(f"handoff_{args.backend}", results, plot)
-    print(f"\n{'':<24}{'p50 µs':>10}{'p99 µs':>10}")
-    for k, v in results["peers"].items():
-        print(f"{k:<24}{v['p50_us']:>10.1f}{v['p99_us']:>10.1f}")
-    for k, v in results["speedup_p50"].items():
-        print(f"ipcpool p50 is {v:.2f}x faster than {k}")
+        peers["torch.multiprocessing"] = run_pair("torch.multiprocessing", _torch_producer, _torch_consumer, n)
+        if "cuda.core" not in skip:
+            peers["cuda.core"] = run_pair("cuda.core IPC buffers", _core_producer, _core_consumer, n)
+    peer = "shared_memory" if args.backend == "host" else "torch.multiprocessing"
+    for row in peers.values():   # each line against the floor and the usual peer
+        row["x_floor"] = row["p50_us"] / peers["floor"]["p50_us"]
+        row[f"speedup_vs_{peer}"] = peers[peer]["p50_us"] / row["p50_us"]
+    base = peers["ipcpool"]["p50_us"]
+    results["speedup_p50"] = {k: v["p50_us"] / base for k, v in peers.items() if not k.startswith("ipcpool")}
+    path = save(f"handoff_{args.backend}", results, plot, *([args.out_dir] if args.out_dir else []))
+    print(f"\n{'':<26}{'p50 µs':>9}{'p99 µs':>9}{'x floor':>9}{'vs ' + peer.split('.')[0]:>12}")
+    for k, v in peers.items():
+        print(f"{k:<26}{v['p50_us']:>9.1f}{v['p99_us']:>9.1f}{v['x_floor']:>9.2f}{v[f'speedup_vs_{peer}']:>11.2f}x")
     print(f"-> {path}")
 
 
