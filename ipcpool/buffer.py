@@ -28,11 +28,8 @@ class Buffer:
         self.meta = meta or {}
         self.readonly = readonly
         self._freed = False
-        # A create sent without waiting (carved from an arena): its request, until the reply
-        # settles ``alloc_id`` or the error; the arena and offset it was carved at.
-        self._create_rid: int | None = None
-        self._create_error: Exception | None = None
-        self._arena: tuple | None = None
+        # Carved from this client's arena and requested without waiting (``handoff.Carving``).
+        self._carving = None
 
     def _live(self) -> ImportedMemory:
         if self._freed:
@@ -140,7 +137,7 @@ class Buffer:
     def carved_at(self) -> tuple[int, int] | None:
         """(arena id, offset) for an object carved from this client's arena (created without a
         round trip), else None."""
-        return None if self._arena is None else (self._arena[0].aid, self._arena[1])
+        return None if self._carving is None else (self._carving.arena.aid, self._carving.offset)
 
     def __enter__(self) -> Buffer:
         return self

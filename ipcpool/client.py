@@ -20,9 +20,9 @@ from typing import Any
 import zmq
 
 from . import fdpass, interop, paths, protocol
-from .arena import ARENA_BYTES, ClientArena
 from .backend import client_backend
 from .backend.base import ClientPool, Export
+from .board import Board
 from .buffer import Buffer, Subscription
 from .errors import (
     BrokerGone,
@@ -35,25 +35,13 @@ from .errors import (
     error_from_wire,
 )
 from .growable import GrowableBuffer, Remap
+from .handoff import Handoff, default_arena_bytes, env_us
+from .handoff import export_of as _export
 from .meta import wire_meta
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
-# A reply usually comes within a few hundred microseconds: poll for it this long before sleeping,
-# since waking a sleeping process costs tens of microseconds each time. IPCPOOL_CLIENT_SPIN_US=0
-# turns it off (a client short of CPU).
-SPIN_S = int(os.environ.get("IPCPOOL_CLIENT_SPIN_US", "300")) / 1e6
-# A get that waits for a seal is usually a consumer waiting for a producer a hop away: it polls
-# longer (IPCPOOL_GET_SPIN_US; never longer than the reply spin is off: IPCPOOL_CLIENT_SPIN_US=0).
-GET_SPIN_S = int(os.environ.get("IPCPOOL_GET_SPIN_US", "1000")) / 1e6 if SPIN_S else 0.0
-
-
-def _export(reply: dict) -> Export:
-    """An allocation's export as a reply carries it."""
-    return Export(size=reply["size"], offset=reply["offset"], data=reply["data"],
-                  ready_event=reply["event"], sub=bool(reply.get("sub")),
-                  chunks=tuple(reply.get("chunks") or ()))
 
 
 class _NotYet(Exception):
@@ -64,7 +52,12 @@ def connect(socket_dir: str | os.PathLike | None = None, *, timeout: float = DEF
             arena_bytes: int | None = None) -> Client:
     """Open a session with the broker serving ``socket_dir`` (default: see ``paths``).
     ``arena_bytes``: the size of the arenas small objects are carved from without a round trip
-    (default ``IPCPOOL_ARENA_BYTES`` or 32 MiB; 0: every create waits for the broker)."""
+    (default ``IPCPOOL_ARENA_BYTES`` or 32 MiB; 0: every create waits for the broker).
+
+    Spinning, read here from the environment: a reply is polled for ``IPCPOOL_CLIENT_SPIN_US``
+    (300) before sleeping, a seal a ``get`` waits for ``IPCPOOL_GET_SPIN_US`` (1000), a pending
+    seal event ``IPCPOOL_EVENT_SPIN_US`` (2000, CUDA) before a stream wait; waking a sleeping
+    process costs tens of µs each time. ``IPCPOOL_CLIENT_SPIN_US=0`` turns the first two off."""
     return Client(socket_dir, timeout=timeout, arena_bytes=arena_bytes)
 
 
@@ -82,7 +75,7 @@ class Client:
                  arena_bytes: int | None = None):
         self.socket_dir = paths.resolve(socket_dir)
         self.timeout = timeout
-        self.arena_bytes = ARENA_BYTES if arena_bytes is None else max(0, int(arena_bytes))
+        self.spin_s = env_us("IPCPOOL_CLIENT_SPIN_US", 300)
         self._lock = threading.RLock()
         self._closed = False
         self._next_id = 1
@@ -90,15 +83,10 @@ class Client:
         self._buffers: dict[int, Buffer] = {}
         self._watches: dict[int, collections.deque] = {}
         self._growables: dict[str, GrowableBuffer] = {}
-        self._arenas: dict[str, list[ClientArena]] = {}   # per pool
-        self._no_arena: dict[str, float] = {}             # pool -> when to ask for an arena again
-        self._by_arena: dict[int, ClientArena] = {}
-        self._inflight: dict[int, Buffer] = {}   # pipelined creates by request id, until their reply
-        self._sealing: dict[int, Buffer] = {}    # pipelined seals by request id
         self._writing: set[str] = set()          # names of objects this client is writing
         self._tensor_bases: dict = {}            # torch views of whole slabs (interop), per dtype
-        self._credits: dict[str, collections.deque[bytes]] = {}   # the broker's events, per pool
         self.async_errors: list[IpcPoolError] = []
+        self._handoff = Handoff(self, default_arena_bytes() if arena_bytes is None else max(0, int(arena_bytes)))
         self._control = self._open_control()
         try:
             hello = self._hello()
@@ -181,15 +169,29 @@ class Client:
                 raise ProtocolError(f"hello reply lacks {key!r}")
         return reply
 
+    @property
+    def arena_bytes(self) -> int:
+        return self._handoff.arena_bytes
+
     def _pool(self, name: str) -> ClientPool:
         pool = self._pools.get(name)
         if pool is None:
             reply, fds = self._control_call({"op": "pool_fd", "pool": name})
-            if len(fds) != 1 or not isinstance(reply.get("info"), dict):
+            if len(fds) != 2 or not isinstance(reply.get("info"), dict):
                 for fd in fds:
                     os.close(fd)
-                raise ProtocolError(f"pool {name!r}: expected one FD and its info, got {len(fds)} FD(s)")
-            pool = self._pools[name] = self._backend.import_pool(reply["info"], fds[0])
+                raise ProtocolError(f"pool {name!r}: expected its FD, its seal board's and its info, got {len(fds)} FD(s)")
+            try:
+                board = Board(fds[1], owner=False)
+            except BaseException:
+                os.close(fds[0])
+                raise
+            try:
+                pool = self._pools[name] = self._backend.import_pool(reply["info"], fds[0])
+            except BaseException:
+                board.close()
+                raise
+            self._handoff.boards[name] = board
         return pool
 
     # -- requests -----------------------------------------------------------------------------
@@ -212,13 +214,13 @@ class Client:
         with self._lock:
             self._check_open()
             rid = self._send(op, **fields)
-            spin = GET_SPIN_S if _wait != 0.0 else SPIN_S
+            spin = self._handoff.get_spin_s if _wait != 0.0 else self.spin_s
             return self._wait_reply(rid, None if _wait is None else self.timeout + _wait, spin=spin)
 
-    def _wait_reply(self, rid: int, timeout: float | None, until=None, spin: float = SPIN_S) -> dict | None:
+    def _wait_reply(self, rid: int, timeout: float | None, until=None, spin: float | None = None) -> dict | None:
         """The reply to ``rid``; or, with ``until``, None as soon as ``until()`` holds."""
         timeout_ms = -1 if timeout is None else int(timeout * 1000)
-        spin_until = time.perf_counter() + spin
+        spin_until = time.perf_counter() + (self.spin_s if spin is None else spin)
         while True:
             if until is not None and until():
                 return None
@@ -241,25 +243,20 @@ class Client:
     def _take_reply(self, rid: int, data: bytes) -> dict:
         reply = protocol.unpack(data, protocol.MAX_REPLY)
         if "notify" in reply:   # a notification, not a reply
+            if self._handoff.on_notice(reply):
+                raise _NotYet
             if reply["notify"] == "grown":
                 g = self._growables.get(reply.get("growable"))
                 if g is not None and isinstance(reply.get("gen"), int) and isinstance(reply.get("size"), int):
                     g._announce(reply["gen"], reply["size"])
-                raise _NotYet
-            if reply["notify"] == "reclaim":
-                arena = self._by_arena.get(reply.get("arena"))
-                if arena is not None and isinstance(reply.get("offset"), int):
-                    arena.reclaimed(reply["offset"])
                 raise _NotYet
             queue = self._watches.get(reply.get("watch"))
             if queue is not None and isinstance(reply.get("object"), dict):
                 queue.append(reply["object"])
             raise _NotYet
         self._backend.broker_progressed()
-        if "credit" in reply or "credits" in reply:
-            self._keep_credits(reply)
-        if self._inflight or self._sealing:
-            self._pipelined(reply)
+        if self._handoff.on_reply(reply):   # a create, allocate or seal sent without waiting
+            raise _NotYet
         if reply.get("id") == rid:
             if reply.get("ok"):
                 return reply
@@ -270,52 +267,30 @@ class Client:
             self.async_errors.append(err)
         raise _NotYet
 
-    def _keep_credits(self, reply: dict) -> None:
-        """Events of the broker's this client records as its next done events (see
-        ``BrokerPool.credit``), kept per pool."""
-        got = [reply.get("credit")] if "credit" in reply else list(reply.get("credits") or ())
-        pool = reply.get("pool")
-        if isinstance(pool, str):
-            self._credits.setdefault(pool, collections.deque()).extend(
-                c for c in got if isinstance(c, bytes) and len(c) == protocol.HANDLE_BYTES)
+    def _pump(self, timeout: float) -> None:
+        """Sleep until the broker sends something (at most ``timeout`` s), and take it all in."""
+        events = dict(self._poller.poll(int(timeout * 1000)))
+        if self._control.fileno() in events and self._dealer not in events:
+            raise BrokerGone("the broker went away (its control socket closed)")
+        if self._dealer in events:
+            self._drain()
 
-    def _release(self, buf: Buffer, stream: Any) -> bytes:
-        """Release ``buf``'s import; its done event, on a credit of the broker's where one is left."""
-        credits = self._credits.get(buf.pool)
-        credit = credits.popleft() if credits else b""
-        done = self._pools[buf.pool].release(buf._memory, stream, credit)
-        if credit and done != credit:
-            credits.appendleft(credit)   # not needed (memory with no done event): keep it
-        return done
-
-    def _pipelined(self, reply: dict) -> None:
-        """The reply to a create or seal sent without waiting: settle its buffer (raises _NotYet)."""
-        buf = self._inflight.pop(reply.get("id"), None)
-        if buf is not None:
-            if reply.get("ok"):
-                buf.alloc_id = reply.get("alloc", 0)
-            else:
-                buf._create_error = error_from_wire(reply.get("code", 1), str(reply.get("error")))
-            raise _NotYet
-        buf = self._sealing.pop(reply.get("id"), None)
-        if buf is not None:
-            if not reply.get("ok") and buf._create_error is None:   # (after a refused create: expected)
-                err = error_from_wire(reply.get("code", 1), str(reply.get("error")))
-                log.error("the broker refused the seal of %r: %s", buf.name, err)
-                self.async_errors.append(err)
-            raise _NotYet
-
-    def _settle(self, buf: Buffer) -> None:
-        """Wait for the reply to ``buf``'s pipelined create (usually here already)."""
-        rid = buf._create_rid
-        if rid in self._inflight:
-            self._wait_reply(-1, self.timeout, until=lambda: rid not in self._inflight)
+    def flush(self) -> None:
+        """Wait until the broker has answered every request this client sent without waiting
+        (carved creates and allocations, seals); raise the first it refused."""
+        with self._lock:
+            self._check_open()
+            self._handoff.flush()
 
     def allocate(self, nbytes: int, *, pool: str = "default", stream: Any = None) -> Buffer:
         """Allocate ``nbytes`` from the broker's pool ``pool``; on CUDA, ``stream`` waits for it."""
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
             raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
         with self._lock:
+            self._check_open()
+            buf = self._handoff.carve("allocate", {"nbytes": nbytes, "pool": pool}, name=None)
+            if buf is not None:   # carved from an arena, no round trip
+                return buf
             reply = self._call("allocate", nbytes=nbytes, pool=pool)
             return self._adopt(reply, stream, owner=True)
 
@@ -363,7 +338,11 @@ class Client:
             self._check_open()
             if name in self._writing:
                 raise ObjectExists(f"this client is already writing an object named {name!r}; seal or free it first")
-            buf = self._create_in_arena(fields)
+            if nbytes <= self._handoff.arena_bytes // 4:   # what the broker would refuse, now
+                protocol.check_object_name("name", name)
+                if "meta" in fields:
+                    protocol.check_meta("meta", fields["meta"])
+            buf = self._handoff.carve("create", fields, name=name)
             if buf is None:
                 reply = self._call("create", **fields)
                 reply["meta"] = fields.get("meta", {})
@@ -371,75 +350,12 @@ class Client:
             self._writing.add(name)
             return buf
 
-    def _create_in_arena(self, fields: dict) -> Buffer | None:
-        """The create pipelined: carved here, sent without waiting. None where no arena has room."""
-        nbytes, pool = fields["nbytes"], fields["pool"]
-        if nbytes > self.arena_bytes // 4:
-            return None
-        protocol.check_object_name("name", fields["name"])   # what the broker would refuse, now
-        if "meta" in fields:
-            protocol.check_meta("meta", fields["meta"])
-        arena, offset = self._carve(pool, nbytes)
-        if arena is None:
-            return None
-        rid = self._send("create", arena=arena.aid, offset=offset, **fields)
-        buf = self._keep(0, pool, arena.memory_at(offset, nbytes), True, fields["name"], fields.get("meta", {}), False)
-        buf._arena, buf._create_rid = (arena, offset), rid
-        self._inflight[rid] = buf
-        return buf
-
-    def _carve(self, pool: str, nbytes: int) -> tuple[ClientArena | None, int]:
-        arenas = self._arenas.setdefault(pool, [])
-        for attempt in range(2):
-            for arena in reversed(arenas):
-                offset = arena.carve(nbytes)
-                if offset is not None:
-                    return arena, offset
-            if attempt == 0:
-                self._drain()   # ranges the broker has reclaimed since
-        if len(arenas) >= protocol.MAX_ARENAS or self._no_arena.get(pool, 0.0) > time.monotonic():
-            return None, 0
-        arena = self._open_arena(pool)
-        if arena is None:
-            return None, 0
-        arenas.append(arena)
-        offset = arena.carve(nbytes)
-        return (arena, offset) if offset is not None else (None, 0)
-
-    def _open_arena(self, pool: str) -> ClientArena | None:
-        try:
-            reply = self._call("arena", pool=pool, nbytes=self.arena_bytes)
-        except (InvalidRequest, ProtocolError) as exc:   # none from this pool (or broker): the usual way
-            log.debug("no arena from pool %r: %s", pool, exc)
-            self._no_arena[pool] = float("inf")
-            return None
-        except IpcPoolError as exc:   # out of memory or quota: the usual create says so plainly,
-            log.debug("no arena from pool %r: %s", pool, exc)   # and we ask again only a second later
-            self._no_arena[pool] = time.monotonic() + 1.0
-            return None
-        client_pool = self._pool(pool)
-        arena = ClientArena(reply["alloc"], client_pool, client_pool.import_allocation(_export(reply)))
-        self._by_arena[arena.aid] = arena
-        return arena
-
     def _seal(self, buf: Buffer, stream: Any) -> None:
         with self._lock:
             self._check_open()
             self._buffers.pop(id(buf), None)
             self._writing.discard(buf.name)
-            done = self._release(buf, stream)
-            extra = {"done_event": done} if done else {}
-            if buf._create_rid is None:
-                self._call("seal", name=buf.name, alloc=buf.alloc_id, **extra)
-                return
-            if buf._create_error is None:
-                # Right behind the create, without waiting: a reader waiting for this object has
-                # it one broker hop after this send.
-                self._sealing[self._send("seal", name=buf.name, **extra)] = buf
-            self._settle(buf)
-            if buf._create_error is not None:
-                buf._arena[0].refused(buf._arena[1], stream)
-                raise buf._create_error
+            self._handoff.seal(buf, stream)
 
     def get(self, name: str, *, stream: Any = None, timeout: float | None = None) -> Buffer:
         """A read lease on object ``name``; on CUDA ``stream`` waits for the seal. Blocks until the
@@ -449,7 +365,12 @@ class Client:
             fields["timeout_ms"] = max(0, int(timeout * 1000))
         with self._lock:
             reply = self._call("get", _wait=timeout, **fields)
-            return self._adopt(reply, stream, owner=False, name=name, readonly=True)
+            if not reply.get("pending"):
+                return self._adopt(reply, stream, owner=False, name=name, readonly=True)
+            # Answered before the seal: the memory now, the seal from the board (handoff).
+            buf = self._adopt({**reply, "event": b""}, stream, owner=False, name=name, readonly=True)
+            self._handoff.await_seal(buf, reply, stream, timeout)
+            return buf
 
     def get_many(self, names: list[str], *, stream: Any = None) -> list[Buffer]:
         """Read leases on many sealed objects in one request (all or none; no waiting): how a
@@ -582,14 +503,9 @@ class Client:
             self._buffers.pop(id(buf), None)
             if buf.owner and buf.name is not None:
                 self._writing.discard(buf.name)
-            if self._closed:
+            if self._closed or self._handoff.free(buf, stream):   # carved: freed by where it lies
                 return
-            if buf._create_rid is not None:
-                self._settle(buf)
-                if buf._create_error is not None:   # the broker never had it: only ours to drop
-                    buf._arena[0].refused(buf._arena[1], stream)
-                    return
-            done = self._release(buf, stream)
+            done = self._handoff.release(buf, stream)
             fields = {"alloc": buf.alloc_id}
             if done:
                 fields["done_event"] = done
@@ -699,10 +615,7 @@ class Client:
 
     def share(self, buf: Buffer) -> bytes:
         with self._lock:
-            if buf._create_rid is not None:
-                self._settle(buf)
-                if buf._create_error is not None:
-                    raise buf._create_error
+            self._handoff.settle(buf)
             return self._call("share", alloc=buf.alloc_id)["token"]
 
     def stats(self) -> dict:
@@ -747,6 +660,9 @@ class Client:
                 for pool in self._pools.values():
                     pool.close()
                 self._pools.clear()
+                for board in self._handoff.boards.values():
+                    board.close()
+                self._handoff.boards.clear()
                 self._backend.close()
 
     @property

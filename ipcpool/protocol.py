@@ -134,8 +134,11 @@ def _object_name(required: bool = True) -> Field:
 
 # Requests on the message channel, op -> schema (besides "op" and "id").
 REQUESTS: dict[str, dict[str, Field]] = {
-    "allocate": {"nbytes": _u64(), "pool": _name()},
-    "free": {"alloc": _u64(), "done_event": _bin(required=False)},
+    # With ``arena`` and ``offset``: the range the client carved in its arena (sent without waiting).
+    "allocate": {"nbytes": _u64(), "pool": _name(), "arena": _u64(required=False), "offset": _u64(required=False)},
+    # By ``alloc``, or by the arena range it was carved at (freed before its reply came back).
+    "free": {"alloc": _u64(required=False), "arena": _u64(required=False), "offset": _u64(required=False),
+             "done_event": _bin(required=False)},
     "share": {"alloc": _u64()},
     "open": {"token": _bin(max_len=32)},
     "bye": {},
@@ -145,8 +148,11 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "set_release_threshold": {"pool": _name(), "bytes": _u64()},
     "ping": {},
     # With ``arena`` and ``offset``: the object is the range the client carved in its arena.
+    # ``slot``/``seq``: the writer will post ``seq`` in that word of its arena's seal-board block once
+    # its seal is recorded, on ``seal_credit`` (a credit of its own, CUDA); see ``ipcpool.board``.
     "create": {"name": _object_name(), "nbytes": _u64(), "pool": _name(), "meta": Field(dict, False, check=check_meta),
-               "arena": _u64(required=False), "offset": _u64(required=False)},
+               "arena": _u64(required=False), "offset": _u64(required=False), "slot": _u64(required=False),
+               "seq": _u64(required=False), "seal_credit": _bin(required=False)},
     # ``alloc`` is left out by a client that sends its seal before the (pipelined) create's reply.
     "seal": {"name": _object_name(), "alloc": _u64(required=False), "done_event": _bin(required=False)},
     # A range of pool memory this session carves objects from itself (a create without waiting).

@@ -84,6 +84,10 @@ class RangeAllocator:
     def size_of(self, offset: int) -> int:
         return self._used[offset]
 
+    def offsets(self) -> list[int]:
+        """Allocated offsets, in address order."""
+        return sorted(self._used)
+
     def free(self, offset: int) -> int:
         """Free the block at ``offset``; return the (offset, size) of the merged free block's size."""
         size = self._used.pop(offset, None)

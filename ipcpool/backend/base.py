@@ -154,6 +154,28 @@ class BrokerPool(ABC):
         wait on it directly. Empty where there are no events, or the session holds enough."""
         return b""
 
+    def check_promise(self, session: SessionContext, handle: bytes) -> None:
+        """A writer promises to record its seal on ``handle`` (a credit this session holds, unused)
+        so that readers can be told of it before the seal; refuse anything else. Where the backend
+        has no events there is nothing to promise."""
+        if handle:
+            raise InvalidRequest(f"pool {self.spec.name!r} has no events: a create names no seal_credit")
+
+    def seal_done(self, handle: object) -> bool:
+        """True once the seal of named object ``handle`` has certainly completed (readers then need
+        no event at all). Never blocks."""
+        return True
+
+    def shrink(self, handle: object, keep: list[tuple[int, int]]) -> int:
+        """An arena (``handle``) whose session is gone keeps only ``keep``, the (offset, size) of
+        each object still in it; give the rest back to the pool and return how many bytes. Each
+        kept part is then freed alone by ``free_part``, and ``free`` frees no more. 0: not done
+        (the arena is freed whole with its last object)."""
+        return 0
+
+    def free_part(self, handle: object, offset: int) -> None:
+        """The kept part at ``offset`` of a shrunk arena is idle: give it back to the pool."""
+
     def join_seals(self, handles: list[object], session: SessionContext) -> bytes:
         """One event on ``session``'s stream that completes after the seal of every one of
         ``handles`` (sealed objects of this pool): a batch of leases waits on it once, not once per
@@ -286,6 +308,14 @@ class ImportedMemory(ABC):
 
 
 class ClientPool(ABC):
+    # Readers order their work after a seal's event: writers record each seal on one (CUDA).
+    seal_event = False
+
+    def order_after(self, event: bytes, stream: Any = None) -> None:
+        """Order the work on ``stream`` after the peer's IPC event ``event`` (R1): nothing once the
+        host sees it complete, else after a bounded spin a stream wait. Nothing where there are no
+        events."""
+
     @abstractmethod
     def import_allocation(self, export: Export, stream: Any = None, fds: list[int] = ()) -> ImportedMemory:
         """Map/import an allocation; on CUDA ``stream`` waits on the ready event (R1). ``fds``: the

@@ -19,6 +19,7 @@ import collections
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -63,7 +64,7 @@ try:
     from . import cuda_driver as drv
     from . import cuda_vmm as vmm
     from .cuda_caps import capabilities
-    from .cuda_events import Graveyard, UnrecordedEvent, record_into, record_ipc, wait_for, wait_ipc
+    from .cuda_events import Graveyard, UnrecordedEvent, open_ipc, record_into, record_ipc, wait_for, wait_ipc
 except ImportError as _exc:  # pragma: no cover - depends on the installation
     raise BackendUnavailable(f"the CUDA backend needs cuda-core and cuda-bindings: {_exc}") from _exc
 
@@ -281,19 +282,25 @@ class _DoneWait:
             # readers wait on it too, so it lives on (in the allocation's events) after this.
             self.marker, self.keep = credit, keep
             return
-        if session.closed:  # a late message: wait on a stream of its own, never a shared one (R3)
-            self.stream = stream = _make_current(device).create_stream()
-        else:
-            stream = session.stream(device)
+        self.marker = None
         try:
-            wait_ipc(stream, handle)
+            event = open_ipc(handle)
         except CUDAError as exc:
             # The client keeps its done events alive until the broker has read them, so this
             # means it is gone (and its work with it).
             log.warning("cannot open a done event (%s): the client is gone; not waiting for it", exc)
-            self.marker = None
             return
-        self.marker = stream.record()
+        try:
+            if event.is_done:   # R1/R2: the host sees it complete, so nothing waits on it (~1 µs)
+                return
+            if session.closed:  # a late message: wait on a stream of its own, never a shared one (R3)
+                self.stream = stream = _make_current(device).create_stream()
+            else:
+                stream = session.stream(device)
+            stream.wait(event)   # bound now, to the record the client made before its message (R4)
+            self.marker = stream.record()
+        finally:
+            event.close()
 
     def settle(self) -> bool:
         """True (and the marker dropped) once nothing more needs waiting for. Never blocks."""
@@ -326,8 +333,8 @@ class _Slab:
 
 
 class _Allocation:
-    __slots__ = ("buffer", "chunks", "extra", "freed", "offset", "on_idle", "ready", "seal_done", "sealed", "size",
-                 "slab", "waits")
+    __slots__ = ("buffer", "chunks", "extra", "freed", "offset", "on_idle", "parts", "ready", "seal_done", "sealed",
+                 "size", "slab", "waits")
 
     def __init__(self, buffer: Buffer | None, size: int, ready: Any, slab: _Slab | None = None, offset: int = 0,
                  chunks: list[vmm.Chunk] | None = None):
@@ -343,6 +350,7 @@ class _Allocation:
         self.waits: list[_DoneWait] = []  # importers' done events the free must follow (R2)
         self.freed = False
         self.on_idle: Callable[[], None] | None = None   # a range carved from an arena: its memory stays the arena's
+        self.parts: dict[int, int] | None = None   # a shrunk arena: the slab ranges it still keeps
 
 
 class CudaPool(BrokerPool):
@@ -560,6 +568,34 @@ class CudaPool(BrokerPool):
     def credit(self, session: SessionContext) -> bytes:
         return _as_session(session).issue_credit(self.device)
 
+    def check_promise(self, session: SessionContext, handle: bytes) -> None:
+        if handle not in _as_session(session).credits:
+            raise InvalidRequest("create: seal_credit is not an unused credit of this session")
+
+    def seal_done(self, handle: object) -> bool:
+        alloc = _as_alloc(handle)
+        if not alloc.seal_done and alloc.sealed is not None and not alloc.freed and alloc.sealed.is_done:
+            alloc.seal_done = True   # one query (~1 µs); then never again
+        return alloc.seal_done or alloc.sealed is None
+
+    def shrink(self, handle: object, keep: list[tuple[int, int]]) -> int:
+        alloc = _as_alloc(handle)
+        if alloc.slab is None or alloc.freed or alloc.on_idle is not None or alloc.parts is not None:
+            return 0
+        ranges = alloc.slab.ranges
+        given = ranges.free(alloc.offset)
+        alloc.parts = {alloc.offset + off: ranges.reserve(alloc.offset + off, size) for off, size in keep}
+        given -= sum(alloc.parts.values())
+        self._slab_used -= given
+        return given
+
+    def free_part(self, handle: object, offset: int) -> None:
+        alloc = _as_alloc(handle)
+        size = alloc.parts.pop(alloc.offset + offset, None) if alloc.parts else None
+        if size is not None:   # idle: every importer's done event completed (R2)
+            alloc.slab.ranges.free(alloc.offset + offset)
+            self._slab_used -= size
+
     def join_seals(self, handles: list[object], session: SessionContext) -> bytes:
         sess = _as_session(session)
         stream = sess.stream(self.device)
@@ -593,6 +629,11 @@ class CudaPool(BrokerPool):
         if alloc.slab is not None:   # every importer's done marker completed: the range is idle
             if alloc.on_idle is not None:
                 alloc.on_idle()      # back to its arena (the arena's own range stays taken)
+            elif alloc.parts is not None:   # a shrunk arena: what it still keeps
+                for offset, size in alloc.parts.items():
+                    alloc.slab.ranges.free(offset)
+                    self._slab_used -= size
+                alloc.parts = {}
             else:
                 alloc.slab.ranges.free(alloc.offset)
                 self._slab_used -= alloc.slab.ranges.rounded(alloc.size)
@@ -963,7 +1004,26 @@ class CudaMemory(ImportedMemory):
         return buf
 
 
+def _order_after(stream: Stream, handle: bytes, spin_s: float) -> None:
+    """R1 on the host first: a stream wait on another process's IPC event costs ~270 µs on the GPU
+    even when the event has completed (H100, driver 580), a query ~1 µs. So query; while pending,
+    spin up to ``spin_s``; only then let ``stream`` wait, so correctness never depends on timing."""
+    event = open_ipc(handle)
+    try:
+        if event.is_done:
+            return
+        until = time.perf_counter() + spin_s
+        while time.perf_counter() < until:
+            if event.is_done:
+                return
+        stream.wait(event)   # bound now, to the latest record (R4)
+    finally:
+        event.close()
+
+
 class CudaClientPool(ClientPool):
+    seal_event = True
+
     def __init__(self, backend: CudaClientBackend, info: dict[str, Any], fd: int):
         self._backend = backend
         try:
@@ -1004,9 +1064,8 @@ class CudaClientPool(ClientPool):
         try:
             with _OnDevice(self.device):
                 s = self._backend.stream(stream, self.device)
-                if export.ready_event:
-                    with _OnStream(s):
-                        wait_ipc(s, export.ready_event)  # R1: before any use of the memory on s
+                if export.ready_event:   # R1: before any use of the memory on s
+                    _order_after(s, export.ready_event, self._backend.event_spin_s)
                 if export.sub:
                     if export.offset + export.size > self.slab_size:
                         raise InvalidRequest("a slab range lies outside its slab")
@@ -1025,9 +1084,8 @@ class CudaClientPool(ClientPool):
         try:
             with _OnDevice(self.device):
                 s = self._backend.stream(stream, self.device)
-                with _OnStream(s):
-                    for handle in dict.fromkeys(e.ready_event for e in exports if e.ready_event):
-                        wait_ipc(s, handle)   # R1, once per distinct event (a batch shares one)
+                for handle in dict.fromkeys(e.ready_event for e in exports if e.ready_event):
+                    _order_after(s, handle, self._backend.event_spin_s)   # R1, once per distinct event
                 for e in exports:
                     if len(e.data) != HANDLE_BYTES:
                         raise InvalidRequest(f"pointer export data is {HANDLE_BYTES} bytes, got {len(e.data)}")
@@ -1054,8 +1112,7 @@ class CudaClientPool(ClientPool):
                 try:
                     s = self._backend.stream(stream, self.device)
                     if export.ready_event:   # a sealed object's writer: R1 as for any lease
-                        with _OnStream(s):
-                            wait_ipc(s, export.ready_event)
+                        _order_after(s, export.ready_event, self._backend.event_spin_s)
                     view = Buffer.from_handle(mapping.ptr, export.size)
                 except BaseException:
                     mapping.close()
@@ -1066,6 +1123,15 @@ class CudaClientPool(ClientPool):
             for fd in fds:
                 os.close(fd)
         return CudaMemory(view, export.size, self.device, mapping=mapping)
+
+    def order_after(self, event: bytes, stream: Any = None) -> None:
+        if not event:
+            return
+        try:
+            with _OnDevice(self.device):
+                _order_after(self._backend.stream(stream, self.device), event, self._backend.event_spin_s)
+        except CUDAError as exc:
+            raise _translate(exc, f"ordering after a seal of pool {self.name!r}") from exc
 
     def carved(self, arena: ImportedMemory, offset: int, nbytes: int) -> ImportedMemory:
         if not isinstance(arena, CudaMemory) or arena.base is None:
@@ -1161,6 +1227,8 @@ class CudaClientBackend(ClientBackend):
         except (CUDAError, RuntimeError, OSError) as exc:
             raise BackendUnavailable(f"CUDA is not usable here: {exc}") from exc
         self._replies = 0
+        # How long a reader polls a pending seal event on the host before a stream wait (R1).
+        self.event_spin_s = int(os.environ.get("IPCPOOL_EVENT_SPIN_US", "2000")) / 1e6
         self._foreign: dict[int, Stream] = {}
         # Done events we recorded, with the reply count when recorded. One is destroyed once the
         # broker has certainly opened it (two replies later: a reply means the broker read every

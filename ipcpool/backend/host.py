@@ -81,6 +81,7 @@ class HostPool(BrokerPool):
             os.close(self._fd)
             raise
         self._alloc = RangeAllocator(size, ALIGNMENT)
+        self._parts: dict[int, set[int]] = {}   # a shrunk arena -> the offsets of its kept parts
         self._threshold = spec.release_threshold
         self._reserved_high = 0
         self._used_high = 0
@@ -123,19 +124,39 @@ class HostPool(BrokerPool):
         self._used_high = max(self._used_high, self._alloc.used)
         return offset, Export(size=nbytes, offset=offset)
 
+    def shrink(self, handle: object, keep: list[tuple[int, int]]) -> int:
+        if not isinstance(handle, int) or handle in self._parts:
+            return 0
+        given = self._alloc.free(handle)
+        self._parts[handle] = {handle + off for off, _ in keep}
+        for off, size in keep:
+            given -= self._alloc.reserve(handle + off, size)
+        return given
+
+    def free_part(self, handle: object, offset: int) -> None:
+        parts = self._parts.get(handle)
+        if parts is not None and handle + offset in parts:
+            parts.discard(handle + offset)
+            self._alloc.free(handle + offset)
+
     def free(self, handle: object, session: SessionContext, done_event: bytes = b"") -> None:
         # The host has no asynchronous work to wait for: the client's munmap-free release is done.
         if isinstance(handle, _Carved):
             handle.on_idle()
             return
         self._note_highs()
-        self._alloc.free(handle)
+        parts = self._parts.pop(handle, None)
+        for offset in parts if parts is not None else (handle,):   # a shrunk arena: what is left
+            self._alloc.free(offset)
         if self._threshold is not None and self._reserved() > self._threshold:
             self.trim(self._threshold)
 
     def stats(self) -> PoolStats:
         self._note_highs()
-        return PoolStats(self._reserved(), self._alloc.used, self._reserved_high, self._used_high)
+        # Pages are backed when written, so memory handed out but not yet touched is not in
+        # st_blocks; it is reserved all the same (used never shows above reserved).
+        reserved = max(self._reserved(), self._alloc.used)
+        return PoolStats(reserved, self._alloc.used, max(self._reserved_high, reserved), self._used_high)
 
     def reset_high(self) -> None:
         # As CUDA does: the high marks restart from the current values.

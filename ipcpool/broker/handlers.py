@@ -37,11 +37,19 @@ class Handlers:
 
     # -- anonymous allocations -------------------------------------------------------------------
     def op_allocate(self, session: Session, f: dict, rid: int) -> dict:
+        if "arena" in f or "offset" in f:   # carved by the client: it has the memory already
+            if "arena" not in f or "offset" not in f:
+                raise InvalidRequest("allocate: arena and offset go together")
+            alloc = self.broker.handoffs.carve(session, f["arena"], f["offset"], f["nbytes"])
+            return {"alloc": alloc.aid, "pool": f["pool"], **credit(alloc.pool, session)}
         alloc = self.registry.allocate(session, f["nbytes"], f["pool"])
         return {**export_fields(alloc), **credit(alloc.pool, session)}
 
     def op_free(self, session: Session, f: dict, rid: int) -> dict:
-        self.registry.free(session, f["alloc"], f.get("done_event", b""))
+        if ("arena" in f) != ("offset" in f) or ("alloc" in f) == ("arena" in f):
+            raise InvalidRequest("free names an allocation: alloc, or arena and offset")
+        aid = f["alloc"] if "alloc" in f else self.broker.handoffs.carved(session, f["arena"], f["offset"])
+        self.registry.free(session, aid, f.get("done_event", b""))
         return {}
 
     def op_share(self, session: Session, f: dict, rid: int) -> dict:
@@ -56,7 +64,7 @@ class Handlers:
     def op_stats(self, session: Session, f: dict, rid: int) -> dict:
         b = self.broker
         pools = self.registry.stats()
-        arenas = b.arenas.stats()
+        arenas = b.handoffs.stats()
         for name, row in pools.items():
             row.update(arenas.get(name, {"arena_bytes": 0, "arena_free": 0}))
         return {
@@ -88,20 +96,34 @@ class Handlers:
 
     # -- named objects ---------------------------------------------------------------------------
     def op_create(self, session: Session, f: dict, rid: int) -> dict:
-        carve = None
+        carve = board = None
         if "arena" in f or "offset" in f:
             if "arena" not in f or "offset" not in f:
                 raise InvalidRequest("create: arena and offset go together")
-            carve = lambda: self.broker.arenas.carve(session, f["arena"], f["offset"], f["nbytes"])  # noqa: E731
-        obj = self.objects.create(session, f["name"], f["nbytes"], f["pool"], f.get("meta", {}), carve)
+            carve = lambda: self.broker.handoffs.carve(session, f["arena"], f["offset"], f["nbytes"])  # noqa: E731
+        if "slot" in f or "seq" in f:
+            if carve is None or "slot" not in f or not f.get("seq"):
+                raise InvalidRequest("create: slot and a seq of at least 1 go with an arena range")
+            word = self.broker.handoffs.word(session, f["arena"], f["slot"])
+            promised = f.get("seal_credit", b"")
+            self.registry.pool(f["pool"]).check_promise(session.backend, promised)
+            board = (word, f["seq"], promised)
+        elif "seal_credit" in f:
+            raise InvalidRequest("create: seal_credit goes with a seal-board slot")
+        obj = self.objects.create(session, f["name"], f["nbytes"], f["pool"], f.get("meta", {}), carve, board)
+        if board is not None:   # readers already waiting watch the board from now on
+            for w in self.objects.take_waiters(obj.name):
+                if w.session.token in self.broker.sessions:
+                    self.objects.lease_pending(w.session, obj.name)
+                    self.broker.send(w.session.token, protocol.ok_reply(w.rid, **pending_fields(obj, w.session)))
         if carve is not None:   # the client has the memory already
             return {"alloc": obj.alloc.aid, "pool": f["pool"], **credit(obj.alloc.pool, session)}
         return {**export_fields(obj.alloc), **credit(obj.alloc.pool, session)}
 
     def op_arena(self, session: Session, f: dict, rid: int) -> dict:
-        arena = self.broker.arenas.open(session, f["pool"], f["nbytes"])
+        arena = self.broker.handoffs.open(session, f["pool"], f["nbytes"])
         credits = [arena.alloc.pool.credit(session.backend) for _ in range(ARENA_CREDITS)]
-        return {**export_fields(arena.alloc), "credits": [c for c in credits if c]}
+        return {**export_fields(arena.alloc), "credits": [c for c in credits if c], "words": arena.words}
 
     def op_seal(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.objects.seal(session, f["name"], f.get("alloc"), f.get("done_event", b""))
@@ -115,6 +137,10 @@ class Handlers:
         if obj is not None:
             return {**lease_fields(obj), **credit(obj.alloc.pool, session)}
         timeout = f.get("timeout_ms")
+        if timeout != 0:
+            obj = self.objects.lease_pending(session, f["name"])
+            if obj is not None:
+                return pending_fields(obj, session)
         self.objects.wait(session, f["name"], rid, None if timeout is None else timeout / 1000)
         return None
 
@@ -132,8 +158,7 @@ class Handlers:
         self.broker.durable.unstore_object(obj)
         self.broker.durable.save()
         if not obj.sealed:
-            for w in self.objects.take_waiters(obj.name):
-                self.broker.send(w.session.token, protocol.error_reply(w.rid, abort_error(obj.name)))
+            self.abandon(obj, self.objects.take_waiters(obj.name))
         return {}
 
     def op_list(self, session: Session, f: dict, rid: int) -> dict:
@@ -183,7 +208,14 @@ class Handlers:
             self.broker.durable.save()
 
     def _announce(self, obj: NamedObject) -> None:
-        """A seal settles the gets waiting for it and tells the watchers of its prefix."""
+        """A seal settles the gets waiting for it, tells pending readers (who may have seen it on
+        the board already) and the watchers of its prefix."""
+        if obj.pending:
+            note = {"notify": "sealed", "alloc": obj.alloc.aid, "event": ready_event(obj)}
+            for reader in obj.pending:
+                if reader.token in self.broker.sessions:
+                    self.broker.send(reader.token, note)
+            obj.pending = []
         for w in self.objects.take_waiters(obj.name):
             if w.session.token in self.broker.sessions:
                 self.objects.lease(w.session, obj.name)
@@ -192,6 +224,16 @@ class Handlers:
         info = obj.info()
         for watch in self.objects.watchers(obj.name):
             self.broker.send(watch.session.token, {"notify": "sealed", "watch": watch.wid, "object": info})
+
+    def abandon(self, obj: NamedObject, waiters: list) -> None:
+        """An object that will never be sealed: its waiting gets fail, its pending readers are told
+        (each still releases its lease, as for any)."""
+        for w in waiters:
+            self.broker.send(w.session.token, protocol.error_reply(w.rid, abort_error(obj.name)))
+        for reader in obj.pending:
+            if reader.token in self.broker.sessions:
+                self.broker.send(reader.token, {"notify": "aborted", "alloc": obj.alloc.aid, "name": obj.name})
+        obj.pending = []
 
 
 def credit(pool, session: Session) -> dict:
@@ -230,9 +272,22 @@ def batch_fields(objs: list[NamedObject], joined: dict) -> dict:
             "datas": list(datas), **cols}
 
 
+def ready_event(obj: NamedObject) -> bytes:
+    """The event a reader of a sealed object orders its work after; empty once the broker has
+    seen it complete (the reader then opens nothing, R1)."""
+    return b"" if obj.alloc.pool.seal_done(obj.alloc.handle) else obj.seal_event
+
+
 def lease_fields(obj: NamedObject, event: bytes | None = None) -> dict:
     """A lease: the object's export with the event readers wait on (its seal, or a batch's)."""
     e = obj.alloc.export
-    ready = obj.seal_event if event is None else event
+    ready = ready_event(obj) if event is None else event
     lease = Export(size=e.size, offset=e.offset, data=e.data, ready_event=ready, sub=e.sub, chunks=e.chunks)
     return {**export_fields(obj.alloc, lease), "name": obj.name, "meta": obj.meta}
+
+
+def pending_fields(obj: NamedObject, session: Session) -> dict:
+    """A lease on an object still being written: the reader watches board word ``word`` until it
+    holds ``seq``, then orders its work after the promised event."""
+    return {**lease_fields(obj, obj.promised), "pending": True, "word": obj.word, "seq": obj.seq,
+            **credit(obj.alloc.pool, session)}

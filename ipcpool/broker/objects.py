@@ -37,6 +37,13 @@ class NamedObject:
     sealed: bool = False
     seal_event: bytes = b""
     fdkey: str | None = None   # its VMM chunk FDs' name in systemd's FD store, once stored
+    # Carved with a seal-board word: the writer posts ``seq`` there once it has recorded its seal
+    # on ``promised`` (an event of the broker's; empty where the backend has none). Readers who
+    # ask before the seal get a *pending* lease at once and watch the word (``pending``).
+    word: int | None = None
+    seq: int = 0
+    promised: bytes = b""
+    pending: list = field(default_factory=list)
 
     @property
     def state(self) -> str:
@@ -77,9 +84,10 @@ class ObjectTable:
         self._next_wid = 1
 
     def create(self, session: Session, name: str, nbytes: int, pool: str, meta: dict,
-               carve: Callable[[], Allocation] | None = None) -> NamedObject:
+               carve: Callable[[], Allocation] | None = None, board: tuple[int, int, bytes] | None = None) -> NamedObject:
         """A new object being written by ``session``: a fresh allocation of ``pool``, or what
-        ``carve()`` gives (a range of the session's arena)."""
+        ``carve()`` gives (a range of the session's arena); ``board``: its seal-board word, the
+        number the writer will post there, and the event it promised to record its seal on."""
         if name in self.objects:
             raise ObjectExists(f"an object named {name!r} already exists; delete it first or pick another name")
         uid = session.cred.uid
@@ -90,6 +98,8 @@ class ObjectTable:
             )
         alloc = carve() if carve is not None else self.registry.allocate(session, nbytes, pool)   # the writer's hold
         obj = NamedObject(name, alloc, session, meta)
+        if board is not None:
+            obj.word, obj.seq, obj.promised = board
         self.registry.hold(alloc, obj)
         self.objects[name] = obj
         return obj
@@ -136,6 +146,16 @@ class ObjectTable:
         if obj is None or not obj.sealed:
             return None
         self.registry.hold(obj.alloc, session)
+        return obj
+
+    def lease_pending(self, session: Session, name: str) -> NamedObject | None:
+        """A lease on an object still being written whose seal the reader can see on the board
+        (answered now: the reader watches the board), or None where that is not so."""
+        obj = self.objects.get(name)
+        if obj is None or obj.sealed or obj.word is None:
+            return None
+        self.registry.hold(obj.alloc, session)
+        obj.pending.append(session)
         return obj
 
     def lease_many(self, session: Session, names: list[str]) -> list[NamedObject]:

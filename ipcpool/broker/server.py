@@ -30,11 +30,11 @@ from ..errors import (
     WaitTimeout,
 )
 from .durable import Durability
-from .arenas import ArenaTable
 from .growables import GrowableTable
 from .handlers import Handlers
+from .handoff import Handoffs
 from .metrics import Metrics
-from .objects import ObjectTable, abort_error
+from .objects import ObjectTable
 from .registry import Registry
 from .session import Session
 from .systemd import Notifier
@@ -102,7 +102,7 @@ class Broker:
             self.registry.on_pool_emptied = self._pool_emptied
             self.objects = ObjectTable(self.registry)
             self.growables = GrowableTable(self.registry)
-            self.arenas = ArenaTable(self.registry, lambda session, note: self.send(session.token, note))
+            self.handoffs = Handoffs(self.registry, lambda session, note: self.send(session.token, note))
             self.durable.tables(self.objects, self.growables)
             restored = self.objects.restore(self.durable.stored_objects(), self.durable.take_object_fds)
             self.registry.drop_empty_generations()
@@ -184,6 +184,8 @@ class Broker:
                 (self.socket_dir / p).unlink(missing_ok=True)
         if getattr(self, "durable", None) is not None:
             self.durable.close()
+        if getattr(self, "handoffs", None) is not None:
+            self.handoffs.close()
         if self.registry is not None:
             self.registry.close()
             self.registry = None
@@ -263,7 +265,7 @@ class Broker:
         if self.registry is not None:
             if not events and getattr(self.backend, "pending_frees", 0):
                 self.backend.sweep()
-            self.arenas.settle()   # ranges that went idle (in any sweep) back to their arenas
+            self.handoffs.settle()   # ranges that went idle (in any sweep) back to their arenas
         if deadline is not None:
             for name, w in self.objects.expired(time.monotonic()):
                 self.send(w.session.token, protocol.error_reply(
@@ -375,9 +377,10 @@ class Broker:
         rid = protocol.request_id(msg)
         try:
             op, fields = protocol.validate(msg, protocol.CONTROL)
-            if op == "pool_fd":
+            if op == "pool_fd":   # the pool, and its seal board beside it
                 pool = self.registry.pool(fields["pool"])
-                self._send_control(session, protocol.ok_reply(rid, info=pool.pool_info()), (pool.fd,))
+                board = self.handoffs.board(pool.spec.name)
+                self._send_control(session, protocol.ok_reply(rid, info=pool.pool_info()), (pool.fd, board.fd))
             elif op == "chunk_fds":
                 reply, fds = self._chunk_fds(session, fields)
                 self._send_control(session, protocol.ok_reply(rid, **reply), tuple(fds))
@@ -432,15 +435,14 @@ class Broker:
                 self._unwatch(fd)
         try:
             if self.registry is not None:
-                self.arenas.end_session(session)
+                self.handoffs.end_session(session)
                 for g in self.growables.end_session(session):
                     self.durable.unstore_growable(g)
                     self.durable.save()
                 aborted, orphans = self.objects.end_session(session)
                 for obj in aborted:
                     log.info("session %d: object %r aborted (never sealed)", session.sid, obj.name)
-                for name, w in orphans:
-                    self.send(w.session.token, protocol.error_reply(w.rid, abort_error(name)))
+                    self.handlers.abandon(obj, [w for name, w in orphans if name == obj.name])
             released = self.registry.release_session(session) if self.registry else 0
         except Exception:
             log.exception("session %d: releasing its memory failed", session.sid)
@@ -456,7 +458,7 @@ class Broker:
             except zmq.Again:
                 return
             self._on_message(frames)
-            self.arenas.settle()   # a range a request made idle goes back before the next request
+            self.handoffs.settle()   # a range a request made idle goes back before the next request
             self._spin_until = time.monotonic() + self.config.busy_poll_us / 1e6
 
     def send(self, ident: bytes, msg: dict) -> None:

@@ -1,5 +1,5 @@
 """Arenas on the host backend: creates carved by the client without a round trip, checked and
-mirrored by the broker, ranges handed back once idle, refusals surfacing at seal."""
+mirrored by the broker, ranges handed back once idle, refusals surfacing later (flush)."""
 
 import pytest
 
@@ -39,8 +39,10 @@ def test_a_refused_create_loses_nothing(broker):
         c.create("x", MiB).seal()
         clash = c.create("x", MiB)
         at = clash.carved_at
+        clash.seal()                                    # never waits for the broker: the
         with pytest.raises(ipcpool.ObjectExists, match="an object named 'x' already exists"):
-            clash.seal()
+            c.flush()                                   # refusal comes later (here, or the next create)
+        assert c.async_errors and isinstance(c.async_errors[-1], ipcpool.ObjectExists)
         assert c.create("y", MiB).carved_at == at       # the range came straight back
         assert [o["name"] for o in c.list()] == ["x", "y"]
         pool = c.stats()["pools"]["default"]

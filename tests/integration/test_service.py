@@ -148,7 +148,7 @@ def test_unit_file_verifies(tmp_path):
 def test_status_watch_and_trim(start_broker):
     b = start_broker(config_text='[[pools]]\nname = "default"\nmax_size = "64M"\n')
     sd = str(b.socket_dir)
-    with ipcpool.connect(sd) as c:
+    with ipcpool.connect(sd, arena_bytes=0) as c:   # exact pool accounting
         buf = c.allocate(8 << 20)
         buf.view[:] = b"\x01" * buf.size
         buf.free()

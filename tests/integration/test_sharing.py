@@ -57,7 +57,7 @@ def test_numpy_sees_the_same_memory(broker):
 
 def test_memory_outlives_owner_while_opened(broker):
     """The owner frees; the opener still holds the memory; freed only when both let go."""
-    with ipcpool.connect(broker.socket_dir) as owner, ipcpool.connect(broker.socket_dir) as other:
+    with ipcpool.connect(broker.socket_dir, arena_bytes=0) as owner, ipcpool.connect(broker.socket_dir) as other:
         buf = owner.allocate(1 << 20)
         buf.view[:4] = b"keep"
         opened = other.open(buf.share())

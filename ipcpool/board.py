@@ -1,0 +1,93 @@
+"""The seal board: one page-backed memfd per pool where a writer says "sealed" without a message.
+
+Each arena the broker hands out gets a block of ``BLOCK`` 64-bit words of its pool's board. A client
+that carves an object gives it a word of its arena's block and a sequence number (both named in
+its ``create``); after recording its seal it stores that number in the word. A reader the broker
+already told about the object (a ``get`` answered as *pending*) spins on the word until it holds
+at least that number, so the seal reaches it without a hop. The client reuses a word only after
+the object that had it was sealed or given up, and numbers only grow, so "at least" is exact.
+
+The board travels with the pool's FD on the control socket and every client of the pool may write
+it: it is trusted only as far as the pool's clients are (they can write the pool's memory too). A
+reader checks the word's index against the board's bounds, and the broker stays the authority: it
+still receives every seal, and tells a pending reader of it (or of an abort) over ZeroMQ, so a
+garbled word can make a reader wait for that notice, never wait forever or read outside the pool.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+
+from .backend.allocator import RangeAllocator
+from .errors import InvalidRequest, OutOfMemory
+
+WORD = 8
+BLOCK = 256            # words per arena: the unsealed objects one arena can have on the board
+WORDS = 1 << 16        # words per pool: 256 arenas at once; an arena beyond that gets no block
+BYTES = WORDS * WORD   # 512 KiB of address space; only pages whose words are used are backed
+
+
+class Board:
+    """A mapping of a pool's board (the broker's or a client's)."""
+
+    def __init__(self, fd: int, *, owner: bool):
+        try:
+            if owner:
+                os.ftruncate(fd, BYTES)
+            elif os.fstat(fd).st_size != BYTES:
+                raise InvalidRequest(f"a seal board is {BYTES} bytes, got {os.fstat(fd).st_size}")
+            self._map = mmap.mmap(fd, BYTES)
+        finally:
+            if not owner:
+                os.close(fd)   # the mapping holds the memory
+        self.fd = fd if owner else -1
+        self._words = (ctypes.c_uint64 * WORDS).from_buffer(self._map)
+
+    @classmethod
+    def create(cls, name: str) -> Board:
+        fd = os.memfd_create(f"ipcpool-board:{name}", os.MFD_CLOEXEC)
+        try:
+            return cls(fd, owner=True)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def post(self, index: int, seq: int) -> None:
+        """The object at word ``index`` is sealed (one aligned 8-byte store)."""
+        self._words[index] = seq
+
+    def read(self, index: int) -> int:
+        return self._words[index] if 0 <= index < WORDS else 0
+
+    def clear(self, base: int, count: int) -> None:
+        """Zero a block before it serves another arena (its numbers start again at 1)."""
+        ctypes.memset(ctypes.addressof(self._words) + base * WORD, 0, count * WORD)
+
+    def close(self) -> None:
+        if self._words is not None:
+            self._words = None
+            self._map.close()
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+
+
+class Blocks:
+    """The broker's share-out of its board for one pool: a block of words per arena, or none."""
+
+    def __init__(self, board: Board) -> None:
+        self.board = board
+        self._free = RangeAllocator(WORDS, BLOCK)
+
+    def take(self) -> int | None:
+        try:
+            base = self._free.allocate(BLOCK)
+        except OutOfMemory:   # full: that arena's readers hear of seals over ZeroMQ instead
+            return None
+        self.board.clear(base, BLOCK)
+        return base
+
+    def give_back(self, base: int) -> None:
+        self._free.free(base)

@@ -1,0 +1,175 @@
+"""The broker's side of a hand-off: arenas it mirrors and checks, and the seal boards.
+
+A create in an arena needs no round trip: the client picks the offset, sends the create without
+waiting, and writes at once (the range is idle on the device: a fresh arena is, and a range comes
+back only after every importer's done event completed, R2). Here the broker keeps the same ranges
+in a mirror allocator, refuses a range that is outside the arena, misaligned or taken, and tells
+the client when a range is idle again (``{"notify": "reclaim"}``).
+
+Each arena also gets a block of its pool's seal board (``ipcpool.board``), where its client posts
+each seal; a reader the broker answered as *pending* watches that word instead of waiting for a
+message. The broker checks every word a create names against the arena's block.
+
+The arena's memory is held by the arena itself, not by its session: the objects a session sealed
+live on after it. When the session goes, the arena gives back every part no object uses, and the
+rest goes object by object as each is freed.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from collections.abc import Callable
+
+from .. import board
+from ..backend.allocator import RangeAllocator
+from ..errors import InvalidRequest, IpcPoolError
+from ..protocol import ARENA_ALIGN, MAX_ARENAS
+from .registry import Allocation, Registry
+from .session import Session
+
+log = logging.getLogger(__name__)
+
+
+class Arena:
+    __slots__ = ("alloc", "carved", "closed", "ranges", "session", "words")
+
+    def __init__(self, alloc: Allocation, session: Session, words: int | None):
+        self.alloc = alloc
+        self.session = session
+        self.ranges = RangeAllocator(alloc.size, ARENA_ALIGN)   # the client's carving, mirrored
+        self.closed = False   # its session is gone: shrunk to its objects, freed with the last
+        self.words = words    # the first word of its block on the pool's seal board, or None
+        self.carved: dict[int, int] = {}   # offset -> the allocation carved there, until idle
+
+    @property
+    def aid(self) -> int:
+        return self.alloc.aid
+
+
+class Handoffs:
+    def __init__(self, registry: Registry, notify: Callable[[Session, dict], None]):
+        self.registry = registry
+        self._notify = notify
+        self.arenas: dict[int, Arena] = {}
+        self._boards: dict[str, board.Blocks] = {}   # pool name -> its board, shared out
+        self._idle: collections.deque[tuple[Arena, int]] = collections.deque()
+
+    def board(self, pool_name: str) -> board.Board:
+        """The seal board of ``pool_name`` (made when a client first imports the pool)."""
+        blocks = self._boards.get(pool_name)
+        if blocks is None:
+            blocks = self._boards[pool_name] = board.Blocks(board.Board.create(pool_name))
+        return blocks.board
+
+    def open(self, session: Session, pool_name: str, nbytes: int) -> Arena:
+        pool = self.registry.pool(pool_name)
+        limit = pool.arena_limit
+        if not limit:
+            raise InvalidRequest(f"pool {pool_name!r} hands out no arenas; create objects one by one")
+        mine = sum(1 for a in self.arenas.values() if a.session is session and a.alloc.pool is pool)
+        if mine >= MAX_ARENAS:
+            raise InvalidRequest(f"this session has {mine} arenas in pool {pool_name!r}, the most it may")
+        size = min(nbytes, limit) // ARENA_ALIGN * ARENA_ALIGN
+        if size <= 0:
+            raise InvalidRequest(f"an arena holds at least {ARENA_ALIGN} bytes")
+        alloc = self.registry.allocate(session, size, pool_name)   # counted against the quota
+        self.board(pool_name)
+        arena = Arena(alloc, session, self._boards[pool_name].take())
+        self.registry.hold(alloc, arena)
+        self.registry.free(session, alloc.aid)   # the arena holds it now, not the session
+        self.arenas[alloc.aid] = arena
+        return arena
+
+    def carve(self, session: Session, aid: int, offset: int, nbytes: int) -> Allocation:
+        """The range the client carved at ``offset`` of its arena ``aid``, held by ``session``."""
+        arena = self._own(session, aid)
+        try:
+            arena.ranges.reserve(offset, nbytes)
+        except IpcPoolError as exc:
+            raise InvalidRequest(f"arena {aid}: {nbytes} bytes at offset {offset}: {exc}") from None
+        try:
+            alloc = self.registry.carve(session, arena.alloc, offset, nbytes, lambda: self._idle.append((arena, offset)))
+        except BaseException:
+            arena.ranges.free(offset)
+            raise
+        arena.carved[offset] = alloc.aid
+        return alloc
+
+    def carved(self, session: Session, aid: int, offset: int) -> int:
+        """The allocation carved at ``offset`` of this session's arena ``aid``."""
+        got = self._own(session, aid).carved.get(offset)
+        if got is None:
+            raise InvalidRequest(f"arena {aid} has nothing carved at offset {offset}")
+        return got
+
+    def word(self, session: Session, aid: int, slot: int) -> int:
+        """The board word ``slot`` of arena ``aid``'s block, checked."""
+        arena = self._own(session, aid)
+        if arena.words is None or not 0 <= slot < board.BLOCK:
+            raise InvalidRequest(f"arena {aid} has no seal-board word {slot}")
+        return arena.words + slot
+
+    def _own(self, session: Session, aid: int) -> Arena:
+        arena = self.arenas.get(aid)
+        if arena is None or arena.session is not session or arena.closed:
+            raise InvalidRequest(f"arena {aid} is not one of this session's")
+        return arena
+
+    def settle(self) -> None:
+        """Hand idle ranges back (called by the server's loop, never from inside a backend sweep):
+        to the client that carves the arena, or, once its session is gone, to the pool, and the
+        arena itself with its last range."""
+        while self._idle:
+            arena, offset = self._idle.popleft()
+            arena.ranges.free(offset)
+            arena.carved.pop(offset, None)
+            if not arena.closed:
+                self._notify(arena.session, {"notify": "reclaim", "arena": arena.aid, "offset": offset})
+                continue
+            arena.alloc.pool.free_part(arena.alloc.handle, offset)
+            if not arena.ranges.used:
+                self._release(arena)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per pool: bytes held in arenas (counted as used), and how many of them hold nothing."""
+        out: dict[str, dict[str, int]] = {}
+        for arena in self.arenas.values():
+            row = out.setdefault(arena.alloc.pool.spec.name, {"arena_bytes": 0, "arena_free": 0})
+            row["arena_bytes"] += arena.alloc.size
+            row["arena_free"] += 0 if arena.closed else arena.alloc.size - arena.ranges.used
+        return out
+
+    def end_session(self, session: Session) -> None:
+        """Its arenas carve no more: each gives back what no object uses (a short-lived writer of
+        one small object keeps that object's bytes, not a whole arena)."""
+        for arena in [a for a in self.arenas.values() if a.session is session]:
+            arena.closed = True
+            self._give_back_block(arena)
+            if not arena.ranges.used:
+                self._release(arena)
+                continue
+            keep = [(off, arena.ranges.size_of(off)) for off in arena.ranges.offsets()]
+            alloc = arena.alloc
+            given = alloc.pool.shrink(alloc.handle, keep)
+            if given:
+                alloc.export = dataclasses.replace(alloc.export, size=alloc.export.size - given)
+                if alloc.charged:
+                    self.registry.bytes_by_uid[alloc.uid] -= given
+
+    def _give_back_block(self, arena: Arena) -> None:
+        if arena.words is not None:
+            self._boards[arena.alloc.pool.spec.name].give_back(arena.words)
+            arena.words = None
+
+    def _release(self, arena: Arena) -> None:
+        del self.arenas[arena.aid]
+        self._give_back_block(arena)
+        self.registry.unhold(arena.alloc, arena, b"", None)
+        log.debug("arena %d released", arena.aid)
+
+    def close(self) -> None:
+        for blocks in self._boards.values():
+            blocks.board.close()
+        self._boards.clear()
