@@ -142,6 +142,7 @@ class Handoff:
                 arena.reclaimed(note["offset"])
             return True
         if kind in ("sealed", "aborted") and "alloc" in note:
+            self._keep_credits(note)
             if note["alloc"] in self._notes:
                 self._notes[note["alloc"]] = note
             return True
@@ -149,11 +150,7 @@ class Handoff:
 
     def on_reply(self, reply: dict) -> bool:
         """Keep the credits a reply brings; settle a pipelined create or seal. True: consumed."""
-        if "credit" in reply or "credits" in reply:
-            got = [reply.get("credit")] if "credit" in reply else list(reply.get("credits") or ())
-            if isinstance(reply.get("pool"), str):
-                self._credits.setdefault(reply["pool"], collections.deque()).extend(
-                    c for c in got if isinstance(c, bytes) and len(c) == HANDLE_BYTES)
+        self._keep_credits(reply)
         rid = reply.get("id")
         buf = self._inflight.pop(rid, None)
         if buf is not None:
@@ -170,6 +167,13 @@ class Handoff:
                 self._client.async_errors.append(err)
             return True
         return False
+
+    def _keep_credits(self, msg: dict) -> None:
+        if "credit" in msg or "credits" in msg:
+            got = [msg.get("credit")] if "credit" in msg else list(msg.get("credits") or ())
+            if isinstance(msg.get("pool"), str):
+                self._credits.setdefault(msg["pool"], collections.deque()).extend(
+                    c for c in got if isinstance(c, bytes) and len(c) == HANDLE_BYTES)
 
     def _refused(self, buf: Buffer, err: IpcPoolError) -> None:
         cut = buf._carving
@@ -302,9 +306,9 @@ class Handoff:
             return False
         c = self._client
         cut.stream = stream
-        if cut.slot is not None:
-            cut.arena.free_slot(cut.slot)
-            cut.slot = None
+        # An object given up before its seal keeps its board word out of use: a reader may still
+        # watch it for this object's number, which a later object's would pass.
+        cut.slot = None
         if cut.error is not None:   # the broker never had it: only ours to drop
             cut.arena.refused(cut.offset, stream)
             return True

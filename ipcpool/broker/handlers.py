@@ -210,11 +210,11 @@ class Handlers:
     def _announce(self, obj: NamedObject) -> None:
         """A seal settles the gets waiting for it, tells pending readers (who may have seen it on
         the board already) and the watchers of its prefix."""
-        if obj.pending:
-            note = {"notify": "sealed", "alloc": obj.alloc.aid, "event": ready_event(obj)}
+        if obj.pending:   # each with a credit for its release, kept off the pending answer's path
+            note = {"notify": "sealed", "alloc": obj.alloc.aid, "event": ready_event(obj), "pool": obj.alloc.pool.spec.name}
             for reader in obj.pending:
                 if reader.token in self.broker.sessions:
-                    self.broker.send(reader.token, note)
+                    self.broker.send(reader.token, {**note, **credit(obj.alloc.pool, reader)})
             obj.pending = []
         for w in self.objects.take_waiters(obj.name):
             if w.session.token in self.broker.sessions:
@@ -288,6 +288,6 @@ def lease_fields(obj: NamedObject, event: bytes | None = None) -> dict:
 
 def pending_fields(obj: NamedObject, session: Session) -> dict:
     """A lease on an object still being written: the reader watches board word ``word`` until it
-    holds ``seq``, then orders its work after the promised event."""
-    return {**lease_fields(obj, obj.promised), "pending": True, "word": obj.word, "seq": obj.seq,
-            **credit(obj.alloc.pool, session)}
+    holds ``seq``, then orders its work after the promised event. (Its credit comes with the seal's
+    notice: making an IPC event here would delay the answer the reader is waiting for.)"""
+    return {**lease_fields(obj, obj.promised), "pending": True, "word": obj.word, "seq": obj.seq}

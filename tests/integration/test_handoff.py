@@ -1,0 +1,138 @@
+"""The hand-off on the host backend: a reader that asks before the seal is answered at once and
+sees the seal on the board; garbage on a board stays in its pool; short-lived writers do not
+multiply memory; small allocations need no round trip."""
+
+import os
+import time
+
+import ipcpool
+from ipcpool import board
+from tests.conftest import run_together
+
+MiB = 1 << 20
+TWO_POOLS = '[[pools]]\nname = "default"\nmax_size = "1G"\n\n[[pools]]\nname = "other"\nmax_size = "1G"\n'
+
+
+def _reader(socket_dir, name, out):
+    with ipcpool.connect(socket_dir) as c:
+        pending = []
+        await_seal = c._handoff.await_seal
+        c._handoff.await_seal = lambda *a, **k: (pending.append(True), await_seal(*a, **k))[1]
+        lease = c.get(name, timeout=30)
+        out.put(("reader", (bytes(lease.view[:4]), lease.view[MiB - 1], bool(pending))))
+        lease.release()
+
+
+def _writer(socket_dir, name, out):
+    with ipcpool.connect(socket_dir) as c:
+        time.sleep(0.5)   # the reader asks first
+        buf = c.create(name, MiB)
+        time.sleep(0.2)   # the reader now holds a pending lease and watches the board
+        buf.view[:4] = b"seal"
+        buf.view[MiB - 1] = 7
+        buf.seal()
+        c.flush()
+        out.put(("writer", buf.carved_at is not None))
+
+
+def test_a_reader_that_asks_first_sees_the_seal_on_the_board(broker):
+    got = dict(run_together([(_reader, (broker.socket_dir, "h/1")), (_writer, (broker.socket_dir, "h/1"))]))
+    assert got["writer"] is True
+    assert got["reader"] == (b"seal", 7, True)   # answered before the seal, correct after it
+
+
+def _abandon(socket_dir, out):
+    c = ipcpool.connect(socket_dir)
+    c.create("h/gone", MiB)
+    out.put(("writer", os.getpid()))
+    time.sleep(60)   # killed by the test before it seals
+
+
+def test_a_writer_killed_before_its_seal_fails_pending_readers(broker):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_abandon, args=(broker.socket_dir, q))
+    p.start()
+    try:
+        q.get(timeout=30)
+        with ipcpool.connect(broker.socket_dir) as c:
+            t0 = time.monotonic()
+            p.kill()
+            try:
+                c.get("h/gone", timeout=20)
+            except ipcpool.ObjectAborted as exc:
+                assert "abandoned before it was sealed" in str(exc)
+            else:
+                raise AssertionError("a pending reader of a dead writer's object got a lease")
+            assert time.monotonic() - t0 < 10
+            deadline = time.monotonic() + 10
+            while c.stats()["pools"]["default"]["used"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert c.stats()["pools"]["default"]["used"] == 0   # the lease went back with the error
+    finally:
+        p.join(10)
+
+
+def test_garbage_on_a_board_stays_in_its_pool(start_broker):
+    b = start_broker(config_text=TWO_POOLS)
+    with ipcpool.connect(b.socket_dir) as bad, ipcpool.connect(b.socket_dir) as w, \
+            ipcpool.connect(b.socket_dir) as r:
+        for pool in ("default", "other"):
+            w.create(f"{pool}/warm", 16, pool=pool).seal()
+        bad.allocate(16).free()   # imports "default": its board with it
+        garbage = bad._handoff.boards["default"]
+        for i in range(board.WORDS):
+            garbage.post(i, (i * 0x9E3779B97F4A7C15) & (2**64 - 1))
+        # The other pool's board is another file: nothing reached it.
+        other = w._handoff.boards["other"]
+        assert w._handoff.boards["default"].read(5) == garbage.read(5)
+        assert all(other.read(i) in (0, 1) for i in range(board.WORDS))
+        # Both pools still serve hand-offs, and the broker is unharmed.
+        for pool in ("default", "other"):
+            buf = w.create(f"{pool}/x", 64, pool=pool)
+            buf.view[:2] = b"ok"
+            buf.seal()
+            with r.get(f"{pool}/x", timeout=5) as lease:
+                assert bytes(lease.view[:2]) == b"ok"
+        assert r.stats()["objects"] == 4
+        assert board.Board.read(garbage, board.WORDS + 10) == 0   # out of bounds reads nothing
+
+
+def test_short_lived_writers_do_not_multiply_memory(start_broker):
+    b = start_broker(config_text='[[pools]]\nname = "default"\nmax_size = "2G"\n')
+    for i in range(300):   # 300 x 32 MiB arenas would be 9.4 GiB: far past the pool
+        with ipcpool.connect(b.socket_dir) as c:
+            buf = c.create(f"small/{i}", 4096)
+            buf.view[:2] = i.to_bytes(2, "little")
+            buf.seal()
+    with ipcpool.connect(b.socket_dir) as c:
+        pool = c.stats()["pools"]["default"]
+        assert pool["used"] < 64 * MiB and pool["used"] <= pool["reserved"]
+        assert pool["used"] >= 300 * 4096
+        with c.get("small/299") as lease:
+            assert int.from_bytes(lease.view[:2], "little") == 299
+        c.allocate(512 * MiB).free()   # the pool is usable
+        for i in range(300):
+            c.delete(f"small/{i}")
+        deadline = time.monotonic() + 10
+        while c.stats()["pools"]["default"]["used"] > 32 * MiB and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.stats()["pools"]["default"]["used"] <= 32 * MiB   # at most this client's arena
+
+
+def test_small_allocations_need_no_round_trip(broker):
+    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as other:
+        bufs = [c.allocate(4096) for _ in range(100)]
+        assert all(buf.carved_at is not None for buf in bufs)
+        bufs[7].view[:3] = b"abc"
+        opened = other.open(bufs[7].share())   # sharing waits for the broker's answer
+        assert bytes(opened.view[:3]) == b"abc"
+        opened.free()
+        for buf in bufs:
+            buf.free()   # by arena range, without waiting
+        c.flush()
+        assert c.async_errors == []
+        stats = c.stats()["pools"]["default"]
+        assert stats["allocations"] == 1 and stats["arena_free"] == stats["arena_bytes"]
