@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import ipcpool
-from tests.integration.test_cli import ipcpool_cmd
+from tests.integration.test_cli import ipcpool_cmd, table_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -154,11 +154,18 @@ def test_status_watch_and_trim(start_broker):
         buf.free()
         status = ipcpool_cmd("status", "--socket-dir", sd)
         assert status.returncode == 0 and f"pid {b.pid}" in status.stdout and "backend host" in status.stdout
-        assert "pool default: 0 B used of 8.0 MiB reserved" in status.stdout
+        rows = table_rows(status.stdout)
+        assert rows[2] == ["pool", "used", "reserved", "allocations"]
+        assert rows[3] == ["default", "0", "B", "8.0", "MiB", "0"]
         watch = ipcpool_cmd("stats", "--watch", "--count", "3", "--interval", "0.1", "--socket-dir", sd)
         assert watch.returncode == 0 and watch.stdout.count("backend host") == 3
+        keep = ipcpool_cmd("trim", "default", "--keep", "1G", "--socket-dir", sd)   # a size, as in the config
+        assert keep.returncode == 0 and "pool default: reserved 8.0 MiB ->" in keep.stdout, keep.stderr
+        c.allocate(8 << 20).free()
         trim = ipcpool_cmd("trim", "default", "--socket-dir", sd)
         assert trim.returncode == 0 and "reserved 8.0 MiB -> 0 B" in trim.stdout
+        bad = ipcpool_cmd("trim", "default", "--keep", "lots", "--socket-dir", sd)
+        assert bad.returncode == 2 and "argument --keep: expected a size such as" in bad.stderr
         assert c.stats()["pools"]["default"]["reserved"] == 0
         bad = ipcpool_cmd("trim", "nope", "--socket-dir", sd)
         assert bad.returncode == 2 and "no pool named 'nope'" in bad.stderr
