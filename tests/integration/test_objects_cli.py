@@ -23,7 +23,10 @@ def test_load_ls_rm(broker, tmp_path):
 
     out = ipcpool_cmd("load", str(path), "--prefix", "m/", "--socket-dir", sd)
     assert out.returncode == 0, out.stderr
-    assert "loaded 3 tensor(s)" in out.stdout and "loading m.safetensors" in out.stderr
+    assert "loaded 3 tensor(s)" in out.stdout
+    # stderr is a pipe here: plain lines, no terminal frames
+    assert "\r" not in out.stderr and "\x1b" not in out.stderr
+    assert out.stderr.splitlines()[-1].startswith("loading m.safetensors: 8.1 KiB of 8.1 KiB in ")
 
     with ipcpool.connect(sd) as c:
         for name, ref in tensors.items():
@@ -60,3 +63,32 @@ def test_load_refuses_a_broken_file(broker, tmp_path):
     assert out.returncode == 2 and "header length" in out.stderr
     with ipcpool.connect(broker.socket_dir) as c:
         assert c.list() == []
+
+
+def test_load_on_a_terminal_draws_a_bar(broker, tmp_path):
+    import os
+    import pty
+    import subprocess
+
+    from tests.integration.test_cli import IPCPOOL
+
+    path = tmp_path / "t.safetensors"
+    safetensors_numpy.save_file({"x": np.ones(1 << 16, dtype=np.float32)}, str(path))
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*IPCPOOL, "load", str(path), "--socket-dir", str(broker.socket_dir)],
+                            stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
+    out, _ = proc.communicate(timeout=60)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:   # EIO: the terminal's last writer is gone
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert proc.returncode == 0 and "loaded 1 tensor(s)" in out
+    text = seen.decode(errors="replace")
+    assert "t.safetensors" in text and "256.0/256.0 KiB" in text and "\x1b[" in text   # rich's bar
