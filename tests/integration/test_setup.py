@@ -97,3 +97,28 @@ def test_a_venv_left_half_made_is_made_again(clone):
 def test_ci_runs_the_readme_test_command():
     assert (ROOT / ".ci/run").read_text().rstrip().endswith("make test")
     assert "make test" in (ROOT / "README.md").read_text()
+
+
+def test_readme_setup_commands_exist():
+    """Every `make TARGET` and `.venv/bin/ipcpool COMMAND` the README's set-up shows is real."""
+    import re
+
+    from ipcpool.cli import build_parser
+
+    readme = (ROOT / "README.md").read_text()
+    setup = readme[readme.index("## Set-up"):readme.index("## A worker")]
+    blocks = re.findall(r"```sh\n(.*?)```", setup, re.S)
+    commands = [line.split("#")[0].strip() for b in blocks for line in b.splitlines() if line.strip()]
+    targets = set(re.findall(r"^([a-z-]+):", (ROOT / "Makefile").read_text(), re.M))
+    parser = build_parser()
+    seen = set()
+    for cmd in commands:
+        for part in cmd.split("&&"):
+            words = part.split()
+            if words[0] == "make":
+                assert words[1] in targets, cmd
+                seen.add(words[1])
+            elif words[0] == ".venv/bin/ipcpool":
+                parser.parse_args(words[1:])      # exits (fails the test) on a command it does not know
+                seen.add(words[1])
+    assert {"venv", "run", "test", "demo", "status"} <= seen
