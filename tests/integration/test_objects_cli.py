@@ -66,29 +66,10 @@ def test_load_refuses_a_broken_file(broker, tmp_path):
 
 
 def test_load_on_a_terminal_draws_a_bar(broker, tmp_path):
-    import os
-    import pty
-    import subprocess
-
-    from tests.integration.test_cli import IPCPOOL
+    from tests.integration.test_cli import on_a_terminal
 
     path = tmp_path / "t.safetensors"
     safetensors_numpy.save_file({"x": np.ones(1 << 16, dtype=np.float32)}, str(path))
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([*IPCPOOL, "load", str(path), "--socket-dir", str(broker.socket_dir)],
-                            stdout=subprocess.PIPE, stderr=slave, text=True)
-    os.close(slave)
-    out, _ = proc.communicate(timeout=60)
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:   # EIO: the terminal's last writer is gone
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(master)
-    assert proc.returncode == 0 and "loaded 1 tensor(s)" in out
-    text = seen.decode(errors="replace")
-    assert "t.safetensors" in text and "256.0/256.0 KiB" in text and "\x1b[" in text   # rich's bar
+    code, shown = on_a_terminal("load", str(path), "--socket-dir", str(broker.socket_dir))
+    assert code == 0 and "loaded 1 tensor(s)" in shown
+    assert "t.safetensors" in shown and "256.0/256.0 KiB" in shown and "\x1b[" in shown   # rich's bar

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import ipcpool
-from tests.integration.test_cli import ipcpool_cmd, table_rows
+from tests.integration.test_cli import ipcpool_cmd, on_a_terminal, table_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -199,6 +199,9 @@ def test_status_watch_and_trim(start_broker):
         assert rows[3] == ["default", "0", "B", "8.0", "MiB", "0"]
         watch = ipcpool_cmd("stats", "--watch", "--count", "3", "--interval", "0.1", "--socket-dir", sd)
         assert watch.returncode == 0 and watch.stdout.count("backend host") == 3
+        assert "\x1b" not in watch.stdout                       # a pipe: tables one after another
+        code, shown = on_a_terminal("stats", "--watch", "--count", "3", "--interval", "0.1", "--socket-dir", sd)
+        assert code == 0 and shown.count("backend host") >= 3 and "\x1b[1A" in shown   # redrawn in place
         keep = ipcpool_cmd("trim", "default", "--keep", "1G", "--socket-dir", sd)   # a size, as in the config
         assert keep.returncode == 0 and "pool default: reserved 8.0 MiB ->" in keep.stdout, keep.stderr
         c.allocate(8 << 20).free()
