@@ -65,18 +65,3 @@ def test_unreadable_and_invalid_files(tmp_path):
     bad.write_text("[[pools]\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load(bad)
-
-
-def test_the_shipped_config_loads():
-    from pathlib import Path
-
-    config = load(Path(__file__).resolve().parents[2] / "deploy/broker.toml")
-    assert [p.name for p in config.pools] == ["default"]
-
-
-def test_a_pools_table_points_to_the_array_form():
-    import tomllib
-
-    with pytest.raises(ConfigError, match=r'pools: a list of \[\[pools\]\] tables .* write \[\[pools\]\] then '
-                                          r'name = "weights" instead of \[pools.weights\]'):
-        parse(tomllib.loads('[pools.weights]\nmax_size = "1G"\n'))
