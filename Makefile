@@ -1,16 +1,28 @@
-# Two commands do all the set-up: `make run` (the broker, foreground) and `make test`.
+# Two commands do all the set-up: `make run` (the broker, foreground) and `make test`. Both may run
+# at the same time from a fresh clone: the virtual environment is made under a lock, once.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+LOCK := .venv.lock
+EXTRAS ?= test,bench
 
-.PHONY: run test test-gpu bench clean
+.PHONY: venv run test test-gpu bench clean
 
+# Under flock: whoever comes second waits, then finds the stamp newer than pyproject.toml and
+# installs nothing. A venv left without pip (an earlier run stopped half-way) is made again.
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,bench]'
-	touch $(STAMP)
+	@flock $(LOCK) sh -c '\
+	  if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then exit 0; fi; \
+	  set -e; \
+	  if ! $(PY) -m pip --version >/dev/null 2>&1; then echo "creating $(VENV)"; $(PYTHON) -m venv --clear $(VENV); fi; \
+	  echo "installing ipcpool and its dependencies into $(VENV) (quiet; a minute or two the first time)"; \
+	  $(PY) -m pip install --quiet --upgrade pip; \
+	  $(PY) -m pip install --quiet -e ".[$(EXTRAS)]"; \
+	  touch $(STAMP)'
+
+venv: $(STAMP)    ## only the set-up: .venv/bin/ipcpool is then the CLI
+	@echo "ready: run .venv/bin/ipcpool (or: source .venv/bin/activate; ipcpool --help)"
 
 run: $(STAMP)
 	$(VENV)/bin/ipcpool broker $(ARGS)
@@ -18,8 +30,11 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+test-gpu: $(STAMP)
+	$(PY) -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
+
 bench: $(STAMP)
 	$(PY) bench/host_roundtrip.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(LOCK) build *.egg-info

@@ -1,5 +1,5 @@
 """`ipcpool ...`: broker, status, stats, trim, ls, rm, load, demo, doctor. The only place that
-configures logging."""
+configures logging. Tables are drawn with rich; every byte count goes through ``sizes.format_size``."""
 
 from __future__ import annotations
 
@@ -8,21 +8,56 @@ import json
 import logging
 import os
 import sys
+import time
+from typing import Any
 
 from . import backend as backends
+from ._version import __version__
 from .errors import IpcPoolError, ObjectNotFound
+from .sizes import format_size, parse_size
 
 log = logging.getLogger("ipcpool")
 
-
-def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+SOCKET_DIR_HELP = ("the broker's socket directory (default: $IPCPOOL_SOCKET_DIR, else /run/ipcpool where the "
+                   "system service runs, else $XDG_RUNTIME_DIR/ipcpool, else a per-user temporary directory)")
 
 
+# -- output ----------------------------------------------------------------------------------------
+def _console(stream=None):
+    from rich.console import Console
+
+    stream = stream or sys.stdout
+    # Wide enough that a pipe or a log never gets a wrapped table (a terminal uses its own width).
+    return Console(file=stream, markup=False, highlight=False, emoji=False,
+                   width=None if stream.isatty() else 200)
+
+
+def _table(*columns: str, left: int = 1):
+    """A rich table: the first ``left`` columns left-aligned (names), the rest right (numbers)."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i, c in enumerate(columns):
+        table.add_column(c, justify="left" if i < left else "right", no_wrap=i < left)
+    return table
+
+
+def _stats_view(stats: dict):
+    from rich.console import Group
+    from rich.text import Text
+
+    cols = ("reserved", "used", "reserved_high", "used_high", "arena_free")
+    table = _table("pool", *cols, "allocations")
+    for name, s in stats["pools"].items():
+        table.add_row(name, *(format_size(s.get(c, 0)) for c in cols), str(s["allocations"]))
+    head = Text(f"{time.strftime('%H:%M:%S')}  backend {stats['backend']}  sessions {stats['sessions']}  "
+                f"objects {stats.get('objects', 0)}  pid {stats['pid']}")
+    return Group(head, table)
+
+
+# -- commands --------------------------------------------------------------------------------------
 def cmd_broker(args) -> int:
     from .broker import Broker
     from .config import load
@@ -41,31 +76,30 @@ def cmd_broker(args) -> int:
     return 0
 
 
-def _stats_table(stats: dict) -> str:
-    cols = ("reserved", "used", "reserved_high", "used_high", "arena_free")
-    lines = [f"backend {stats['backend']}  sessions {stats['sessions']}  objects {stats.get('objects', 0)}"
-             f"  pid {stats['pid']}",
-             f"{'pool':<16}" + "".join(f"{c:>16}" for c in cols) + f"{'allocations':>13}"]
-    for name, s in stats["pools"].items():
-        lines.append(f"{name:<16}" + "".join(f"{_human(s.get(c, 0)):>16}" for c in cols) + f"{s['allocations']:>13}")
-    return "\n".join(lines)
-
-
 def cmd_stats(args) -> int:
-    import time
-
     from .client import connect
 
     with connect(args.socket_dir) as client:
+        if args.json:
+            print(json.dumps(client.stats(), indent=2))
+            return 0
+        console = _console()
         if not args.watch:
-            stats = client.stats()
-            print(json.dumps(stats, indent=2) if args.json else _stats_table(stats))
+            console.print(_stats_view(client.stats()))
             return 0
         shown = 0
-        while args.count is None or shown < args.count:
-            table = _stats_table(client.stats())
-            # Redraw in place on a terminal; one table after another otherwise (logs, pipes).
-            print(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "") + time.strftime("%H:%M:%S  ") + table, flush=True)
+        if console.is_terminal:   # redrawn in place
+            from rich.live import Live
+
+            with Live(_stats_view(client.stats()), console=console, auto_refresh=False) as live:
+                shown = 1
+                while args.count is None or shown < args.count:
+                    time.sleep(args.interval)
+                    live.update(_stats_view(client.stats()), refresh=True)
+                    shown += 1
+            return 0
+        while args.count is None or shown < args.count:   # a log or a pipe: one table after another
+            console.print(_stats_view(client.stats()))
             shown += 1
             if args.count is None or shown < args.count:
                 time.sleep(args.interval)
@@ -81,11 +115,14 @@ def cmd_status(args) -> int:
         print(json.dumps(s, indent=2))
         return 0
     up = int(s["uptime"])
-    print(f"ipcpool {s['version']}  pid {s['pid']}  up {up // 3600}h{up % 3600 // 60:02d}m{up % 60:02d}s")
-    print(f"backend {s['backend']}  sessions {s['sessions']}  objects {s['objects']}  socket dir {client.socket_dir}")
+    console = _console()
+    console.print(f"ipcpool {s['version']}  pid {s['pid']}  up {up // 3600}h{up % 3600 // 60:02d}m{up % 60:02d}s")
+    console.print(f"backend {s['backend']}  sessions {s['sessions']}  objects {s['objects']}  "
+                  f"socket dir {client.socket_dir}")
+    table = _table("pool", "used", "reserved", "allocations")
     for name, p in s["pools"].items():
-        print(f"pool {name}: {_human(p['used'])} used of {_human(p['reserved'])} reserved, "
-              f"{p['allocations']} allocation(s)")
+        table.add_row(name, format_size(p["used"]), format_size(p["reserved"]), str(p["allocations"]))
+    console.print(table)
     return 0
 
 
@@ -93,17 +130,11 @@ def cmd_trim(args) -> int:
     from .client import connect
 
     with connect(args.socket_dir) as client:
-        before = client.stats()["pools"].get(args.pool, {}).get("reserved")
+        before = client.stats()["pools"].get(args.pool, {}).get("reserved", 0)
         client.trim(args.pool, args.keep)
         after = client.stats()["pools"][args.pool]["reserved"]
-    print(f"pool {args.pool}: reserved {_human(before)} -> {_human(after)}")
+    print(f"pool {args.pool}: reserved {format_size(before)} -> {format_size(after)}")
     return 0
-
-
-def _print_table(rows: list[tuple[str, ...]], left: set[int]) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
 
 
 def cmd_ls(args) -> int:
@@ -115,20 +146,22 @@ def cmd_ls(args) -> int:
     if args.json:
         print(json.dumps({"objects": objects, "growables": growables}, indent=2))
         return 0
-    rows = [("NAME", "SIZE", "DTYPE", "SHAPE", "STATE", "LEASES")]
+    console = _console()
+    table = _table("NAME", "SIZE", "DTYPE", "SHAPE", "STATE", "LEASES")
     for o in objects:
         shape = o["meta"].get("shape")
-        rows.append((o["name"], _human(o["size"]), o["meta"].get("dtype") or "-",
-                     "x".join(map(str, shape)) if shape is not None else "-", o["state"], str(o["leases"])))
-    _print_table(rows, {0, 2, 3, 4})
-    print(f"{len(objects)} object(s), {_human(sum(o['size'] for o in objects))}")
+        table.add_row(o["name"], format_size(o["size"]), o["meta"].get("dtype") or "-",
+                      "x".join(map(str, shape)) if shape is not None else "-", o["state"], str(o["leases"]))
+    if objects:
+        console.print(table)
+    console.print(f"{len(objects)} object(s), {format_size(sum(o['size'] for o in objects))}")
     if growables:
-        print()
-        rows = [("GROWABLE", "SIZE", "CHUNKS", "POOL", "STATE", "ATTACHED")]
-        rows += [(g["name"], _human(g["size"]), str(g["chunks"]), g["pool"], g["state"], str(g["attached"]))
-                 for g in growables]
-        _print_table(rows, {0, 3, 4})
-        print(f"{len(growables)} growable buffer(s), {_human(sum(g['size'] for g in growables))}")
+        console.print()
+        table = _table("GROWABLE", "SIZE", "CHUNKS", "POOL", "STATE", "ATTACHED")
+        for g in growables:
+            table.add_row(g["name"], format_size(g["size"]), str(g["chunks"]), g["pool"], g["state"], str(g["attached"]))
+        console.print(table)
+        console.print(f"{len(growables)} growable buffer(s), {format_size(sum(g['size'] for g in growables))}")
     return 0
 
 
@@ -153,9 +186,12 @@ def cmd_rm(args) -> int:
 
 
 def cmd_load(args) -> int:
-    from .client import connect
-    from .loader import load
+    from pathlib import Path
 
+    from .client import connect
+    from .loader import load, read_header
+
+    read_header(Path(args.file))    # a missing or broken file is refused before the broker is asked
     with connect(args.socket_dir) as client:
         names = load(client, args.file, prefix=args.prefix, pool=args.pool)
     print(f"loaded {len(names)} tensor(s) from {args.file} as sealed objects under {args.prefix or '(no prefix)'}")
@@ -165,89 +201,103 @@ def cmd_load(args) -> int:
 def cmd_demo(args) -> int:
     from .demo import run
 
-    return 0 if run(args.socket_dir) else 1
+    return 0 if run(args.socket_dir, backend=args.backend, private=args.private) else 1
 
 
 def cmd_doctor(args) -> int:
-    ok, why = backends.probe_cuda()
-    print(f"CUDA: {'usable' if ok else 'not usable'} ({why})")
-    try:
-        choice = backends.choose(args.backend)
-        print(f"backend chosen: {choice.name} ({choice.reason})")
-    except IpcPoolError as exc:
-        print(f"backend: {exc}")
-        return 1
-    if ok:
-        from .backend.cuda import capabilities
+    from .doctor import lines, report
 
-        caps = capabilities()
-        if args.json:
-            print(json.dumps(caps, indent=2, default=str))
-        else:
-            for key, value in caps.items():
-                print(f"  {key}: {value}")
-    return 0
+    rep, usable = report(args.backend)
+    if args.json:
+        print(json.dumps(rep, indent=2, default=str))
+    else:
+        print("\n".join(lines(rep)))
+    return 0 if usable else 1
+
+
+# -- arguments -------------------------------------------------------------------------------------
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _level_arg(text: str) -> str:
+    level = text.upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"one of {', '.join(LOG_LEVELS)} (any case), not {text!r}")
+    return level
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ipcpool", description="Share GPU and host memory between processes.")
-    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="ipcpool", description="Share GPU and host memory between processes through a broker daemon.",
+        epilog="`ipcpool COMMAND --help` explains each command's options.")
+    parser.add_argument("--version", action="version", version=f"ipcpool {__version__}",
+                        help="print the version and exit")
+    level_help = "log threshold on stderr: debug, info, warning or error (default: info)"
+    parser.add_argument("--log-level", type=_level_arg, default="INFO", metavar="LEVEL", help=level_help)
+    # Accepted after the command too (`ipcpool broker --log-level debug`): SUPPRESS keeps the
+    # value given before the command when none is given after it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", type=_level_arg, default=argparse.SUPPRESS, metavar="LEVEL", help=level_help)
+    connecting = argparse.ArgumentParser(add_help=False, parents=[common])
+    connecting.add_argument("--socket-dir", metavar="DIR", help=SOCKET_DIR_HELP)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("broker", help="run the broker in the foreground")
-    p.add_argument("--config", help="TOML configuration file")
-    p.add_argument("--socket-dir", help="directory of the sockets (default: $IPCPOOL_SOCKET_DIR, ...)")
-    p.add_argument("--backend", choices=backends.BACKENDS, help="memory backend (default: auto)")
-    p.set_defaults(func=cmd_broker)
+    def add(name: str, help: str, func, parent=connecting) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".", parents=[parent])
+        p.set_defaults(func=func)
+        return p
 
-    p = sub.add_parser("stats", help="pool usage and sessions")
-    p.add_argument("--socket-dir")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--watch", action="store_true", help="a live table, refreshed every --interval s")
-    p.add_argument("--interval", type=float, default=1.0)
-    p.add_argument("--count", type=int, help="with --watch: stop after this many tables")
-    p.set_defaults(func=cmd_stats)
+    backend_help = "memory backend: auto (CUDA where a driver and a GPU answer, else host), host or cuda"
+    p = add("broker", "run the broker in the foreground; SIGTERM or Ctrl-C stops it", cmd_broker)
+    p.add_argument("--config", metavar="FILE", help="TOML configuration file (deploy/broker.toml documents every key)")
+    p.add_argument("--backend", choices=backends.BACKENDS,
+                   help=backend_help + " (default: the config's backend, else $IPCPOOL_BACKEND, else auto)")
 
-    p = sub.add_parser("status", help="version, uptime, backend, pools, sessions")
-    p.add_argument("--socket-dir")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_status)
+    p = add("status", "version, uptime, backend, pools and sessions of the running broker", cmd_status)
+    p.add_argument("--json", action="store_true", help="print the broker's full stats as JSON")
 
-    p = sub.add_parser("trim", help="give a pool's freed memory back to the system")
-    p.add_argument("pool")
-    p.add_argument("--keep", type=int, default=0, help="bytes to keep reserved")
-    p.add_argument("--socket-dir")
-    p.set_defaults(func=cmd_trim)
+    p = add("stats", "per-pool memory (reserved, used, their high marks, arena_free) and sessions", cmd_stats)
+    p.add_argument("--json", action="store_true", help="print the stats as JSON")
+    p.add_argument("--watch", action="store_true", help="keep showing the table, refreshed every --interval seconds")
+    p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                   help="with --watch: seconds between tables (default: 1)")
+    p.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N tables (default: until Ctrl-C)")
 
-    p = sub.add_parser("ls", help="named objects: name, size, dtype, shape, state, leases")
-    p.add_argument("prefix", nargs="?", default="")
-    p.add_argument("--socket-dir")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_ls)
+    p = add("trim", "give a pool's freed memory back to the system", cmd_trim)
+    p.add_argument("pool", help="the pool's name, as in `ipcpool stats`")
+    p.add_argument("--keep", type=_size_arg, default=0, metavar="SIZE",
+                   help="memory to keep reserved: bytes or a size such as 512M, 1G (default: 0)")
 
-    p = sub.add_parser("rm", help="delete named objects (freed once no lease holds them)")
-    p.add_argument("names", nargs="+")
-    p.add_argument("--socket-dir")
-    p.set_defaults(func=cmd_rm)
+    p = add("ls", "named objects (name, size, dtype, shape, state, leases), then growable buffers", cmd_ls)
+    p.add_argument("prefix", nargs="?", default="", help="list only names that start with PREFIX (default: all)")
+    p.add_argument("--json", action="store_true", help="print objects and growable buffers as JSON")
 
-    p = sub.add_parser("load", help="stream a safetensors file into sealed named objects")
-    p.add_argument("file")
-    p.add_argument("--prefix", default="")
-    p.add_argument("--pool", default="default")
-    p.add_argument("--socket-dir")
-    p.set_defaults(func=cmd_load)
+    p = add("rm", "delete named objects or growable buffers (freed once nothing holds them)", cmd_rm)
+    p.add_argument("names", nargs="+", metavar="NAME", help="an object's or growable buffer's name")
 
-    p = sub.add_parser("demo", help="a producer process and a consumer process share memory")
-    p.add_argument("--socket-dir")
-    p.set_defaults(func=cmd_demo)
+    p = add("load", "stream a safetensors file into sealed named objects, one per tensor", cmd_load)
+    p.add_argument("file", metavar="FILE", help="a .safetensors file")
+    p.add_argument("--prefix", default="", help="put PREFIX before each tensor's name (for example m/)")
+    p.add_argument("--pool", default="default", help="the pool to load into (default: default)")
 
-    p = sub.add_parser("doctor", help="which backend would be chosen, and why")
-    p.add_argument("--backend", choices=backends.BACKENDS)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_doctor)
+    p = add("demo", "a producer process writes into broker memory, a consumer process checks it zero-copy; "
+                    "starts a private broker where none is running", cmd_demo)
+    p.add_argument("--private", action="store_true",
+                   help="always use a private broker in a temporary directory, even where one is running")
+    p.add_argument("--backend", choices=backends.BACKENDS, help=backend_help + ", for a private broker")
+
+    p = add("doctor", "which backend the broker would choose here and why; the GPU's capabilities; MPS",
+            cmd_doctor, parent=common)
+    p.add_argument("--backend", choices=backends.BACKENDS, help="check this backend (default: as the broker would)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (always JSON, GPU or not)")
     return parser
 
 
+# -- logging ---------------------------------------------------------------------------------------
 # syslog priorities, which journald reads from a "<N>" prefix on each line.
 _PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
 
@@ -271,13 +321,21 @@ def configure_logging(level: str) -> None:
     root.setLevel(level)
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args: Any = build_parser().parse_args(argv)
     configure_logging(args.log_level)
     try:
         return args.func(args)
     except IpcPoolError as exc:
-        print(f"ipcpool {args.command}: {exc}", file=sys.stderr)
+        print(f"ipcpool {args.command}: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:    # a file named on the command line: missing, unreadable
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"ipcpool {args.command}: {where}{exc.strerror or _one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

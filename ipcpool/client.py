@@ -285,7 +285,7 @@ class Client:
     def allocate(self, nbytes: int, *, pool: str = "default", stream: Any = None) -> Buffer:
         """Allocate ``nbytes`` from the broker's pool ``pool``; on CUDA, ``stream`` waits for it."""
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
-            raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
+            raise InvalidRequest(f"nbytes must be a positive int, got {nbytes!r}")
         with self._lock:
             self._check_open()
             buf = self._handoff.carve("allocate", {"nbytes": nbytes, "pool": pool}, name=None)
@@ -330,7 +330,7 @@ class Client:
         objects quota) is then raised by ``seal()`` (or ``free()``), and nothing is lost. Larger
         objects wait for the broker, and a refusal is raised here."""
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
-            raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
+            raise InvalidRequest(f"nbytes must be a positive int, got {nbytes!r}")
         fields = {"name": name, "nbytes": nbytes, "pool": pool}
         if meta:
             fields["meta"] = wire_meta(meta)
@@ -518,7 +518,7 @@ class Client:
         copying (``GrowableBuffer.grow``). ``compression``: ask for compressible memory where the
         device offers it; ``GrowableBuffer.compression`` says what was obtained."""
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
-            raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
+            raise InvalidRequest(f"nbytes must be a positive int, got {nbytes!r}")
         with self._lock:
             self._check_unattached(name)
             reply = self._call("grow_create", name=name, nbytes=nbytes, pool=pool, compression=bool(compression))

@@ -11,6 +11,7 @@ from typing import Any
 
 from .backend.base import REUSE_POLICIES, PoolSpec
 from .errors import IpcPoolError
+from .sizes import parse_size
 
 
 class ConfigError(IpcPoolError):
@@ -46,26 +47,12 @@ class Config:
         return uid in uids or gid in self.allow_gids
 
 
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
 def _size(value: Any, key: str) -> int:
-    """An int of bytes, or a string like "512M", "8GiB"."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{key}: expected a size, got {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(f"{key}: must not be negative, got {value}")
-        return value
-    if isinstance(value, str):
-        text = value.strip().lower().removesuffix("ib").removesuffix("b")
-        unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
-        number = text[: len(text) - len(unit)].strip()
-        try:
-            return int(float(number) * _SIZE_UNITS[unit])
-        except ValueError:
-            pass
-    raise ConfigError(f"{key}: expected a size such as 1073741824 or \"1G\", got {value!r}")
+    """An int of bytes, or a string like "512M", "8GiB" (the parser the CLI uses too)."""
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
 
 
 def _expect(value: Any, kind: type, key: str):
@@ -134,7 +121,12 @@ def parse(data: dict[str, Any]) -> Config:
     uids = [_expect(u, int, f"access.uids[{i}]") for i, u in enumerate(access.get("uids", []))]
     gids = [_gid(g, f"access.gids[{i}]") for i, g in enumerate(access.get("gids", []))]
     gids += [_gid(g, f"access.groups[{i}]") for i, g in enumerate(access.get("groups", []))]
-    pools_raw = _expect(data.get("pools", [{"name": "default"}]), list, "pools")
+    pools_raw = data.get("pools", [{"name": "default"}])
+    if isinstance(pools_raw, dict):   # [pools.default] / [pools] instead of [[pools]]
+        example = next(iter(pools_raw), "default")
+        raise ConfigError(f"pools: a list of [[pools]] tables is expected, one per pool with its name inside; "
+                          f"write [[pools]] then name = \"{example}\" instead of [pools.{example}]")
+    pools_raw = _expect(pools_raw, list, "pools")
     pools = tuple(_pool(t, i) for i, t in enumerate(pools_raw))
     if not pools:
         raise ConfigError("pools: at least one pool is needed")

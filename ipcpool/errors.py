@@ -73,8 +73,9 @@ class BackendUnavailable(IpcPoolError):
     code = 9
 
 
-class InvalidRequest(IpcPoolError):
-    """A well-formed request with a bad argument (size, unknown allocation, ...)."""
+class InvalidRequest(IpcPoolError, ValueError):
+    """A well-formed request with a bad argument (size, unknown allocation, ...). Also a
+    ValueError: a bad argument is one, wherever it is found."""
 
     code = 10
 
@@ -107,6 +108,13 @@ class WaitTimeout(IpcPoolError):
     """What was waited for did not happen within the timeout."""
 
     code = 15
+
+
+class MissingDependency(IpcPoolError, ModuleNotFoundError):
+    """An optional library (torch, CuPy) this call needs is not installed; the message says which
+    extra to install, or what to use instead. Raised on the client; its code is never sent."""
+
+    code = 30
 
 
 def error_from_wire(code: int, message: str) -> IpcPoolError:

@@ -77,7 +77,7 @@ class GrowableBuffer:
     def grow(self, nbytes: int) -> Remap:
         """Grow to at least ``nbytes`` (rounded up to the granularity); a smaller size is a no-op."""
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
-            raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
+            raise InvalidRequest(f"nbytes must be a positive int, got {nbytes!r}")
         self._check()
         return self._client._grow(self, nbytes)
 

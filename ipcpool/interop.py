@@ -11,7 +11,7 @@ import math
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidRequest
+from .errors import InvalidRequest, MissingDependency
 from .meta import dtype_name
 
 if TYPE_CHECKING:
@@ -20,6 +20,27 @@ if TYPE_CHECKING:
 # Per-object work of a thousand-object attach, done once: torch dtypes by name, strides by shape.
 _TORCH_DTYPES: dict[str, Any] = {}
 _STRIDES: dict[tuple[int, ...], list[int]] = {}
+
+
+_INSTEAD = {
+    "torch": "pip install 'ipcpool[torch]' (or torch itself), or read it as an array with get_array() "
+             "(numpy on the host backend, CuPy on CUDA) or np.asarray(buf)",
+    "cupy": "pip install 'ipcpool[cupy]' (or the cupy-cuda* wheel for your CUDA), or use get_tensor() with torch",
+    "numpy": "pip install numpy",
+}
+
+
+def _require(module: str) -> Any:
+    """``module``, imported; where it is not installed, an error saying what to install instead
+    of a bare ModuleNotFoundError."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name not in (module, None):   # the library is there but one of its own imports failed
+            raise
+        raise MissingDependency(f"{module} is not installed: {_INSTEAD[module]}") from exc
 
 
 def _kind(obj: Any) -> str:
@@ -57,14 +78,14 @@ def put(client: Client, name: str, obj: Any, *, pool: str, stream: Any, user: di
             buf.seal()
             return
         if kind == "torch":
-            import torch
+            torch = _require("torch")
 
             torch_stream = _torch_stream(stream, obj.device)
             with torch.cuda.stream(torch_stream):   # (cuda.core exports bytes as int8: view them)
                 torch.from_dlpack(buf).view(torch.uint8)[:nbytes].copy_(flat, non_blocking=True)
             buf.seal(stream=torch_stream)
         else:
-            import cupy
+            cupy = _require("cupy")
 
             cupy_stream = stream if stream is not None else cupy.cuda.get_current_stream()
             with cupy_stream:
@@ -78,7 +99,7 @@ def put(client: Client, name: str, obj: Any, *, pool: str, stream: Any, user: di
 
 
 def _torch_stream(stream: Any, device: Any) -> Any:
-    import torch
+    torch = _require("torch")
 
     if stream is None:
         return torch.cuda.current_stream(device)
@@ -93,7 +114,7 @@ def get(client: Client, name: str, kind: str, *, stream: Any, timeout: float | N
 
 def as_tensor(client: Client, buf: Any) -> Any:
     """A buffer as a torch tensor of its metadata's dtype and shape (else its bytes, uint8)."""
-    import torch
+    torch = _require("torch")
 
     dtype, shape = buf.meta.get("dtype"), buf.meta.get("shape")
     if dtype is None or shape is None:
@@ -104,7 +125,7 @@ def as_tensor(client: Client, buf: Any) -> Any:
 def _torch_dtype(name: str, dtype: str) -> Any:
     torch_dtype = _TORCH_DTYPES.get(dtype)
     if torch_dtype is None:
-        import torch
+        torch = _require("torch")
 
         torch_dtype = getattr(torch, dtype, None)
         if not isinstance(torch_dtype, torch.dtype):
@@ -149,7 +170,7 @@ def _typed(client: Client, lease: Any, kind: str, bases: dict | None) -> Any:
         except BaseException:
             lease.free()
             raise
-    xp = __import__(kind)
+    xp = _require(kind)
     arr = xp.asarray(lease)
     np_dtype = xp.dtype(dtype)
     return arr[: count * np_dtype.itemsize].view(np_dtype).reshape(shape)
@@ -157,7 +178,7 @@ def _typed(client: Client, lease: Any, kind: str, bases: dict | None) -> Any:
 
 def _torch_bytes(client: Client, lease: Any) -> Any:
     """A flat uint8 tensor over a lease."""
-    import torch
+    torch = _require("torch")
 
     if client.backend_name == "cuda":
         return torch.from_dlpack(lease).view(torch.uint8)
@@ -176,7 +197,7 @@ def _slab_tensor(lease: Any, bases: dict | None, dtype: Any, shape: list[int], n
     itemsize = dtype.itemsize
     if bases is None or base is None or base[1] % itemsize or nbytes > lease.size:
         return None
-    import torch
+    torch = _require("torch")
 
     slab, offset = base
     whole = bases.get((id(slab), dtype))

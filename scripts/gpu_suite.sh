@@ -1,23 +1,55 @@
 #!/usr/bin/env bash
-# Run on the GPU machine (the `run` tool, with `.whl` carried): installs the carried wheels, shows
-# the device, runs the GPU tests, the backend smoke test and the benchmark, and ends with a table.
-# Logs and results go to $OUT (or ./gpu-out when OUT is unset).
-#   scripts/gpu_suite.sh MODE      (each fits in one 10-minute device call but full)
-#     tests   the GPU tests              quick   tests + the backend smoke test
-#     vmm     the VMM tests, the durable-memory probe and the VMM grow benchmark
-#     check   quick + the durable-memory probe + the VMM grow benchmark
-#     bench   every other benchmark (round trip, hand-off on GPU and host, hot attach, host round
-#             trip) and the per-step micro timings, no tests
-#     full    (default) check + bench + the import-limit probe
-#   PYTEST_K="expr" narrows the GPU tests (pytest -k).
+# ipcpool's GPU suite for any CUDA machine: the GPU tests, the backend smoke test, the probes and
+# the benchmarks, then a summary. `scripts/gpu_suite.sh --help` lists the modes and options.
 set -uo pipefail
+usage() {
+  cat <<'USAGE'
+usage: scripts/gpu_suite.sh [options] [MODE]
+
+Runs ipcpool's GPU work on this CUDA machine and ends with a summary table.
+MODE (default: full):
+  tests   the GPU tests (pytest -m gpu tests/gpu)
+  quick   tests + the backend smoke test (scripts/cuda_smoke.py)
+  vmm     the VMM tests, the durable-memory probe and the VMM grow benchmark
+  check   quick + the durable-memory probe + the VMM grow benchmark
+  bench   the other benchmarks (round trip, hand-off on GPU and host, hot attach, host round
+          trip) and the per-step timings (scripts/micro_cuda.py); no tests
+  full    check + bench + the import-limit probe
+Each mode but full takes under ten minutes on an H100 or H200.
+
+Options:
+  --out DIR        logs and results go here (default: $OUT, else ./gpu-out)
+  --wheels DIR     first install the wheels in DIR, offline and without resolving dependencies
+                   (pip install --no-index --no-deps --target SITE); default: .whl where it holds
+                   wheels (scripts/fetch_wheels.sh fills it on a machine with network access)
+  --site DIR       where those wheels are installed, put first on PYTHONPATH (default: /tmp/site)
+  -k EXPR          run only the GPU tests matching EXPR (pytest -k; default: $PYTEST_K)
+  --timeout S      fail a GPU test that runs longer than S seconds (pytest-timeout; default: 300)
+  --keep-files     leave the results as loose files; by default they are packed into one archive,
+                   DIR/results.tgz, to copy off the machine
+  -h, --help       this help
+USAGE
+}
 cd "$(dirname "$0")/.."
-MODE=${1:-full}
-OUT=${OUT:-$PWD/gpu-out}
+OUT=${OUT:-$PWD/gpu-out} WHEELS=.whl SITE=/tmp/site PYTEST_K=${PYTEST_K:-} TEST_TIMEOUT=300 ARCHIVE=1 MODE=full
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --out) OUT=$2; shift 2 ;;
+    --wheels) WHEELS=$2; shift 2 ;;
+    --site) SITE=$2; shift 2 ;;
+    -k) PYTEST_K=$2; shift 2 ;;
+    --timeout) TEST_TIMEOUT=$2; shift 2 ;;
+    --keep-files) ARCHIVE=0; shift ;;
+    tests|quick|vmm|check|bench|full) MODE=$1; shift ;;
+    *) echo "gpu_suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
+OUT=$(cd "$OUT" && pwd)
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl || exit 1
+  export PYTHONPATH=$SITE:$PWD
 else
   export PYTHONPATH=$PWD
 fi
@@ -27,15 +59,17 @@ export PYTHONUNBUFFERED=1
   python3 -c "import cuda.core, cuda.bindings, zmq; print('cuda.core', cuda.core.__version__, '| cuda.bindings', cuda.bindings.__version__, '| pyzmq', zmq.__version__)"
   python3 -c "import torch, cupy; print('torch', torch.__version__, '| cupy', cupy.__version__)" 2>&1 | tail -1
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
-  python3 -m ipcpool doctor 2>/dev/null || python3 -c "import json; from ipcpool.backend.cuda_caps import capabilities; print(json.dumps(capabilities(), indent=1))"
+  python3 -m ipcpool doctor
 } 2>&1 | tee "$OUT/env.txt"
+TIMEOUT_ARGS=()
+python3 -c "import pytest_timeout" 2>/dev/null && TIMEOUT_ARGS=(--timeout "$TEST_TIMEOUT")
 
 has() { case " $2 " in *" $MODE "*) return 0;; *) return 1;; esac; }   # has STEP "modes"
 TESTS=tests/gpu
 [ "$MODE" = vmm ] && TESTS=tests/gpu/test_cuda_vmm.py
 TESTS_RC=skipped
 if has tests "tests quick vmm check full"; then
-  python3 -m pytest -m gpu "$TESTS" -v -s -p no:cacheprovider --timeout 300 ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/gpu-tests.log"
+  python3 -m pytest -m gpu "$TESTS" -v -s -p no:cacheprovider "${TIMEOUT_ARGS[@]}" ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/gpu-tests.log"
   TESTS_RC=${PIPESTATUS[0]}
 fi
 
@@ -46,7 +80,7 @@ if has smoke "quick check full"; then
 fi
 if has vmm "vmm check full"; then
   timeout 200 python3 scripts/probe_durable.py --out "$OUT/durable_probe.json" 2>&1 | tee "$OUT/durable_probe.log"
-  timeout 300 python3 bench/vmm_grow.py --out-dir "$OUT" 2>&1 | tr '\r' '\n' | tee "$OUT/vmm_grow.log"
+  timeout 300 python3 bench/vmm_grow.py --out-dir "$OUT" 2>&1 | tee "$OUT/vmm_grow.log"
 fi
 
 PROBE_RC=skipped BENCH_RC=skipped
@@ -57,17 +91,17 @@ fi
 if has bench "bench full"; then
   timeout 240 python3 bench/gpu_roundtrip.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench.log"
   BENCH_RC=${PIPESTATUS[0]}
-  timeout 240 python3 bench/handoff.py --backend cuda --handoffs 1000 2>&1 | tr '\r' '\n' | grep -v '^\w.*\] [0-9]*/' | tee "$OUT/handoff_cuda.log"
+  timeout 240 python3 bench/handoff.py --backend cuda --handoffs 1000 2>&1 | tee "$OUT/handoff_cuda.log"
   timeout 300 python3 bench/hot_attach.py --gib 8 2>&1 | tee "$OUT/hot_attach.log"
   timeout 60 python3 scripts/micro_cuda.py 2>&1 | tee "$OUT/micro.log"
-  timeout 120 python3 bench/handoff.py --backend host --handoffs 1000 2>&1 | tr '\r' '\n' | grep -v '^\w.*\] [0-9]*/' | tee "$OUT/handoff_host.log"
-  timeout 180 python3 bench/host_roundtrip.py --iterations 5000 2>&1 | tr '\r' '\n' | grep -v '\] [0-9]*/' | tee "$OUT/host_roundtrip.log"
+  timeout 120 python3 bench/handoff.py --backend host --handoffs 1000 2>&1 | tee "$OUT/handoff_host.log"
+  timeout 180 python3 bench/host_roundtrip.py --iterations 5000 2>&1 | tee "$OUT/host_roundtrip.log"
   cp bench/results/handoff_*.json bench/results/handoff_*.png bench/results/host_roundtrip.* bench/results/hot_attach.* "$OUT/" 2>/dev/null
 fi
 
 echo
 echo "================ summary ================"
-grep -sE "passed|failed|error" "$OUT/gpu-tests.log" | tail -1
+grep -sE "^=+ .*(passed|failed|skipped|error)" "$OUT/gpu-tests.log" | tail -1
 printf '%-22s %s\n' "gpu tests rc" "$TESTS_RC" "smoke rc" "$SMOKE_RC" "import probe rc" "$PROBE_RC" "benchmark rc" "$BENCH_RC"
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
@@ -89,5 +123,8 @@ sed -n '/^what /,$p' "$OUT/bench.log" 2>/dev/null
 for f in handoff_cuda handoff_host host_roundtrip; do sed -n '/p50 µs/,$p' "$OUT/$f.log" 2>/dev/null; done
 sed -n '/^method/,$p' "$OUT/hot_attach.log" 2>/dev/null
 cat "$OUT/micro.log" 2>/dev/null
-# Only 8 files come back from the device: pack everything into one.
-tar -czf /tmp/gpu-results.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/gpu-results.tgz "$OUT/results.tgz"
+if [ "$ARCHIVE" = 1 ]; then   # one file to copy off the machine
+  archive=$(mktemp /tmp/gpu-results.XXXXXX.tgz)
+  tar -czf "$archive" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$archive" "$OUT/results.tgz"
+  echo "results: $OUT/results.tgz"
+fi

@@ -1,20 +1,51 @@
 """The `ipcpool` command as an operator runs it."""
 
+import argparse
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 import ipcpool
 
 
+# The installed `ipcpool` command where there is one beside this interpreter (a venv), else the module.
+_SCRIPT = Path(sys.executable).parent / "ipcpool"
+IPCPOOL = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "ipcpool"]
+
+
 def ipcpool_cmd(*args, timeout=120, env=None):
-    return subprocess.run([sys.executable, "-m", "ipcpool", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run([*IPCPOOL, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def on_a_terminal(*args, timeout=60) -> tuple[int, str]:
+    """Run `ipcpool ARGS` with stdout and stderr on a pseudo-terminal: (exit code, what it showed)."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*IPCPOOL, *args], stdout=slave, stderr=slave)
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:   # EIO: the terminal's last writer is gone
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    return proc.wait(timeout), seen.decode(errors="replace")
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The lines of a table the CLI printed, split into words; the rule under the header dropped."""
+    return [line.split() for line in text.splitlines() if line.strip() and set(line.strip()) != {"─"}]
 
 
 def test_second_broker_on_the_same_dir_is_refused(broker):
@@ -77,6 +108,143 @@ def test_demo(broker):
     out = ipcpool_cmd("demo", "--socket-dir", str(broker.socket_dir))
     assert out.returncode == 0, out.stderr
     assert "verified every byte: OK" in out.stdout and "host backend" in out.stdout
+
+
+def test_demo_without_a_broker_runs_a_private_one_and_stops_it(tmp_path):
+    t0 = time.monotonic()
+    out = ipcpool_cmd("demo", "--socket-dir", str(tmp_path / "nobody"), timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"no broker serves {tmp_path / 'nobody'}: the demo starts a private one for itself"
+    assert lines[1].startswith("private broker pid ") and "ready (host backend" in lines[1]
+    assert "verified every byte: OK" in out.stdout and lines[-1] == "private broker stopped"
+    pid = int(lines[1].split()[3])
+    assert not Path(f"/proc/{pid}").exists()                  # stopped, and reaped
+    private_dir = Path(lines[1].rsplit(", ", 1)[1].rstrip(")"))
+    assert not private_dir.exists()                           # and its directory removed
+    assert out.stderr == "" and time.monotonic() - t0 < 30
+
+
+def test_demo_private_uses_its_own_broker_even_where_one_runs(broker):
+    out = ipcpool_cmd("demo", "--private", "--socket-dir", str(broker.socket_dir), timeout=60)
+    assert out.returncode == 0 and "private broker pid" in out.stdout and "OK" in out.stdout, out.stderr
+    with ipcpool.connect(broker.socket_dir) as c:   # the running broker saw none of it
+        assert c.stats()["pools"]["default"]["used_high"] == 0
+
+
+def test_demo_failure_is_one_line_and_quick(start_broker):
+    b = start_broker(config_text='[[pools]]\nname = "default"\nmax_size = "1M"\n')   # too small for 4 MiB
+    t0 = time.monotonic()
+    out = ipcpool_cmd("demo", "--socket-dir", str(b.socket_dir), timeout=60)
+    assert out.returncode == 2 and time.monotonic() - t0 < 15
+    assert out.stderr.splitlines() == [out.stderr.strip()] and "Traceback" not in out.stderr
+    assert out.stderr.startswith("ipcpool demo: producer: no free block of 4194304 bytes")
+
+
+@pytest.mark.skipif(ipcpool.backend.probe_cuda()[0], reason="this machine has a GPU")
+def test_demo_whose_private_broker_cannot_start_says_why(tmp_path):
+    t0 = time.monotonic()
+    out = ipcpool_cmd("demo", "--backend", "cuda", "--socket-dir", str(tmp_path / "none"), timeout=60)
+    assert out.returncode == 2 and time.monotonic() - t0 < 15
+    assert out.stderr.strip().startswith("ipcpool demo: the private broker did not start: ")
+    assert "use --backend host" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_doctor_json_is_always_json():
+    ok, why = ipcpool.backend.probe_cuda()
+    out = ipcpool_cmd("doctor", "--json")
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert rep["backend"] == ("cuda" if ok else "host") and why in rep["reason"]
+    assert rep["cuda"] == {"usable": ok, "why": why}
+    assert (rep["capabilities"] is not None) == ok and isinstance(rep["mps"]["serves_device"], bool)
+    if ok:
+        assert rep["capabilities"]["device_count"] >= 1
+    else:
+        assert rep["mps"]["serves_device"] is False
+    forced = json.loads(ipcpool_cmd("doctor", "--json", "--backend", "host").stdout)
+    assert forced["backend"] == "host" and forced["reason"] == "asked for host memory"
+    if not ok:   # a backend that cannot run here: still JSON, with the error, and exit 1
+        cuda = ipcpool_cmd("doctor", "--json", "--backend", "cuda")
+        assert cuda.returncode == 1 and json.loads(cuda.stdout)["backend"] is None
+        assert "use --backend host" in json.loads(cuda.stdout)["error"]
+
+
+def test_doctor_sees_an_mps_control_socket(tmp_path):
+    (tmp_path / "control").touch()
+    out = ipcpool_cmd("doctor", "--json", env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)})
+    mps = json.loads(out.stdout)["mps"]
+    assert mps["pipe_directory"] == str(tmp_path) and mps["control_socket"] is True
+    assert mps["serves_device"] is ipcpool.backend.probe_cuda()[0]
+
+
+def test_version():
+    out = ipcpool_cmd("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"ipcpool {ipcpool.__version__}"
+
+
+def test_log_level_after_the_command(tmp_path):
+    """As the unit's ExecStart may end: `ipcpool broker ... --log-level LEVEL` (any case)."""
+    args = [*IPCPOOL, "broker", "--socket-dir", str(tmp_path / "s"), "--backend", "host"]
+    for level, shows_info in (("warning", False), ("debug", True)):
+        b = subprocess.Popen([*args, "--log-level", level], stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_for_broker(tmp_path / "s")
+        finally:
+            b.send_signal(signal.SIGTERM)
+            _, err = b.communicate(timeout=15)
+        assert b.returncode == 0, err
+        assert ("broker ready" in err) is shows_info, err
+    bad = ipcpool_cmd("broker", "--socket-dir", str(tmp_path / "s"), "--log-level", "loud")
+    assert bad.returncode == 2 and "argument --log-level: one of DEBUG, INFO, WARNING, ERROR" in bad.stderr
+
+
+def _wait_for_broker(socket_dir: Path, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with ipcpool.connect(socket_dir, timeout=5) as c:
+                c.stats()
+                return
+        except ipcpool.BrokerGone:
+            assert time.monotonic() < deadline, f"no broker at {socket_dir}"
+            time.sleep(0.05)
+
+
+def _commands() -> dict:
+    from ipcpool.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {"": parser, **sub.choices}
+
+
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_help_explains_every_option(command):
+    parser = _commands()[command]
+    out = ipcpool_cmd(*([command] if command else []), "--help")
+    assert out.returncode == 0 and out.stdout.startswith("usage: ipcpool"), out.stderr
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            continue
+        assert action.help, f"ipcpool {command}: {action.option_strings or action.dest} has no help"
+        name = action.option_strings[-1] if action.option_strings else (action.metavar or action.dest)
+        assert name in out.stdout, name
+        assert " ".join(action.help.split()[:3]) in " ".join(out.stdout.split()), action.help
+
+
+def test_load_of_a_missing_file_is_one_line(tmp_path):
+    out = ipcpool_cmd("load", str(tmp_path / "nope.safetensors"), "--socket-dir", str(tmp_path))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr == f"ipcpool load: {tmp_path / 'nope.safetensors'}: No such file or directory\n"
+
+
+def test_a_pools_table_instead_of_an_array_points_to_double_brackets(tmp_path):
+    cfg = tmp_path / "b.toml"
+    cfg.write_text('[pools.default]\nmax_size = "1G"\n')
+    out = ipcpool_cmd("broker", "--socket-dir", str(tmp_path / "s"), "--config", str(cfg), timeout=30)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert 'write [[pools]] then name = "default" instead of [pools.default]' in out.stderr
 
 
 def test_doctor_explains_the_choice():

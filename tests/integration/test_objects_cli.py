@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ipcpool
-from tests.integration.test_cli import ipcpool_cmd
+from tests.integration.test_cli import ipcpool_cmd, table_rows
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
@@ -23,7 +23,10 @@ def test_load_ls_rm(broker, tmp_path):
 
     out = ipcpool_cmd("load", str(path), "--prefix", "m/", "--socket-dir", sd)
     assert out.returncode == 0, out.stderr
-    assert "loaded 3 tensor(s)" in out.stdout and "loading m.safetensors" in out.stderr
+    assert "loaded 3 tensor(s)" in out.stdout
+    # stderr is a pipe here: plain lines, no terminal frames
+    assert "\r" not in out.stderr and "\x1b" not in out.stderr
+    assert out.stderr.splitlines()[-1].startswith("loading m.safetensors: 8.1 KiB of 8.1 KiB in ")
 
     with ipcpool.connect(sd) as c:
         for name, ref in tensors.items():
@@ -32,19 +35,19 @@ def test_load_ls_rm(broker, tmp_path):
             assert c.release_all("m/" + name) == 1
         assert c.list("m/embed")[0]["meta"]["user"] == {"format": "np"}
 
-    table = ipcpool_cmd("ls", "m/", "--socket-dir", sd).stdout.splitlines()
-    assert table[0].split() == ["NAME", "SIZE", "DTYPE", "SHAPE", "STATE", "LEASES"]
-    assert table[1].split() == ["m/embed.weight", "8.0", "KiB", "float32", "64x32", "sealed", "0"]
-    assert table[-1].startswith("3 object(s)")
+    table = table_rows(ipcpool_cmd("ls", "m/", "--socket-dir", sd).stdout)
+    assert table[0] == ["NAME", "SIZE", "DTYPE", "SHAPE", "STATE", "LEASES"]
+    assert table[1] == ["m/embed.weight", "8.0", "KiB", "float32", "64x32", "sealed", "0"]
+    assert table[-1][:2] == ["3", "object(s),"]
     listed = json.loads(ipcpool_cmd("ls", "--json", "--socket-dir", sd).stdout)
     assert sorted(o["name"] for o in listed["objects"]) == ["m/embed.weight", "m/empty", "m/layer0.bias"]
 
     with ipcpool.connect(sd) as c:
         c.create_growable("m/kv", 3 << 20).close()
-        table = ipcpool_cmd("ls", "m/", "--socket-dir", sd).stdout.splitlines()
-        assert table[-3].split() == ["GROWABLE", "SIZE", "CHUNKS", "POOL", "STATE", "ATTACHED"]
-        assert table[-2].split() == ["m/kv", "3.0", "MiB", "1", "default", "live", "0"]
-        assert table[-1].startswith("1 growable buffer(s)")
+        table = table_rows(ipcpool_cmd("ls", "m/", "--socket-dir", sd).stdout)
+        assert table[-3] == ["GROWABLE", "SIZE", "CHUNKS", "POOL", "STATE", "ATTACHED"]
+        assert table[-2] == ["m/kv", "3.0", "MiB", "1", "default", "live", "0"]
+        assert table[-1][:3] == ["1", "growable", "buffer(s),"]
 
     rm = ipcpool_cmd("rm", "m/empty", "m/nope", "m/kv", "--socket-dir", sd)
     assert rm.returncode == 1 and "m/nope: no object or growable buffer named 'm/nope'" in rm.stderr
@@ -60,3 +63,13 @@ def test_load_refuses_a_broken_file(broker, tmp_path):
     assert out.returncode == 2 and "header length" in out.stderr
     with ipcpool.connect(broker.socket_dir) as c:
         assert c.list() == []
+
+
+def test_load_on_a_terminal_draws_a_bar(broker, tmp_path):
+    from tests.integration.test_cli import on_a_terminal
+
+    path = tmp_path / "t.safetensors"
+    safetensors_numpy.save_file({"x": np.ones(1 << 16, dtype=np.float32)}, str(path))
+    code, shown = on_a_terminal("load", str(path), "--socket-dir", str(broker.socket_dir))
+    assert code == 0 and "loaded 1 tensor(s)" in shown
+    assert "t.safetensors" in shown and "256.0/256.0 KiB" in shown and "\x1b[" in shown   # rich's bar

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import ipcpool
-from tests.integration.test_cli import ipcpool_cmd
+from tests.integration.test_cli import ipcpool_cmd, on_a_terminal, table_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -145,6 +145,46 @@ def test_unit_file_verifies(tmp_path):
     assert "PrivateDevices=yes" not in shipped and "/tmp" not in shipped
 
 
+def _unit_here(tmp_path) -> Path:
+    """The shipped unit, its ExecStart pointed at this interpreter (the analyzers check it exists)."""
+    shipped = (ROOT / "deploy/systemd/ipcpool.service").read_text()
+    path = tmp_path / "ipcpool.service"
+    path.write_text(re.sub(r"^ExecStart=\S+", f"ExecStart={sys.executable} -m ipcpool", shipped, flags=re.M))
+    return path
+
+
+def _offline_security(path: Path) -> subprocess.CompletedProcess:
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    out = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    if "--offline" in out.stderr and out.returncode != 0:   # systemd < 250
+        pytest.skip("this systemd-analyze cannot analyse a unit file offline")
+    return out
+
+
+def test_unit_hardening_as_systemd_analyze_rates_it(tmp_path):
+    out = _offline_security(_unit_here(tmp_path))
+    m = re.search(r"Overall exposure level for ipcpool\.service: ([\d.]+) (\w+)", out.stdout)
+    assert m, out.stdout + out.stderr
+    assert float(m.group(1)) <= 2.0 and m.group(2) == "OK", out.stdout    # it was 6.5 MEDIUM
+    passed = {line.split()[1].split("=")[0] + "=" for line in out.stdout.splitlines() if line.startswith("✓")}
+    for key in ("SystemCallFilter=", "RestrictSUIDSGID=", "ProtectClock=", "ProtectKernelLogs=", "PrivateTmp=",
+                "CapabilityBoundingSet=", "NoNewPrivileges=", "RestrictRealtime=", "ProtectHostname="):
+        assert key in passed, f"{key} not satisfied:\n{out.stdout}"
+    shipped = (ROOT / "deploy/systemd/ipcpool.service").read_text()
+    for kept in ("PrivateDevices=yes", "PrivateUsers=yes", "ProcSubset=pid", "MemoryDenyWriteExecute=yes"):
+        assert kept not in shipped, f"{kept} would cut the broker off the GPU or its peers' uids"
+
+
+def test_unit_documentation_is_installed_by_the_readme():
+    shipped = (ROOT / "deploy/systemd/ipcpool.service").read_text()
+    doc = re.search(r"^Documentation=file://(\S+)$", shipped, re.M).group(1)
+    readme = (ROOT / "README.md").read_text()
+    deploy = readme[readme.index("## Deploy with systemd"):]
+    assert re.search(rf"^sudo install .*README\.md {re.escape(doc)}\s", deploy, re.M), doc
+
+
 def test_status_watch_and_trim(start_broker):
     b = start_broker(config_text='[[pools]]\nname = "default"\nmax_size = "64M"\n')
     sd = str(b.socket_dir)
@@ -154,11 +194,21 @@ def test_status_watch_and_trim(start_broker):
         buf.free()
         status = ipcpool_cmd("status", "--socket-dir", sd)
         assert status.returncode == 0 and f"pid {b.pid}" in status.stdout and "backend host" in status.stdout
-        assert "pool default: 0 B used of 8.0 MiB reserved" in status.stdout
+        rows = table_rows(status.stdout)
+        assert rows[2] == ["pool", "used", "reserved", "allocations"]
+        assert rows[3] == ["default", "0", "B", "8.0", "MiB", "0"]
         watch = ipcpool_cmd("stats", "--watch", "--count", "3", "--interval", "0.1", "--socket-dir", sd)
         assert watch.returncode == 0 and watch.stdout.count("backend host") == 3
+        assert "\x1b" not in watch.stdout                       # a pipe: tables one after another
+        code, shown = on_a_terminal("stats", "--watch", "--count", "3", "--interval", "0.1", "--socket-dir", sd)
+        assert code == 0 and shown.count("backend host") >= 3 and "\x1b[1A" in shown   # redrawn in place
+        keep = ipcpool_cmd("trim", "default", "--keep", "1G", "--socket-dir", sd)   # a size, as in the config
+        assert keep.returncode == 0 and "pool default: reserved 8.0 MiB ->" in keep.stdout, keep.stderr
+        c.allocate(8 << 20).free()
         trim = ipcpool_cmd("trim", "default", "--socket-dir", sd)
         assert trim.returncode == 0 and "reserved 8.0 MiB -> 0 B" in trim.stdout
+        bad = ipcpool_cmd("trim", "default", "--keep", "lots", "--socket-dir", sd)
+        assert bad.returncode == 2 and "argument --keep: expected a size such as" in bad.stderr
         assert c.stats()["pools"]["default"]["reserved"] == 0
         bad = ipcpool_cmd("trim", "nope", "--socket-dir", sd)
         assert bad.returncode == 2 and "no pool named 'nope'" in bad.stderr

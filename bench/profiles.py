@@ -1,0 +1,140 @@
+"""Where the time goes, under cProfile: the two profiles worth keeping from the hand-off and
+hot-attach work (for a GPU machine; the hand-off also runs with ``--backend host``).
+
+    python bench/profiles.py handoff [--backend cuda|host] [--handoffs 300] [--out DIR]
+    python bench/profiles.py attach [--gib 8] [--count 1024] [--out DIR]
+
+handoff  the ipcpool pair of bench/handoff.py, with the broker, the producer and the consumer each
+         under cProfile: prints the p50 hand-off and each process's top functions by own time.
+attach   --count objects (--gib in all) resident in a CUDA broker; three plain attaches of a fresh
+         process (get_tensors), then one under cProfile: its top functions by own and by total time.
+
+The .prof files stay in --out (default profile-out/) for `python -m pstats` or snakeviz.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import multiprocessing as mp
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import ipcpool  # noqa: E402
+
+CTX = mp.get_context("spawn")
+
+
+def _profiled(target, path, *args):
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        target(*args)
+    finally:
+        prof.disable()
+        prof.dump_stats(path)
+
+
+def handoff(args) -> None:
+    from bench import handoff as bench_handoff
+
+    out, n = Path(args.out), args.handoffs
+    with tempfile.TemporaryDirectory() as tmp:
+        sock = f"{tmp}/s"
+        broker = subprocess.Popen([sys.executable, "-m", "cProfile", "-o", str(out / "broker.prof"), "-m",
+                                   "ipcpool", "--log-level", "WARNING", "broker", "--socket-dir", sock,
+                                   "--backend", args.backend])
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    with ipcpool.connect(sock):
+                        break
+                except ipcpool.BrokerGone:
+                    if broker.poll() is not None or time.monotonic() > deadline:
+                        raise SystemExit("the broker did not start") from None
+                    time.sleep(0.05)
+            go, link, acks, res = CTX.Queue(), CTX.Queue(), CTX.Queue(), CTX.Queue()
+            p = CTX.Process(target=_profiled, args=(bench_handoff._ipc_producer, str(out / "producer.prof"),
+                                                    sock, args.backend, n, go, link, acks))
+            c = CTX.Process(target=_profiled, args=(bench_handoff._ipc_consumer, str(out / "consumer.prof"),
+                                                    sock, args.backend, n, go, link, acks, res))
+            p.start()
+            c.start()
+            lat = sorted(res.get(timeout=120) for _ in range(n))
+            p.join(60)
+            c.join(60)
+        finally:
+            broker.terminate()
+            broker.wait(60)
+    print(f"hand-off under the profiler: p50 {lat[n // 2] / 1000:.1f} µs over {n}")
+    for name in ("producer", "consumer", "broker"):
+        print(f"\n===== {name}: by own time =====")
+        pstats.Stats(str(out / f"{name}.prof")).sort_stats("tottime").print_stats(args.top)
+
+
+def _attach_profiled(sock, prefix, count, path, out):
+    import torch
+
+    torch.cuda.init()
+    with ipcpool.connect(sock) as c:
+        prof = cProfile.Profile()
+        t0 = time.perf_counter_ns()
+        prof.enable()
+        tensors = c.get_tensors([f"{prefix}{i:05d}" for i in range(count)])
+        prof.disable()
+        t1 = time.perf_counter_ns()
+        prof.dump_stats(path)
+        del tensors
+    out.put((t1 - t0) / 1e6)
+
+
+def attach(args) -> None:
+    from bench import hot_attach
+    from bench.common import broker
+
+    out = Path(args.out)
+    size = (args.gib << 30) // args.count
+    with broker("cuda") as sock:
+        q = CTX.Queue()
+        p = CTX.Process(target=hot_attach._load, args=(str(sock), "w/", args.count, size, q))
+        p.start()
+        q.get(timeout=600)
+        p.join(60)
+        plain = [hot_attach.fresh(hot_attach._attach, str(sock), "w/", args.count)["attach_ms"] for _ in range(3)]
+        print("plain attach ms:", ", ".join(f"{x:.1f}" for x in plain), flush=True)
+        q = CTX.Queue()
+        p = CTX.Process(target=_attach_profiled, args=(str(sock), "w/", args.count, str(out / "attach.prof"), q))
+        p.start()
+        print(f"profiled attach: {q.get(timeout=300):.1f} ms", flush=True)
+        p.join(60)
+    st = pstats.Stats(str(out / "attach.prof"))
+    st.sort_stats("tottime").print_stats(args.top)
+    st.sort_stats("cumulative").print_stats(args.top)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Profile a hand-off or a hot attach under cProfile.")
+    sub = ap.add_subparsers(dest="what", required=True)
+    h = sub.add_parser("handoff", help="the hand-off benchmark's ipcpool pair, every process profiled")
+    h.add_argument("--backend", default="cuda", choices=("cuda", "host"), help="broker backend (default: cuda)")
+    h.add_argument("--handoffs", type=int, default=300, help="hand-offs to run (default: 300)")
+    a = sub.add_parser("attach", help="a fresh process attaching to many objects (CUDA)")
+    a.add_argument("--gib", type=int, default=8, help="GiB of objects resident in the broker (default: 8)")
+    a.add_argument("--count", type=int, default=1024, help="how many objects (default: 1024)")
+    for p in (h, a):
+        p.add_argument("--out", default="profile-out", help="directory for the .prof files (default: profile-out)")
+        p.add_argument("--top", type=int, default=25, help="functions to print per table (default: 25)")
+    args = ap.parse_args()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (handoff if args.what == "handoff" else attach)(args)
+
+
+if __name__ == "__main__":
+    main()

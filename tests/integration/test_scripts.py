@@ -1,0 +1,49 @@
+"""The scripts under scripts/ and bench/: their help, their options, and what they talk about."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("script", ["scripts/gpu_suite.sh", "scripts/fetch_wheels.sh"])
+def test_shell_scripts_explain_every_option(script):
+    out = subprocess.run(["bash", str(ROOT / script), "--help"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.startswith(f"usage: {script}"), out.stderr
+    cases = re.findall(r"^\s+(-[-\w|]+)\)", (ROOT / script).read_text(), re.M)   # the option parser's
+    options = {o for case in cases for o in case.split("|")}
+    assert {"-h", "--help"} < options
+    for option in options:
+        assert re.search(rf"^\s+(-h, )?{re.escape(option)}\b", out.stdout, re.M), f"{script}: {option} not in --help"
+    bad = subprocess.run(["bash", str(ROOT / script), "--nonsense"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "see --help" in bad.stderr
+
+
+def test_project_files_speak_of_the_project():
+    """Nothing in the tree talks about the machinery a session of work happened to run on."""
+    words = re.compile(r"KINDS\.md|\.library|files come back|device call|the `run` tool")
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    hits = [f for f in tracked if f.endswith((".sh", ".py", ".md", ".toml", ".service", "Makefile"))
+            and words.search((ROOT / f).read_text(errors="replace")) and f != "tests/integration/test_scripts.py"]
+    assert hits == []
+
+
+def test_every_script_is_referenced():
+    docs = (ROOT / "README.md").read_text() + (ROOT / "scripts/gpu_suite.sh").read_text()
+    for path in sorted((ROOT / "scripts").iterdir()):
+        assert f"scripts/{path.name}" in docs, f"scripts/{path.name} is documented nowhere"
+
+
+def test_the_handoff_profile_runs_on_the_host_backend(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "bench/profiles.py"), "handoff", "--backend", "host",
+                          "--handoffs", "20", "--out", str(tmp_path), "--top", "3"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "hand-off under the profiler: p50" in out.stdout
+    assert sorted(p.name for p in tmp_path.glob("*.prof")) == ["broker.prof", "consumer.prof", "producer.prof"]
