@@ -7,6 +7,8 @@ neighbours in O(log n).
 
 from __future__ import annotations
 
+import bisect
+
 from sortedcontainers import SortedList
 
 from ..errors import InvalidRequest, OutOfMemory
@@ -109,3 +111,50 @@ class RangeAllocator:
     def free_blocks(self) -> list[tuple[int, int]]:
         """Free (offset, size) blocks in address order."""
         return sorted(self._start.items())
+
+
+class TakenRanges:
+    """The ranges a peer took inside one region, to check each new one against: in bounds,
+    aligned, overlapping none. A mirror of a client's own ``RangeAllocator``, kept by the broker:
+    it never picks an offset, so it keeps the taken ranges alone (O(log n) to check one)."""
+
+    def __init__(self, capacity: int, alignment: int):
+        self.capacity = capacity - capacity % alignment
+        self.alignment = alignment
+        self._starts: list[int] = []     # taken offsets, sorted
+        self._sizes: dict[int, int] = {}
+        self.used = 0
+
+    def rounded(self, nbytes: int) -> int:
+        return max(self.alignment, -(-nbytes // self.alignment) * self.alignment)
+
+    def reserve(self, offset: int, nbytes: int) -> int:
+        size = self.rounded(nbytes)
+        if offset % self.alignment:
+            raise InvalidRequest(f"offset {offset} is not aligned to {self.alignment}")
+        i = bisect.bisect_right(self._starts, offset)
+        before = self._starts[i - 1] if i else None
+        if (offset + size > self.capacity or (before is not None and before + self._sizes[before] > offset)
+                or (i < len(self._starts) and self._starts[i] < offset + size)):
+            raise InvalidRequest(f"range [{offset}, {offset + size}) is not free")
+        self._starts.insert(i, offset)
+        self._sizes[offset] = size
+        self.used += size
+        return size
+
+    def taken(self, offset: int) -> bool:
+        return offset in self._sizes
+
+    def size_of(self, offset: int) -> int:
+        return self._sizes[offset]
+
+    def offsets(self) -> list[int]:
+        return list(self._starts)
+
+    def free(self, offset: int) -> int:
+        size = self._sizes.pop(offset, None)
+        if size is None:
+            raise InvalidRequest(f"offset {offset} is not allocated")
+        del self._starts[bisect.bisect_left(self._starts, offset)]
+        self.used -= size
+        return size

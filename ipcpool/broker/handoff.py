@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable
 
 from .. import board
-from ..backend.allocator import RangeAllocator
+from ..backend.allocator import TakenRanges
 from ..errors import InvalidRequest, IpcPoolError
 from ..protocol import ARENA_ALIGN, MAX_ARENAS
 from .registry import Allocation, Registry
@@ -38,7 +38,7 @@ class Arena:
     def __init__(self, alloc: Allocation, session: Session, words: int | None):
         self.alloc = alloc
         self.session = session
-        self.ranges = RangeAllocator(alloc.size, ARENA_ALIGN)   # the client's carving, mirrored
+        self.ranges = TakenRanges(alloc.size, ARENA_ALIGN)   # the client's carving, mirrored
         self.closed = False   # its session is gone: shrunk to its objects, freed with the last
         self.words = words    # the first word of its block on the pool's seal board, or None
         self.carved: dict[int, int] = {}   # offset -> the allocation carved there, until idle

@@ -479,14 +479,15 @@ class Broker:
             msg = protocol.unpack(frames[1])
             rid = protocol.request_id(msg)
             op, fields = protocol.validate(msg, protocol.REQUESTS)
-            session.backend.peer_progressed()
             t0 = time.perf_counter()
-            reply = self.handlers.handle(session, op, fields, rid)
-            if self.metrics is not None:
-                self.metrics.observe(op, time.perf_counter() - t0)
-            if reply is None or op in protocol.ONE_WAY:   # None: answered later (a waiting get)
-                return
-            self.send(ident, protocol.ok_reply(rid, **reply))
+            try:
+                reply = self.handlers.handle(session, op, fields, rid)
+                if self.metrics is not None:
+                    self.metrics.observe(op, time.perf_counter() - t0)
+                if reply is not None and op not in protocol.ONE_WAY:   # None: answered later
+                    self.send(ident, protocol.ok_reply(rid, **reply))
+            finally:   # (after the answer: retiring events and sweeping frees wait for no reader)
+                session.backend.peer_progressed()
         except IpcPoolError as exc:
             log.info("request from %s failed: %s", f"session {session.sid}" if session else "unknown peer", exc)
             if self.metrics is not None:

@@ -71,3 +71,18 @@ def test_bad_frees_and_sizes():
     a.free(off)
     with pytest.raises(InvalidRequest, match="not allocated"):
         a.free(off)
+
+
+def test_taken_ranges_check_bounds_alignment_and_overlap():
+    from ipcpool.backend.allocator import TakenRanges
+
+    t = TakenRanges(4096, 512)
+    assert t.reserve(0, 100) == 512 and t.reserve(1024, 1024) == 1024
+    for offset, nbytes, message in [(512, 600, "not free"), (1536, 512, "not free"), (0, 1, "not free"),
+                                    (3584, 1024, "not free"), (100, 10, "not aligned")]:
+        with pytest.raises(InvalidRequest, match=message):
+            t.reserve(offset, nbytes)
+    assert t.reserve(512, 512) == 512 and t.offsets() == [0, 512, 1024] and t.used == 2048
+    assert t.free(512) == 512 and not t.taken(512) and t.reserve(512, 300) == 512
+    with pytest.raises(InvalidRequest, match="not allocated"):
+        t.free(2048)
