@@ -336,6 +336,10 @@ class Broker:
             log.warning("control hello failed: %s", exc)
             conn.close()
             return
+        except Exception as exc:   # a bug of ours: drop this peer, keep serving
+            log.exception("internal error handling a hello")
+            self._reply_and_drop(conn, IpcPoolError(f"internal broker error: {exc}"))
+            return
         session = Session(
             self._next_sid, secrets.token_bytes(16), cred, conn, pidfd, self.backend.open_session()
         )
@@ -385,6 +389,9 @@ class Broker:
                 raise ProtocolError(f"{op} is not valid once the session is open")
         except IpcPoolError as exc:
             self._send_control(session, protocol.error_reply(rid, exc))
+        except Exception as exc:   # a bug of ours: keep serving everyone else
+            log.exception("session %d: internal error handling a control message", session.sid)
+            self._send_control(session, protocol.error_reply(rid, IpcPoolError(f"internal broker error: {exc}")))
 
     def _chunk_fds(self, session: Session, f: dict) -> tuple[dict, list[int]]:
         """At most FD_BATCH chunk FDs from chunk ``first``, with the sizes of the chunks they map."""
@@ -470,13 +477,25 @@ class Broker:
         session = self.sessions.get(ident)
         rid = 0
         try:
-            if session is None or session.orphaned:
+            if session is None:
                 raise PeerRefused("unknown or expired session token; reconnect with ipcpool.connect()")
             if len(frames) != 2:
                 raise ProtocolError(f"expected one message frame, got {len(frames) - 1}")
             msg = protocol.unpack(frames[1])
-            rid = protocol.request_id(msg)
+            if "id" not in msg:
+                raise ProtocolError("missing field 'id'")
+            rid = protocol.check_id(msg["id"])   # an invalid id is answered with 0, never executed
             op, fields = protocol.validate(msg, protocol.REQUESTS)
+            if session.orphaned:
+                # Its control socket is closed. A bye still ends it at once (the process says its
+                # work is done: a client collected without close(), a peer the broker dropped);
+                # anything else waits for the process to be gone.
+                if op != "bye":
+                    raise PeerRefused("unknown or expired session token; reconnect with ipcpool.connect()")
+                self.send(ident, protocol.ok_reply(rid))
+                session.said_bye = True
+                self._end_session(session, "bye after its control socket closed")
+                return
             session.backend.peer_progressed()
             t0 = time.perf_counter()
             reply = self.handlers.handle(session, op, fields, rid)
