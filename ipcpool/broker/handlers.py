@@ -57,8 +57,10 @@ class Handlers:
         b = self.broker
         pools = self.registry.stats()
         arenas = b.arenas.stats()
+        growables = self.growables.stats()
         for name, row in pools.items():
             row.update(arenas.get(name, {"arena_bytes": 0, "arena_free": 0}))
+            row.update(growables.get(name, {"growables": 0, "growable_bytes": 0}))
         return {
             "backend": b.choice.name, "sessions": len(b.sessions), "pools": pools,
             "objects": len(self.objects.objects), "pid": os.getpid(), "uptime": time.time() - b.started,

@@ -16,7 +16,7 @@ def test_reserved_follows_writes_and_trim_returns_pages(start_broker):
     with ipcpool.connect(b.socket_dir) as c:
         s = pool_stats(c)
         assert s == {"reserved": 0, "used": 0, "reserved_high": 0, "used_high": 0, "allocations": 0,
-                     "arena_bytes": 0, "arena_free": 0}
+                     "arena_bytes": 0, "arena_free": 0, "growables": 0, "growable_bytes": 0}
         bufs = [c.allocate(4 * MiB) for _ in range(4)]
         assert pool_stats(c)["reserved"] == 0         # sparse: nothing backed before a write
         for buf in bufs:
