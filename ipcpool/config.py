@@ -40,10 +40,12 @@ class Config:
     def quota_for(self, uid: int) -> Quota:
         return self.quotas.get(uid, self.default_quota)
 
-    def allowed(self, uid: int, gid: int) -> bool:
+    def allowed(self, uid: int, gid: int, groups: tuple[int, ...] = ()) -> bool:
+        """May a peer of ``uid``, primary ``gid`` and supplementary ``groups`` connect? A group
+        grants access whether it is the primary one or not (``usermod -aG`` adds a supplementary)."""
         # Default (nothing configured): the broker's own uid and root.
         uids = self.allow_uids or frozenset({os.getuid(), 0})
-        return uid in uids or gid in self.allow_gids
+        return uid in uids or gid in self.allow_gids or not self.allow_gids.isdisjoint(groups)
 
 
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

@@ -317,11 +317,14 @@ class Broker:
                     f"{protocol.PROTOCOL_VERSION}); upgrade the client or the broker"
                 )
             cred = fdpass.peer_cred(conn)
-            if not self.config.allowed(cred.uid, cred.gid):
-                log.warning("refused pid %d uid %d gid %d: not allowed", cred.pid, cred.uid, cred.gid)
+            groups = fdpass.peer_groups(conn)
+            if not self.config.allowed(cred.uid, cred.gid, groups):
+                log.warning("refused pid %d uid %d gid %d groups %s: not allowed",
+                            cred.pid, cred.uid, cred.gid, list(groups[:16]))
                 raise PeerRefused(
-                    f"uid {cred.uid} (gid {cred.gid}) is not allowed to use this broker; "
-                    "ask the operator to add it to [access] in the broker's config"
+                    f"uid {cred.uid} (gid {cred.gid}, {len(groups)} supplementary group(s)) is not "
+                    "allowed to use this broker; ask the operator to add it to a group listed under "
+                    "[access] in the broker's config (then log in again), or to list its uid"
                 )
             pidfd = fdpass.peer_pidfd(conn, cred.pid)
         except BlockingIOError:
