@@ -123,26 +123,40 @@ class Client:
     # -- session set-up -----------------------------------------------------------------------
     def _open_control(self) -> socket.socket:
         path = self.socket_dir / paths.CONTROL_NAME
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(str(path))
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            sock.close()
-            raise BrokerGone(
-                f"no broker is serving {self.socket_dir} ({exc.strerror}); start one with "
-                "`ipcpool broker`, or point IPCPOOL_SOCKET_DIR at the directory it serves"
-            ) from exc
-        except PermissionError as exc:
-            sock.close()
-            raise PeerRefused(
-                f"permission denied on {path}: this user may not reach the broker; ask the "
-                "operator to add it to the broker's group"
-            ) from exc
-        except OSError as exc:
-            sock.close()
-            raise BrokerGone(f"cannot connect to the broker at {path}: {exc}") from exc
-        return sock
+        deadline = time.monotonic() + self.timeout
+        pause = 0.001
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            try:
+                sock.settimeout(self.timeout)
+                sock.connect(str(path))
+                return sock
+            except BlockingIOError as exc:
+                # EAGAIN: the broker's listen backlog is full (a burst of clients, a busy broker).
+                # It is there: try again until our timeout, backing off.
+                sock.close()
+                if time.monotonic() + pause > deadline:
+                    raise BrokerGone(
+                        f"the broker at {path} accepted no connection within {self.timeout:g} s "
+                        "(its listen backlog stayed full)"
+                    ) from exc
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                sock.close()
+                raise BrokerGone(
+                    f"no broker is serving {self.socket_dir} ({exc.strerror}); start one with "
+                    "`ipcpool broker`, or point IPCPOOL_SOCKET_DIR at the directory it serves"
+                ) from exc
+            except PermissionError as exc:
+                sock.close()
+                raise PeerRefused(
+                    f"permission denied on {path}: this user may not reach the broker; ask the "
+                    "operator to add it to the broker's group"
+                ) from exc
+            except OSError as exc:
+                sock.close()
+                raise BrokerGone(f"cannot connect to the broker at {path}: {exc}") from exc
 
     def _control_call(self, msg: dict) -> tuple[dict, list[int]]:
         try:
