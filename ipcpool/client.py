@@ -68,13 +68,39 @@ def connect(socket_dir: str | os.PathLike | None = None, *, timeout: float = DEF
     return Client(socket_dir, timeout=timeout, arena_bytes=arena_bytes)
 
 
-def _warn_unclosed(pid: int, socks: list) -> None:
-    # Runs from weakref.finalize: never touches the Client itself.
+def _close_unclosed(pid: int, dealer: zmq.Socket, control: socket.socket) -> None:
+    """A Client collected (or left at exit) without close(): end its session as close() would,
+    by a bye the broker answers before the control socket closes, so the broker releases what the
+    session held at once instead of waiting for this process to exit. Runs from weakref.finalize:
+    never touches the Client itself. In a forked child (another pid) the session is not ours to
+    end: nothing is sent."""
     if os.getpid() != pid:
         return
-    warnings.warn("ipcpool.Client was not closed; use `with ipcpool.connect() as c:`", ResourceWarning, stacklevel=2)
-    for s in socks:
-        s.close()
+    try:
+        if not dealer.closed and control.fileno() >= 0:
+            dealer.send(protocol.pack({"op": "bye", "id": _BYE_ID}), zmq.NOBLOCK)
+            poller = zmq.Poller()
+            poller.register(dealer, zmq.POLLIN)
+            poller.register(control.fileno(), zmq.POLLIN)
+            deadline = time.monotonic() + 2.0
+            while (left := deadline - time.monotonic()) > 0:
+                events = dict(poller.poll(int(left * 1000) + 1))
+                if dealer not in events:
+                    break   # the broker went away (control readable), or no answer in time
+                reply = protocol.unpack(dealer.recv(zmq.NOBLOCK), protocol.MAX_REPLY)
+                if reply.get("id") == _BYE_ID:
+                    break
+    except (zmq.ZMQError, IpcPoolError, OSError):
+        pass   # a broker that is gone has nothing to release
+    finally:
+        if not dealer.closed:
+            dealer.close(linger=0)
+        control.close()
+    warnings.warn("ipcpool.Client was not closed (its session was ended when it was collected); "
+                  "use `with ipcpool.connect() as c:`", ResourceWarning, stacklevel=2)
+
+
+_BYE_ID = (1 << 63) - 1   # a request id no Client._send reaches
 
 
 class Client:
@@ -118,7 +144,7 @@ class Client:
         except BaseException:
             self._control.close()
             raise
-        self._finalizer = weakref.finalize(self, _warn_unclosed, os.getpid(), [self._dealer, self._control])
+        self._finalizer = weakref.finalize(self, _close_unclosed, os.getpid(), self._dealer, self._control)
 
     # -- session set-up -----------------------------------------------------------------------
     def _open_control(self) -> socket.socket:
@@ -160,7 +186,10 @@ class Client:
 
     def _control_call(self, msg: dict) -> tuple[dict, list[int]]:
         try:
-            fdpass.send(self._control, msg)
+            try:
+                fdpass.send(self._control, msg)
+            except (ConnectionError, BrokenPipeError):
+                pass   # closed by the broker: the reply it sent first (why) may still be there to read
             got = fdpass.recv(self._control)
         except (socket.timeout, TimeoutError) as exc:
             raise BrokerGone(f"the broker did not answer within {self.timeout:.0f} s") from exc

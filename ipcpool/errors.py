@@ -109,6 +109,13 @@ class WaitTimeout(IpcPoolError):
     code = 15
 
 
+class BrokerBusy(IpcPoolError):
+    """The broker refused a new session for now: it is near its limit of open files. Retry later,
+    or ask the operator to raise the service's LimitNOFILE."""
+
+    code = 24
+
+
 def error_from_wire(code: int, message: str) -> IpcPoolError:
     """Rebuild the error the broker reported; unknown codes fall back to the root class."""
     cls = _BY_CODE.get(code, IpcPoolError) if isinstance(code, int) else IpcPoolError

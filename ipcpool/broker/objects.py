@@ -8,6 +8,9 @@ here; the server sends their replies when a seal (or an abort, or a timeout) set
 
 from __future__ import annotations
 
+import collections
+import heapq
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -59,6 +62,8 @@ class Waiter:
     session: Session
     rid: int
     deadline: float | None
+    name: str = ""
+    done: bool = False   # settled (sealed, aborted, timed out or its session gone)
 
 
 @dataclass(eq=False)
@@ -72,9 +77,18 @@ class ObjectTable:
     def __init__(self, registry: Registry):
         self.registry = registry
         self.objects: dict[str, NamedObject] = {}
-        self.waiters: dict[str, list[Waiter]] = {}
+        # By name, each an ordered set (dict): a seal finds its own without a scan, and a timed-out
+        # or gone waiter leaves its set in O(1).
+        self.waiters: dict[str, dict[Waiter, None]] = {}
         self.watches: dict[int, Watch] = {}
         self._next_wid = 1
+        # Parked gets by deadline (a heap; settled ones are skipped when they reach the top), by
+        # session and counted by uid: nothing the event loop does per request scans them all.
+        self._deadlines: list[tuple[float, int, Waiter]] = []
+        self._seq = itertools.count()
+        self._by_session: dict[Session, set[Waiter]] = {}
+        self.waits_by_uid: collections.Counter = collections.Counter()
+        self._timed = 0   # parked gets with a deadline (the heap holds them and settled ones)
 
     def create(self, session: Session, name: str, nbytes: int, pool: str, meta: dict,
                carve: Callable[[], Allocation] | None = None) -> NamedObject:
@@ -154,27 +168,69 @@ class ObjectTable:
             obj = self.objects.get(name)
             state = "is still being written" if obj else "does not exist"
             raise ObjectNotFound(f"object {name!r} {state}; pass a timeout to wait for its seal")
+        uid = session.cred.uid
+        limit = self.registry.config.waits_per_uid
+        if limit and self.waits_by_uid[uid] >= limit:
+            raise QuotaExceeded(
+                f"uid {uid} has {self.waits_by_uid[uid]} gets waiting for a seal, its limit "
+                "(waits_per_uid in the broker's [limits]); wait with a timeout, or for fewer objects at once"
+            )
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        self.waiters.setdefault(name, []).append(Waiter(session, rid, deadline))
+        w = Waiter(session, rid, deadline, name)
+        self.waiters.setdefault(name, {})[w] = None
+        self._by_session.setdefault(session, set()).add(w)
+        self.waits_by_uid[uid] += 1
+        if deadline is not None:
+            self._timed += 1
+            if len(self._deadlines) > 2 * self._timed + 1024:   # mostly settled: drop those
+                self._deadlines = [e for e in self._deadlines if not e[2].done]
+                heapq.heapify(self._deadlines)
+            heapq.heappush(self._deadlines, (deadline, next(self._seq), w))
+
+    def _settled(self, w: Waiter) -> None:
+        w.done = True
+        if w.deadline is not None:
+            self._timed -= 1
+        ws = self._by_session.get(w.session)
+        if ws is not None:
+            ws.discard(w)
+            if not ws:
+                del self._by_session[w.session]
+        uid = w.session.cred.uid
+        self.waits_by_uid[uid] -= 1
+        if self.waits_by_uid[uid] <= 0:
+            del self.waits_by_uid[uid]
+
+    def _unpark(self, w: Waiter) -> None:
+        ws = self.waiters.get(w.name)
+        if ws is not None:
+            ws.pop(w, None)
+            if not ws:
+                del self.waiters[w.name]
+        self._settled(w)
 
     def take_waiters(self, name: str) -> list[Waiter]:
-        return self.waiters.pop(name, [])
+        ws = list(self.waiters.pop(name, ()))
+        for w in ws:
+            self._settled(w)
+        return ws
 
     def expired(self, now: float) -> list[tuple[str, Waiter]]:
         out = []
-        for name, ws in list(self.waiters.items()):
-            keep = []
-            for w in ws:
-                (out.append((name, w)) if w.deadline is not None and w.deadline <= now else keep.append(w))
-            if keep:
-                self.waiters[name] = keep
-            else:
-                del self.waiters[name]
+        heap = self._deadlines
+        while heap and (heap[0][2].done or heap[0][0] <= now):
+            _, _, w = heapq.heappop(heap)
+            if w.done:
+                continue
+            self._unpark(w)
+            out.append((w.name, w))
         return out
 
     def next_deadline(self) -> float | None:
-        deadlines = [w.deadline for ws in self.waiters.values() for w in ws if w.deadline is not None]
-        return min(deadlines, default=None)
+        heap = self._deadlines
+        while heap and heap[0][2].done:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     def delete(self, session: Session, name: str) -> NamedObject:
         obj = self.objects.get(name)
@@ -213,10 +269,8 @@ class ObjectTable:
         aborted objects and the waiters (of any session) that were waiting for them."""
         for wid in [wid for wid, w in self.watches.items() if w.session is session]:
             del self.watches[wid]
-        for name, ws in list(self.waiters.items()):
-            ws[:] = [w for w in ws if w.session is not session]
-            if not ws:
-                del self.waiters[name]
+        for w in list(self._by_session.get(session, ())):
+            self._unpark(w)
         aborted = [o for o in self.objects.values() if o.writer is session]
         orphans = []
         for obj in aborted:

@@ -7,9 +7,12 @@ a guard that turns errors into an error reply (or, on the control socket, a disc
 
 from __future__ import annotations
 
+import collections
+import errno
 import fcntl
 import logging
 import os
+import resource
 import secrets
 import signal
 import socket
@@ -23,10 +26,12 @@ from .. import fdpass, paths, protocol
 from ..backend import Choice, broker_backend
 from ..config import Config
 from ..errors import (
+    BrokerBusy,
     InvalidRequest,
     IpcPoolError,
     PeerRefused,
     ProtocolError,
+    QuotaExceeded,
     WaitTimeout,
 )
 from .durable import Durability
@@ -42,6 +47,27 @@ from .systemd import Notifier
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT = 5.0
+# Open files kept free: a new session takes three (its control socket, its pidfd, its ZeroMQ
+# connection), and libzmq aborts the process when it cannot get one it needs.
+FD_RESERVE_MIN = 64
+MAX_PENDING = 1024   # connections that sent no hello yet
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Take the hard limit of open files as ours (a broker serves many clients); returns it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, want, exc)
+    return soft, hard
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
 
 class AlreadyRunning(IpcPoolError):
@@ -70,6 +96,9 @@ class Broker:
         self._by_fd: dict[int, Session] = {}          # control conn fd -> session
         self._by_pidfd: dict[int, Session] = {}       # pidfd -> orphaned session
         self._pending: dict[int, tuple[socket.socket, float]] = {}  # accepted, no hello yet
+        self._sessions_by_uid: collections.Counter = collections.Counter()
+        self._accept_paused_until = 0.0   # out of FDs: stop accepting for a moment
+        self.fd_limit = 0
         self._next_sid = 1
         self._stop = False
         self._spin_until = 0.0   # poll without sleeping until then (busy_poll_us after a request)
@@ -95,6 +124,7 @@ class Broker:
                 ) from None
             os.ftruncate(self._lock_fd, 0)
             os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
+            self.fd_limit, _ = raise_fd_limit()
             self.backend = broker_backend(self.choice.name)
             self.durable = Durability(self.notifier)
             self.registry = Registry(self.config, self.backend)
@@ -260,6 +290,9 @@ class Broker:
                     self._on_process_gone(self._by_pidfd[fd])
         if self._pending:
             self._expire_pending()
+        if self._accept_paused_until and time.monotonic() >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self._watch(self.listener.fileno())
         if self.registry is not None:
             if not events and getattr(self.backend, "pending_frees", 0):
                 self.backend.sweep()
@@ -276,12 +309,31 @@ class Broker:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:   # EMFILE and friends: log and keep serving
+            except OSError as exc:   # EMFILE and friends: log, stop accepting a moment, keep serving
                 log.error("accept failed: %s", exc)
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._pause_accept()
                 return
+            if len(self._pending) >= MAX_PENDING or self._fd_room() < self._fd_reserve() // 2:
+                self._reply_and_drop(conn, BrokerBusy(
+                    "the broker is near its limit of open files and takes no new session now; "
+                    "retry later, or ask the operator to raise its LimitNOFILE"))
+                continue
             conn.setblocking(False)
             self._pending[conn.fileno()] = (conn, time.monotonic())
             self._watch(conn.fileno())
+
+    def _pause_accept(self) -> None:
+        if self._accept_paused_until == 0.0:
+            self._unwatch(self.listener.fileno())
+        self._accept_paused_until = time.monotonic() + 0.1
+
+    def _fd_reserve(self) -> int:
+        return max(FD_RESERVE_MIN, self.fd_limit // 32)
+
+    def _fd_room(self) -> int:
+        """Open files left before the limit (counted: chunk and pool FDs come and go too)."""
+        return self.fd_limit - open_fds() if self.fd_limit else 1 << 30
 
     def _expire_pending(self) -> None:
         now = time.monotonic()
@@ -326,6 +378,20 @@ class Broker:
                     "allowed to use this broker; ask the operator to add it to a group listed under "
                     "[access] in the broker's config (then log in again), or to list its uid"
                 )
+            cap = self.config.sessions_per_uid
+            if cap and self._sessions_by_uid[cred.uid] >= cap:
+                log.warning("refused pid %d uid %d: %d sessions, its limit", cred.pid, cred.uid, cap)
+                raise QuotaExceeded(
+                    f"uid {cred.uid} has {self._sessions_by_uid[cred.uid]} sessions, its limit "
+                    "(sessions_per_uid in the broker's [limits]); close some clients first"
+                )
+            if self._fd_room() < self._fd_reserve():
+                log.warning("refused pid %d uid %d: near the limit of %d open files", cred.pid, cred.uid,
+                            self.fd_limit)
+                raise BrokerBusy(
+                    f"the broker is near its limit of {self.fd_limit} open files and takes no new "
+                    "session now; retry later, or ask the operator to raise its LimitNOFILE"
+                )
             pidfd = fdpass.peer_pidfd(conn, cred.pid)
         except BlockingIOError:
             self._pending[fd] = (conn, time.monotonic())
@@ -348,6 +414,7 @@ class Broker:
         )
         self._next_sid += 1
         self.sessions[session.token] = session
+        self._sessions_by_uid[cred.uid] += 1
         self._by_fd[fd] = session
         self._watch(fd)
         log.info("session %d opened: pid %d uid %d", session.sid, cred.pid, cred.uid)
@@ -436,7 +503,11 @@ class Broker:
         self._end_session(session, f"pid {session.cred.pid} exited")
 
     def _end_session(self, session: Session, why: str) -> None:
-        self.sessions.pop(session.token, None)
+        if self.sessions.pop(session.token, None) is not None:
+            uid = session.cred.uid
+            self._sessions_by_uid[uid] -= 1
+            if self._sessions_by_uid[uid] <= 0:
+                del self._sessions_by_uid[uid]
         for fd, table in ((session.conn.fileno(), self._by_fd), (session.pidfd, self._by_pidfd)):
             if fd >= 0 and table.pop(fd, None) is not None:
                 self._unwatch(fd)
