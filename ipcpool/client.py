@@ -555,14 +555,34 @@ class Client:
 
     def list(self, prefix: str = "") -> list[dict]:
         """Objects whose name starts with ``prefix``: name, size, pool, state, leases, meta."""
-        return self._call("list", prefix=prefix)["objects"]
+        return self._list(prefix, "objects")
+
+    def _list(self, prefix: str, kind: str, after: str = "") -> list[dict]:
+        """Every entry of ``kind`` under ``prefix`` after ``after``, a page per request."""
+        out: list[dict] = []
+        while True:
+            reply = self._call("list", prefix=prefix, after=after, kind=kind)
+            out += reply[kind]
+            if not reply.get("more") or not isinstance(reply.get("after"), str) or reply["after"] <= after:
+                return out
+            after = reply["after"]
 
     def subscribe(self, prefix: str = "", *, existing: bool = False) -> Subscription:
         """Be told of each object sealed under ``prefix`` (and, with ``existing``, those sealed
         already), without polling the broker."""
         with self._lock:
             reply = self._call("watch", prefix=prefix, existing=existing)
-            queue = self._watches[reply["watch"]] = collections.deque(reply["existing"])
+            queue = self._watches[reply["watch"]] = collections.deque()
+            listed = list(reply["existing"])
+            if reply.get("more") and isinstance(reply.get("after"), str):
+                # The rest page by page. Seals announced meanwhile are queued already: an object
+                # listed here as well is kept once.
+                listed += [o for o in self._list(prefix, "objects", reply["after"]) if o.get("state") == "sealed"]
+                seen = {(o["name"], o.get("created")) for o in listed}
+                announced = [o for o in queue if (o.get("name"), o.get("created")) not in seen]
+                queue.clear()
+                queue.extend(announced)
+            queue.extendleft(reversed(listed))
             return Subscription(self, reply["watch"], prefix, queue)
 
     def _next_event(self, wid: int, timeout: float | None) -> dict | None:
@@ -666,7 +686,7 @@ class Client:
 
     def list_growables(self, prefix: str = "") -> list[dict]:
         """Growable buffers: name, pool, size, chunks, attached sessions, state, generation."""
-        return self._call("list", prefix=prefix)["growables"]
+        return self._list(prefix, "growables")
 
     def delete_growable(self, name: str) -> None:
         """Delete a growable buffer; its memory goes once every attached client has closed it."""

@@ -131,6 +131,11 @@ def check_names(key: str, names: list) -> None:
         check_object_name(f"{key}[{i}]", name)
 
 
+def check_kind(key: str, kind: str) -> None:
+    if kind not in ("objects", "growables"):
+        raise InvalidRequest(f"{key}: 'objects' or 'growables', got {kind[:20]!r}")
+
+
 def _object_name(required: bool = True) -> Field:
     return Field(str, required, check=check_object_name)   # the check bounds its length
 
@@ -157,7 +162,11 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "get": {"name": _object_name(), "timeout_ms": _u64(required=False)},
     "get_many": {"names": Field(list, max_len=MAX_BATCH, check=check_names)},
     "delete": {"name": _object_name()},
-    "list": {"prefix": Field(str, False, max_len=MAX_NAME)},
+    # Paged: at most ``limit`` (and LIST_PAGE) entries of each kind whose names sort after ``after``;
+    # the reply says ``more`` and the ``after`` to continue from. ``kind``: "objects" or "growables"
+    # only (without it both come, and ``after`` continues the objects).
+    "list": {"prefix": Field(str, False, max_len=MAX_NAME), "after": Field(str, False, max_len=MAX_NAME),
+             "limit": _u64(required=False), "kind": Field(str, False, max_len=16, check=check_kind)},
     "watch": {"prefix": Field(str, True, max_len=MAX_NAME), "existing": Field(bool, False)},
     "unwatch": {"watch": _u64()},
     "grow_create": {"name": _object_name(), "nbytes": _u64(), "pool": _name(), "compression": Field(bool, False)},
