@@ -17,6 +17,7 @@ import secrets
 import signal
 import socket
 import stat
+import struct
 import time
 from pathlib import Path
 
@@ -51,6 +52,8 @@ HELLO_TIMEOUT = 5.0
 # connection), and libzmq aborts the process when it cannot get one it needs.
 FD_RESERVE_MIN = 64
 MAX_PENDING = 1024   # connections that sent no hello yet
+ZMQ_BACKLOG = 64     # message-channel connections the kernel queues for libzmq's accept
+STRAY_ZMQ = 64       # message-channel connections beyond one per session tolerated
 
 
 def raise_fd_limit() -> tuple[int, int]:
@@ -99,6 +102,14 @@ class Broker:
         self._sessions_by_uid: collections.Counter = collections.Counter()
         self._accept_paused_until = 0.0   # out of FDs: stop accepting for a moment
         self.fd_limit = 0
+        self._fd_count = 0          # open files when last counted,
+        self._zmq_at_count = 0      # ... and message-channel connections then
+        self._zmq_fds: set[int] = set()   # the message channel's connections (from its monitor)
+        self._session_peak = 0      # the most sessions lately (clients that just closed may still
+        self._peak_at = 0.0         # ... be connected on the message channel a moment)
+        self._counted_at = 0.0
+        self._zmq_open = True       # its listener accepts (closed while files run short)
+        self._monitor = None
         self._next_sid = 1
         self._stop = False
         self._spin_until = 0.0   # poll without sleeping until then (busy_poll_us after a request)
@@ -171,14 +182,22 @@ class Broker:
             self.router.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE)
             self.router.setsockopt(zmq.LINGER, 0)
             self.router.setsockopt(zmq.RCVHWM, 100_000)
+            self.router.setsockopt(zmq.BACKLOG, ZMQ_BACKLOG)   # bounds a burst of connections
             self.router.bind(f"ipc://{endpoint}")
+            self._zmq_endpoint = f"ipc://{endpoint}"
         finally:
             os.umask(old)
+        # libzmq accepts message-channel connections on its own thread, from anyone who can reach
+        # the socket file, and aborts the process when accept() finds no free file (EMFILE). Its
+        # monitor tells us of each connection (by FD), so the listener is closed before that can
+        # happen: when connections outnumber sessions by more than STRAY_ZMQ, or files run short.
+        self._monitor = self.router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._poller = zmq.Poller()
         self._poller.register(self.router, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
         for fd in (self.listener.fileno(), self._wake_r.fileno()):
             self._watch(fd)
 
@@ -198,7 +217,9 @@ class Broker:
         for conn, _ in self._pending.values():
             conn.close()
         self._pending.clear()
-        for name in ("router",):
+        if getattr(self, "_monitor", None) is not None:
+            self.router.disable_monitor()
+        for name in ("_monitor", "router"):
             sock = getattr(self, name, None)
             if sock is not None:
                 sock.close(linger=0)
@@ -266,6 +287,8 @@ class Broker:
         deadline = self.objects.next_deadline()
         if deadline is not None:
             timeout_ms = max(0, min(timeout_ms, int((deadline - time.monotonic()) * 1000) + 1))
+        if not self._zmq_open:   # look again soon whether the message channel may open again
+            timeout_ms = min(timeout_ms, 200)
         if time.monotonic() < self._spin_until:   # right after a request: don't sleep (busy_poll_us)
             timeout_ms = 0
         elif self.registry is not None and getattr(self.backend, "pending_frees", 0):
@@ -276,6 +299,8 @@ class Broker:
                 self._wake_r.recv(4096)
             except BlockingIOError:
                 pass
+        if self._monitor in events:
+            self._on_monitor()
         if self.router in events:
             self._drain_router()
         if self.listener.fileno() in events:
@@ -293,6 +318,8 @@ class Broker:
         if self._accept_paused_until and time.monotonic() >= self._accept_paused_until:
             self._accept_paused_until = 0.0
             self._watch(self.listener.fileno())
+        if time.monotonic() - self._counted_at > (0.2 if not self._zmq_open else 2.0):
+            self._guard_zmq_listener(self._fd_room())   # a recount now and then (events may be missed)
         if self.registry is not None:
             if not events and getattr(self.backend, "pending_frees", 0):
                 self.backend.sweep()
@@ -333,7 +360,63 @@ class Broker:
 
     def _fd_room(self) -> int:
         """Open files left before the limit (counted: chunk and pool FDs come and go too)."""
-        return self.fd_limit - open_fds() if self.fd_limit else 1 << 30
+        if not self.fd_limit:
+            return 1 << 30
+        self._fd_count, self._zmq_at_count, self._counted_at = open_fds(), len(self._zmq_fds), time.monotonic()
+        return self.fd_limit - self._fd_count
+
+    def _on_monitor(self) -> None:
+        """Follow the message channel's connections; close its listener when they outnumber the
+        sessions by more than STRAY_ZMQ (connections nobody will use), or files run short."""
+        for _ in range(10_000):
+            try:
+                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(frames[0]) >= 6:
+                event, fd = struct.unpack_from("=Hi", frames[0])
+                if event == zmq.EVENT_ACCEPTED:
+                    self._zmq_fds.add(fd)
+                elif event == zmq.EVENT_DISCONNECTED:
+                    self._zmq_fds.discard(fd)
+        if self._zmq_open:
+            stray = self._stray_zmq()
+            estimate = self._fd_count + len(self._zmq_fds) - self._zmq_at_count
+            if stray > STRAY_ZMQ or (self.fd_limit and self.fd_limit - estimate < self._fd_reserve()):
+                self._guard_zmq_listener(self._fd_room())
+
+    def _stray_zmq(self) -> int:
+        """Message-channel connections beyond one per session (or session about to be, or that
+        ended in the last two seconds)."""
+        now = time.monotonic()
+        if now - self._peak_at > 2.0:
+            self._session_peak, self._peak_at = len(self.sessions), now
+        return len(self._zmq_fds) - max(self._session_peak, len(self.sessions)) - len(self._pending)
+
+    def _guard_zmq_listener(self, room: int) -> None:
+        """Close the message channel's listener when connections outnumber sessions by more than
+        STRAY_ZMQ or fewer than half the reserve of files is left (libzmq then drops the connections
+        it accepted there: clients reconnect by themselves; a request in flight may be lost). Open
+        it again once the strays are gone and the whole reserve is free. Meanwhile new sessions are
+        refused (BrokerBusy)."""
+        reserve = self._fd_reserve()
+        stray = self._stray_zmq()
+        if self._zmq_open and (room < reserve // 2 or stray > STRAY_ZMQ):
+            log.warning("message channel closed to new connections: %d connections for %d sessions, "
+                        "%d of %d open files in use", len(self._zmq_fds), len(self.sessions),
+                        self._fd_count, self.fd_limit)
+            self.router.unbind(self._zmq_endpoint)
+            self._zmq_fds.clear()   # libzmq drops them all (and says nothing of each)
+            self._zmq_open = False
+        elif not self._zmq_open and room >= reserve and stray <= STRAY_ZMQ // 2:
+            old = os.umask(0o117)
+            try:
+                self.router.bind(self._zmq_endpoint)
+            finally:
+                os.umask(old)
+            self._zmq_open = True
+            log.warning("message channel open to new connections again (%d of %d open files in use)",
+                        self._fd_count, self.fd_limit)
 
     def _expire_pending(self) -> None:
         now = time.monotonic()
@@ -385,7 +468,7 @@ class Broker:
                     f"uid {cred.uid} has {self._sessions_by_uid[cred.uid]} sessions, its limit "
                     "(sessions_per_uid in the broker's [limits]); close some clients first"
                 )
-            if self._fd_room() < self._fd_reserve():
+            if self._fd_room() < self._fd_reserve() or not self._zmq_open:
                 log.warning("refused pid %d uid %d: near the limit of %d open files", cred.pid, cred.uid,
                             self.fd_limit)
                 raise BrokerBusy(
@@ -415,6 +498,7 @@ class Broker:
         self._next_sid += 1
         self.sessions[session.token] = session
         self._sessions_by_uid[cred.uid] += 1
+        self._session_peak = max(self._session_peak, len(self.sessions))
         self._by_fd[fd] = session
         self._watch(fd)
         log.info("session %d opened: pid %d uid %d", session.sid, cred.pid, cred.uid)

@@ -3,7 +3,6 @@ wrong, executes nothing malformed, and keeps serving everyone (issue 12, items 1
 
 import msgpack
 import pytest
-import zmq
 
 import ipcpool
 from ipcpool import fdpass, protocol
