@@ -49,6 +49,7 @@ BARRIER = 1 << 62   # ids of the pings that close each batch (fuzzed ids stay be
 # Kinds whose frames are malformed by construction: any ``ok`` reply to one is a failure.
 MALFORMED = {"random", "truncated", "wrong_type", "missing", "extra", "mixed_keys", "bytes_keys",
              "unknown_op", "long_op", "bad_id", "no_id", "multiframe", "not_a_map", "nested"}
+# ... and "oversized" (over MAX_MESSAGE: dropped with the connection, never answered), sent alone.
 # Kinds that may or may not be valid (checked with the protocol's own validator) or are valid.
 OTHER = {"bitflip", "huge", "valid"}
 ZMQ_KINDS = sorted(MALFORMED | OTHER)
@@ -367,10 +368,40 @@ def fuzz_zmq(rng: random.Random, sess: RawSession, checker: Checker, frames: int
                     raise BrokerDown(f"the ping after batch {n_batch} failed: {reply}")
                 s.zmq_replies -= 1
                 break
+        if rng.random() < 0.05 and sent < frames:   # a frame over the size limit, on its own
+            oversized(rng, sess, checker, n_batch)
+            sent += 1
         s.zmq_frames = sent
         s.batches += 1
         s.alive_checks += 1
         progress(0, sent)
+
+
+def oversized(rng: random.Random, sess: RawSession, checker: Checker, n_batch: int) -> None:
+    """A frame over MAX_MESSAGE: libzmq drops the connection without a reply, the DEALER connects
+    again by itself, and the session goes on (pings until one is answered)."""
+    s = checker.s
+    s.by_kind["oversized"] = s.by_kind.get("oversized", 0) + 1
+    sess.dealer.send(b"\x81\xa2op" + rng.randbytes(protocol.MAX_MESSAGE + rng.randint(1, 4096)))
+    sess.dealer.setsockopt(zmq.RCVTIMEO, 200)
+    try:
+        pings = set()
+        deadline = time.monotonic() + 15
+        while True:
+            if time.monotonic() > deadline:
+                raise BrokerDown(f"no answer after an oversized frame (batch {n_batch})")
+            ping = BARRIER + (1 << 40) + n_batch * 1000 + len(pings)
+            pings.add(ping)
+            sess.dealer.send(protocol.pack({"op": "ping", "id": ping}))
+            try:
+                while True:
+                    reply = checker.reply(sess.dealer.recv(), "zmq")
+                    if reply is not None and reply.get("id") in pings and reply.get("ok"):
+                        return
+            except zmq.Again:
+                continue
+    finally:
+        sess.dealer.setsockopt(zmq.RCVTIMEO, 10_000)
 
 
 # -- the control socket -------------------------------------------------------------------------------
