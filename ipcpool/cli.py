@@ -42,7 +42,7 @@ def cmd_broker(args) -> int:
 
 
 def _stats_table(stats: dict) -> str:
-    cols = ("reserved", "used", "reserved_high", "used_high", "arena_free")
+    cols = ("reserved", "used", "reserved_high", "used_high", "arena_free", "growable_bytes")
     lines = [f"backend {stats['backend']}  sessions {stats['sessions']}  objects {stats.get('objects', 0)}"
              f"  pid {stats['pid']}",
              f"{'pool':<16}" + "".join(f"{c:>16}" for c in cols) + f"{'allocations':>13}"]

@@ -106,3 +106,15 @@ def test_growables_list_in_pages(broker):
         assert names == [f"gl/{i}" for i in range(5)] and rid == 3
         for g in gs:
             g.close()
+
+
+def test_stats_table_shows_growable_bytes(broker):
+    import subprocess
+    import sys
+
+    with ipcpool.connect(broker.socket_dir) as c, c.create_growable("t/g", 3 * MiB):
+        out = subprocess.run([sys.executable, "-m", "ipcpool", "stats", "--socket-dir", str(broker.socket_dir)],
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    header, row = out.stdout.splitlines()[1:3]
+    assert "growable_bytes" in header and row.split()[0] == "default" and "3.0 MiB" in row
