@@ -38,6 +38,7 @@ class Config:
     busy_poll_us: int = 500     # after a request, poll without sleeping this long (0: never)
     sessions_per_uid: int = 4096   # sessions (open or waiting for their process to exit) per uid; 0: no cap
     waits_per_uid: int = 4096      # gets parked until a seal, per uid; 0: no cap
+    watches_per_uid: int = 4096    # prefix watches (subscriptions), per uid; 0: no cap
 
     def quota_for(self, uid: int) -> Quota:
         return self.quotas.get(uid, self.default_quota)
@@ -124,9 +125,9 @@ def parse(data: dict[str, Any]) -> Config:
     _known(data, {"socket_dir", "backend", "access", "pools", "quotas", "metrics_address", "busy_poll_us",
                   "limits"}, "config")
     limits = _expect(data.get("limits", {}), dict, "limits")
-    _known(limits, {"sessions_per_uid", "waits_per_uid"}, "limits")
+    _known(limits, {"sessions_per_uid", "waits_per_uid", "watches_per_uid"}, "limits")
     caps = {}
-    for key in ("sessions_per_uid", "waits_per_uid"):
+    for key in ("sessions_per_uid", "waits_per_uid", "watches_per_uid"):
         caps[key] = _expect(limits.get(key, 4096), int, f"limits.{key}")
         if not 0 <= caps[key] <= 1 << 30:
             raise ConfigError(f"limits.{key}: 0 (no cap) to {1 << 30}, got {caps[key]}")

@@ -81,6 +81,8 @@ class ObjectTable:
         # or gone waiter leaves its set in O(1).
         self.waiters: dict[str, dict[Waiter, None]] = {}
         self.watches: dict[int, Watch] = {}
+        self._by_prefix: dict[str, dict[int, Watch]] = {}   # a seal looks up its name's prefixes only
+        self.watches_by_uid: collections.Counter = collections.Counter()
         self._next_wid = 1
         # Parked gets by deadline (a heap; settled ones are skipped when they reach the top), by
         # session and counted by uid: nothing the event loop does per request scans them all.
@@ -250,25 +252,51 @@ class ObjectTable:
         return [o.info() for name, o in sorted(self.objects.items()) if name.startswith(prefix)]
 
     def watch(self, session: Session, prefix: str) -> Watch:
+        uid = session.cred.uid
+        limit = self.registry.config.watches_per_uid
+        if limit and self.watches_by_uid[uid] >= limit:
+            raise QuotaExceeded(
+                f"uid {uid} has {self.watches_by_uid[uid]} watches, its limit (watches_per_uid in the "
+                "broker's [limits]); close some subscriptions first"
+            )
         w = Watch(self._next_wid, session, prefix)
         self._next_wid += 1
         self.watches[w.wid] = w
+        self._by_prefix.setdefault(prefix, {})[w.wid] = w
+        self.watches_by_uid[uid] += 1
         return w
 
     def unwatch(self, session: Session, wid: int) -> None:
         w = self.watches.get(wid)
         if w is None or w.session is not session:
             raise InvalidRequest(f"watch {wid} is not one of this session's")
-        del self.watches[wid]
+        self._drop_watch(w)
+
+    def _drop_watch(self, w: Watch) -> None:
+        del self.watches[w.wid]
+        ws = self._by_prefix[w.prefix]
+        del ws[w.wid]
+        if not ws:
+            del self._by_prefix[w.prefix]
+        uid = w.session.cred.uid
+        self.watches_by_uid[uid] -= 1
+        if self.watches_by_uid[uid] <= 0:
+            del self.watches_by_uid[uid]
 
     def watchers(self, name: str) -> list[Watch]:
-        return [w for w in self.watches.values() if name.startswith(w.prefix)]
+        """The watches whose prefix ``name`` starts with: one lookup per prefix of the name."""
+        out: list[Watch] = []
+        for i in range(len(name) + 1):
+            ws = self._by_prefix.get(name[:i])
+            if ws:
+                out.extend(ws.values())
+        return out
 
     def end_session(self, session: Session) -> tuple[list[NamedObject], list[tuple[str, Waiter]]]:
         """A session is gone: abort what it was writing, forget its waits and watches. Returns the
         aborted objects and the waiters (of any session) that were waiting for them."""
-        for wid in [wid for wid, w in self.watches.items() if w.session is session]:
-            del self.watches[wid]
+        for w in [w for w in self.watches.values() if w.session is session]:
+            self._drop_watch(w)
         for w in list(self._by_session.get(session, ())):
             self._unpark(w)
         aborted = [o for o in self.objects.values() if o.writer is session]

@@ -197,3 +197,23 @@ def test_a_flood_of_raw_message_channel_connections_does_not_kill_the_broker(tmp
         ctx.term()
         assert b.stop() == 0, b.log()[-3000:]
     assert "message channel closed to new connections" in b.log()
+
+
+def test_watches_are_capped_per_uid_and_found_by_prefix(start_broker):
+    import numpy as np
+
+    b = start_broker(config_text="[limits]\nwatches_per_uid = 5\n")
+    with ipcpool.connect(b.socket_dir) as c:
+        subs = [c.subscribe(p) for p in ("", "w/", "w/a", "w/a/b", "x/")]
+        with pytest.raises(ipcpool.QuotaExceeded, match="watches_per_uid"):
+            c.subscribe("w/")
+        c.put_tensor("w/a/b/c", np.arange(3))
+        seen = [s.next(timeout=2) for s in subs[:4]]
+        assert all(o is not None and o["name"] == "w/a/b/c" for o in seen)
+        assert subs[4].next(timeout=0.2) is None        # another prefix: not told
+        subs.pop().close()
+        with c.subscribe("w/a/b/c") as exact:            # room again; an exact name is a prefix too
+            c.put_tensor("w/a/b/c2", np.arange(2))
+            assert exact.next(timeout=2)["name"] == "w/a/b/c2"
+        for s in subs:
+            s.close()
