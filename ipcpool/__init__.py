@@ -5,6 +5,7 @@ from .client import Buffer, Client, Subscription, connect
 from .errors import (
     AllocationTooLarge,
     BackendUnavailable,
+    BrokerBusy,
     BrokerGone,
     ClosedError,
     InvalidRequest,
@@ -24,6 +25,7 @@ from .errors import (
 __all__ = [
     "AllocationTooLarge",
     "BackendUnavailable",
+    "BrokerBusy",
     "BrokerGone",
     "Buffer",
     "Client",

@@ -48,7 +48,7 @@ def _stats_view(stats: dict):
     from rich.console import Group
     from rich.text import Text
 
-    cols = ("reserved", "used", "reserved_high", "used_high", "arena_free")
+    cols = ("reserved", "used", "reserved_high", "used_high", "arena_free", "growable_bytes")
     table = _table("pool", *cols, "allocations")
     for name, s in stats["pools"].items():
         table.add_row(name, *(format_size(s.get(c, 0)) for c in cols), str(s["allocations"]))
@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("status", "version, uptime, backend, pools and sessions of the running broker", cmd_status)
     p.add_argument("--json", action="store_true", help="print the broker's full stats as JSON")
 
-    p = add("stats", "per-pool memory (reserved, used, their high marks, arena_free) and sessions", cmd_stats)
+    p = add("stats", "per-pool memory (reserved, used, their high marks, arena_free, growable_bytes) and sessions", cmd_stats)
     p.add_argument("--json", action="store_true", help="print the stats as JSON")
     p.add_argument("--watch", action="store_true", help="keep showing the table, refreshed every --interval seconds")
     p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",

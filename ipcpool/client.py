@@ -61,13 +61,39 @@ def connect(socket_dir: str | os.PathLike | None = None, *, timeout: float = DEF
     return Client(socket_dir, timeout=timeout, arena_bytes=arena_bytes)
 
 
-def _warn_unclosed(pid: int, socks: list) -> None:
-    # Runs from weakref.finalize: never touches the Client itself.
+def _close_unclosed(pid: int, dealer: zmq.Socket, control: socket.socket) -> None:
+    """A Client collected (or left at exit) without close(): end its session as close() would,
+    by a bye the broker answers before the control socket closes, so the broker releases what the
+    session held at once instead of waiting for this process to exit. Runs from weakref.finalize:
+    never touches the Client itself. In a forked child (another pid) the session is not ours to
+    end: nothing is sent."""
     if os.getpid() != pid:
         return
-    warnings.warn("ipcpool.Client was not closed; use `with ipcpool.connect() as c:`", ResourceWarning, stacklevel=2)
-    for s in socks:
-        s.close()
+    try:
+        if not dealer.closed and control.fileno() >= 0:
+            dealer.send(protocol.pack({"op": "bye", "id": _BYE_ID}), zmq.NOBLOCK)
+            poller = zmq.Poller()
+            poller.register(dealer, zmq.POLLIN)
+            poller.register(control.fileno(), zmq.POLLIN)
+            deadline = time.monotonic() + 2.0
+            while (left := deadline - time.monotonic()) > 0:
+                events = dict(poller.poll(int(left * 1000) + 1))
+                if dealer not in events:
+                    break   # the broker went away (control readable), or no answer in time
+                reply = protocol.unpack(dealer.recv(zmq.NOBLOCK), protocol.MAX_REPLY)
+                if reply.get("id") == _BYE_ID:
+                    break
+    except (zmq.ZMQError, IpcPoolError, OSError):
+        pass   # a broker that is gone has nothing to release
+    finally:
+        if not dealer.closed:
+            dealer.close(linger=0)
+        control.close()
+    warnings.warn("ipcpool.Client was not closed (its session was ended when it was collected); "
+                  "use `with ipcpool.connect() as c:`", ResourceWarning, stacklevel=2)
+
+
+_BYE_ID = (1 << 63) - 1   # a request id no Client._send reaches
 
 
 class Client:
@@ -106,35 +132,52 @@ class Client:
         except BaseException:
             self._control.close()
             raise
-        self._finalizer = weakref.finalize(self, _warn_unclosed, os.getpid(), [self._dealer, self._control])
+        self._finalizer = weakref.finalize(self, _close_unclosed, os.getpid(), self._dealer, self._control)
 
     # -- session set-up -----------------------------------------------------------------------
     def _open_control(self) -> socket.socket:
         path = self.socket_dir / paths.CONTROL_NAME
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(str(path))
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            sock.close()
-            raise BrokerGone(
-                f"no broker is serving {self.socket_dir} ({exc.strerror}); start one with "
-                "`ipcpool broker`, or point IPCPOOL_SOCKET_DIR at the directory it serves"
-            ) from exc
-        except PermissionError as exc:
-            sock.close()
-            raise PeerRefused(
-                f"permission denied on {path}: this user may not reach the broker; ask the "
-                "operator to add it to the broker's group"
-            ) from exc
-        except OSError as exc:
-            sock.close()
-            raise BrokerGone(f"cannot connect to the broker at {path}: {exc}") from exc
-        return sock
+        deadline = time.monotonic() + self.timeout
+        pause = 0.001
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            try:
+                sock.settimeout(self.timeout)
+                sock.connect(str(path))
+                return sock
+            except BlockingIOError as exc:
+                # EAGAIN: the broker's listen backlog is full (a burst of clients, a busy broker).
+                # It is there: try again until our timeout, backing off.
+                sock.close()
+                if time.monotonic() + pause > deadline:
+                    raise BrokerGone(
+                        f"the broker at {path} accepted no connection within {self.timeout:g} s "
+                        "(its listen backlog stayed full)"
+                    ) from exc
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                sock.close()
+                raise BrokerGone(
+                    f"no broker is serving {self.socket_dir} ({exc.strerror}); start one with "
+                    "`ipcpool broker`, or point IPCPOOL_SOCKET_DIR at the directory it serves"
+                ) from exc
+            except PermissionError as exc:
+                sock.close()
+                raise PeerRefused(
+                    f"permission denied on {path}: this user may not reach the broker; ask the "
+                    "operator to add it to the broker's group"
+                ) from exc
+            except OSError as exc:
+                sock.close()
+                raise BrokerGone(f"cannot connect to the broker at {path}: {exc}") from exc
 
     def _control_call(self, msg: dict) -> tuple[dict, list[int]]:
         try:
-            fdpass.send(self._control, msg)
+            try:
+                fdpass.send(self._control, msg)
+            except (ConnectionError, BrokenPipeError):
+                pass   # closed by the broker: the reply it sent first (why) may still be there to read
             got = fdpass.recv(self._control)
         except (socket.timeout, TimeoutError) as exc:
             raise BrokerGone(f"the broker did not answer within {self.timeout:.0f} s") from exc
@@ -433,14 +476,34 @@ class Client:
 
     def list(self, prefix: str = "") -> list[dict]:
         """Objects whose name starts with ``prefix``: name, size, pool, state, leases, meta."""
-        return self._call("list", prefix=prefix)["objects"]
+        return self._list(prefix, "objects")
+
+    def _list(self, prefix: str, kind: str, after: str = "") -> list[dict]:
+        """Every entry of ``kind`` under ``prefix`` after ``after``, a page per request."""
+        out: list[dict] = []
+        while True:
+            reply = self._call("list", prefix=prefix, after=after, kind=kind)
+            out += reply[kind]
+            if not reply.get("more") or not isinstance(reply.get("after"), str) or reply["after"] <= after:
+                return out
+            after = reply["after"]
 
     def subscribe(self, prefix: str = "", *, existing: bool = False) -> Subscription:
         """Be told of each object sealed under ``prefix`` (and, with ``existing``, those sealed
         already), without polling the broker."""
         with self._lock:
             reply = self._call("watch", prefix=prefix, existing=existing)
-            queue = self._watches[reply["watch"]] = collections.deque(reply["existing"])
+            queue = self._watches[reply["watch"]] = collections.deque()
+            listed = list(reply["existing"])
+            if reply.get("more") and isinstance(reply.get("after"), str):
+                # The rest page by page. Seals announced meanwhile are queued already: an object
+                # listed here as well is kept once.
+                listed += [o for o in self._list(prefix, "objects", reply["after"]) if o.get("state") == "sealed"]
+                seen = {(o["name"], o.get("created")) for o in listed}
+                announced = [o for o in queue if (o.get("name"), o.get("created")) not in seen]
+                queue.clear()
+                queue.extend(announced)
+            queue.extendleft(reversed(listed))
             return Subscription(self, reply["watch"], prefix, queue)
 
     def _next_event(self, wid: int, timeout: float | None) -> dict | None:
@@ -539,7 +602,7 @@ class Client:
 
     def list_growables(self, prefix: str = "") -> list[dict]:
         """Growable buffers: name, pool, size, chunks, attached sessions, state, generation."""
-        return self._call("list", prefix=prefix)["growables"]
+        return self._list(prefix, "growables")
 
     def delete_growable(self, name: str) -> None:
         """Delete a growable buffer; its memory goes once every attached client has closed it."""

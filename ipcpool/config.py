@@ -37,14 +37,19 @@ class Config:
     default_quota: Quota = Quota()
     metrics_address: str = ""   # "host:port" of the Prometheus endpoint; empty: none
     busy_poll_us: int = 500     # after a request, poll without sleeping this long (0: never)
+    sessions_per_uid: int = 4096   # sessions (open or waiting for their process to exit) per uid; 0: no cap
+    waits_per_uid: int = 4096      # gets parked until a seal, per uid; 0: no cap
+    watches_per_uid: int = 4096    # prefix watches (subscriptions), per uid; 0: no cap
 
     def quota_for(self, uid: int) -> Quota:
         return self.quotas.get(uid, self.default_quota)
 
-    def allowed(self, uid: int, gid: int) -> bool:
+    def allowed(self, uid: int, gid: int, groups: tuple[int, ...] = ()) -> bool:
+        """May a peer of ``uid``, primary ``gid`` and supplementary ``groups`` connect? A group
+        grants access whether it is the primary one or not (``usermod -aG`` adds a supplementary)."""
         # Default (nothing configured): the broker's own uid and root.
         uids = self.allow_uids or frozenset({os.getuid(), 0})
-        return uid in uids or gid in self.allow_gids
+        return uid in uids or gid in self.allow_gids or not self.allow_gids.isdisjoint(groups)
 
 
 def _size(value: Any, key: str) -> int:
@@ -104,7 +109,15 @@ def _gid(value: Any, key: str) -> int:
 
 
 def parse(data: dict[str, Any]) -> Config:
-    _known(data, {"socket_dir", "backend", "access", "pools", "quotas", "metrics_address", "busy_poll_us"}, "config")
+    _known(data, {"socket_dir", "backend", "access", "pools", "quotas", "metrics_address", "busy_poll_us",
+                  "limits"}, "config")
+    limits = _expect(data.get("limits", {}), dict, "limits")
+    _known(limits, {"sessions_per_uid", "waits_per_uid", "watches_per_uid"}, "limits")
+    caps = {}
+    for key in ("sessions_per_uid", "waits_per_uid", "watches_per_uid"):
+        caps[key] = _expect(limits.get(key, 4096), int, f"limits.{key}")
+        if not 0 <= caps[key] <= 1 << 30:
+            raise ConfigError(f"limits.{key}: 0 (no cap) to {1 << 30}, got {caps[key]}")
     busy_poll_us = _expect(data.get("busy_poll_us", 500), int, "busy_poll_us")
     if not 0 <= busy_poll_us <= 100_000:
         raise ConfigError(f"busy_poll_us: 0 to 100000 microseconds, got {busy_poll_us}")
@@ -160,6 +173,7 @@ def parse(data: dict[str, Any]) -> Config:
         default_quota=default_quota,
         metrics_address=metrics_address,
         busy_poll_us=busy_poll_us,
+        **caps,
     )
 
 

@@ -110,6 +110,13 @@ class WaitTimeout(IpcPoolError):
     code = 15
 
 
+class BrokerBusy(IpcPoolError):
+    """The broker refused a new session for now: it is near its limit of open files. Retry later,
+    or ask the operator to raise the service's LimitNOFILE."""
+
+    code = 24
+
+
 class MissingDependency(IpcPoolError, ModuleNotFoundError):
     """An optional library (torch, CuPy) this call needs is not installed; the message says which
     extra to install, or what to use instead. Raised on the client; its code is never sent."""

@@ -8,6 +8,8 @@ fails any check are closed before the error is raised, so a bad peer cannot leak
 from __future__ import annotations
 
 import array
+import ctypes
+import errno
 import os
 import socket
 import struct
@@ -20,6 +22,9 @@ _UCRED = struct.Struct("3i")
 # Linux >= 6.5: a pidfd for the peer, taken at connect time (no pid-reuse race).
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
 MAX_FDS = protocol.FD_BATCH   # the most FDs one control message carries
+# Linux >= 4.13: the peer's supplementary groups, as they were at connect time.
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
+NGROUPS_MAX = 65536
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,30 @@ class PeerCred:
 def peer_cred(sock: socket.socket) -> PeerCred:
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
     return PeerCred(*_UCRED.unpack(raw))
+
+
+def peer_groups(sock: socket.socket) -> tuple[int, ...]:
+    """The peer's supplementary group ids (SO_PEERGROUPS); () where the kernel does not say."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 1024)   # (Python's most: 256 groups)
+    except OSError as exc:
+        if exc.errno != errno.ERANGE:
+            return ()
+        raw = _getsockopt(sock.fileno(), socket.SOL_SOCKET, SO_PEERGROUPS, 4 * NGROUPS_MAX)
+    arr = array.array("I")
+    arr.frombytes(raw[: len(raw) - len(raw) % arr.itemsize])
+    return tuple(arr)
+
+
+def _getsockopt(fd: int, level: int, opt: int, size: int) -> bytes:
+    """getsockopt with a buffer larger than Python's socket.getsockopt allows."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(size)
+    length = ctypes.c_uint32(size)
+    if libc.getsockopt(fd, level, opt, buf, ctypes.byref(length)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return buf.raw[: length.value]
 
 
 def peer_pidfd(sock: socket.socket, pid: int) -> int:

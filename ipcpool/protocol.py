@@ -31,6 +31,9 @@ MAX_NAME = 255
 HANDLE_BYTES = 64                # CUDA pointer export data and IPC event handles
 ARENA_ALIGN = 512                # offsets a client carves in its arena (both sides round alike)
 MAX_ARENAS = 8                   # arenas per session and pool
+MAX_ERROR = 1024                 # characters of an error reply's text (a client decodes up to MAX_STR)
+MAX_ID = 1 << 63                 # request ids are ints in [0, MAX_ID)
+LIST_PAGE = 1000                 # entries of a list (objects, growables, a watch's existing) per reply
 
 _UNPACK_LIMITS = dict(
     max_str_len=MAX_STR,
@@ -128,6 +131,11 @@ def check_names(key: str, names: list) -> None:
         check_object_name(f"{key}[{i}]", name)
 
 
+def check_kind(key: str, kind: str) -> None:
+    if kind not in ("objects", "growables"):
+        raise InvalidRequest(f"{key}: 'objects' or 'growables', got {kind[:20]!r}")
+
+
 def _object_name(required: bool = True) -> Field:
     return Field(str, required, check=check_object_name)   # the check bounds its length
 
@@ -160,7 +168,11 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "get": {"name": _object_name(), "timeout_ms": _u64(required=False)},
     "get_many": {"names": Field(list, max_len=MAX_BATCH, check=check_names)},
     "delete": {"name": _object_name()},
-    "list": {"prefix": Field(str, False, max_len=MAX_NAME)},
+    # Paged: at most ``limit`` (and LIST_PAGE) entries of each kind whose names sort after ``after``;
+    # the reply says ``more`` and the ``after`` to continue from. ``kind``: "objects" or "growables"
+    # only (without it both come, and ``after`` continues the objects).
+    "list": {"prefix": Field(str, False, max_len=MAX_NAME), "after": Field(str, False, max_len=MAX_NAME),
+             "limit": _u64(required=False), "kind": Field(str, False, max_len=16, check=check_kind)},
     "watch": {"prefix": Field(str, True, max_len=MAX_NAME), "existing": Field(bool, False)},
     "unwatch": {"watch": _u64()},
     "grow_create": {"name": _object_name(), "nbytes": _u64(), "pool": _name(), "compression": Field(bool, False)},
@@ -183,15 +195,37 @@ CONTROL: dict[str, dict[str, Field]] = {
 FD_BATCH = 16   # FDs in one control reply at most
 
 
+def _show(value: Any, limit: int = 64) -> str:
+    """``repr(value)`` cut to ``limit`` characters: an error never echoes a long input back."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    return " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
+
+
 def validate(msg: dict, schemas: dict[str, dict[str, Field]]) -> tuple[str, dict[str, Any]]:
-    """Check a decoded message against its op's schema; return (op, fields)."""
+    """Check a decoded message against its op's schema; return (op, fields). Every way a message
+    can be wrong is a ProtocolError (or InvalidRequest) naming the field; nothing else escapes."""
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"message must be a map, got {type(msg).__name__}")
+    # msgpack admits str and bytes keys: a bytes key (or a mix of both) is refused here, before
+    # anything compares keys of different types.
+    bad_keys = [k for k in msg if not isinstance(k, str)]
+    if bad_keys:
+        raise ProtocolError(f"field names must be strings, got {_show(bad_keys[0])}")
     op = msg.get("op")
     if not isinstance(op, str) or op not in schemas:
-        raise ProtocolError(f"unknown op {op!r}")
+        raise ProtocolError(f"unknown op {_show(op)}")
     schema = schemas[op]
     extra = set(msg) - set(schema) - {"op", "id"}
     if extra:
-        raise ProtocolError(f"{op}: unexpected fields {sorted(extra)}")
+        shown = ", ".join(_show(k, 40) for k in sorted(extra)[:5])
+        more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
+        raise ProtocolError(f"{op}: unexpected fields {shown}{more}")
+    if "id" in msg:
+        check_id(msg["id"])
     fields: dict[str, Any] = {}
     for key, spec in schema.items():
         if key not in msg or msg[key] is None:
@@ -201,7 +235,7 @@ def validate(msg: dict, schemas: dict[str, dict[str, Field]]) -> tuple[str, dict
         value = msg[key]
         # bool is an int in Python; never accept it where a number is meant.
         if not isinstance(value, spec.kind) or (spec.kind is int and isinstance(value, bool)):
-            raise ProtocolError(f"{op}: field {key!r} must be {spec.kind.__name__}")
+            raise ProtocolError(f"{op}: field {key!r} must be {_kind_name(spec.kind)}, got {type(value).__name__}")
         if spec.max_len is not None and len(value) > spec.max_len:
             raise ProtocolError(f"{op}: field {key!r} longer than {spec.max_len}")
         if spec.min_value is not None and value < spec.min_value:
@@ -214,9 +248,20 @@ def validate(msg: dict, schemas: dict[str, dict[str, Field]]) -> tuple[str, dict
     return op, fields
 
 
+def check_id(rid: Any) -> int:
+    """A request id: an int in [0, 2**63), not a bool. Anything else is refused (and answered with
+    id 0), never executed."""
+    if not isinstance(rid, int) or isinstance(rid, bool):
+        raise ProtocolError(f"field 'id' must be int, got {type(rid).__name__}")
+    if not 0 <= rid < MAX_ID:
+        raise ProtocolError(f"field 'id' must be in [0, 2**63), got {_show(rid)}")
+    return rid
+
+
 def request_id(msg: dict) -> int:
-    rid = msg.get("id", 0)
-    return rid if isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid < 1 << 63 else 0
+    """The id to answer with: the request's own where it is a valid one, else 0."""
+    rid = msg.get("id", 0) if isinstance(msg, dict) else 0
+    return rid if isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid < MAX_ID else 0
 
 
 def ok_reply(rid: int, **fields) -> dict:
@@ -224,4 +269,7 @@ def ok_reply(rid: int, **fields) -> dict:
 
 
 def error_reply(rid: int, exc: IpcPoolError) -> dict:
-    return {"id": rid, "ok": False, "code": exc.code, "error": str(exc)}
+    text = str(exc)
+    if len(text) > MAX_ERROR:   # every reply stays decodable by the client (MAX_STR)
+        text = text[: MAX_ERROR - 3] + "..."
+    return {"id": rid, "ok": False, "code": exc.code, "error": text}

@@ -15,13 +15,23 @@ import time
 from dataclasses import dataclass, field
 
 from ..backend.base import BrokerGrowable
-from ..errors import InvalidRequest, IpcPoolError, ObjectExists, ObjectNotFound
+from ..errors import AllocationTooLarge, InvalidRequest, IpcPoolError, ObjectExists, ObjectNotFound, OutOfMemory
 from .registry import Registry
 from .session import Session
 
 log = logging.getLogger(__name__)
 
 MAX_CHUNKS = 1024   # per buffer: a reply lists them all, and a client maps each
+MAX_GROWABLE = 1 << 48   # bytes of one buffer at most (256 TiB: above any device or host memory)
+
+
+def pool_limit(pool) -> int:
+    """The bytes a pool may hold, growable buffers included: its max_size; unset, what the backend
+    made it (a host pool reports its memfd's size; 0: the device's memory is the limit)."""
+    if pool.spec.max_size:
+        return pool.spec.max_size
+    size = pool.pool_info().get("size")
+    return size if isinstance(size, int) and not isinstance(size, bool) else 0
 
 
 @dataclass(eq=False)
@@ -53,7 +63,23 @@ class GrowableTable:
     def __init__(self, registry: Registry):
         self.registry = registry
         self.by_name: dict[str, Growable] = {}
+        self.bytes_by_pool: collections.Counter = collections.Counter()
         self._ids = itertools.count(1)
+
+    def _check_size(self, pool_name: str, nbytes: int, more: int) -> None:
+        """Refuse a buffer of ``nbytes`` (``more`` of them new) that is too large for any pool, or
+        would take its pool past its max_size (allocations and growable buffers together)."""
+        if nbytes > MAX_GROWABLE:
+            raise AllocationTooLarge(f"a growable buffer of {nbytes} bytes is too large (at most {MAX_GROWABLE})")
+        pool = self.registry.pool(pool_name)
+        limit = pool_limit(pool)
+        if limit:
+            held = pool.stats().used + self.bytes_by_pool[pool_name]
+            if held + more > limit:
+                raise OutOfMemory(
+                    f"pool {pool_name!r} holds {held} bytes (allocations and growable buffers); {more} "
+                    f"more would pass its max_size of {limit} bytes"
+                )
 
     def create(self, session: Session, name: str, nbytes: int, pool_name: str, compression: bool) -> Growable:
         if nbytes <= 0:
@@ -61,11 +87,13 @@ class GrowableTable:
         if name in self.by_name:
             raise ObjectExists(f"a growable buffer named {name!r} already exists")
         pool = self.registry.pool(pool_name)
+        self._check_size(pool_name, nbytes, nbytes)
         uid = session.cred.uid
         self.registry.check_quota(uid, nbytes)
         memory = self.registry.backend.create_growable(pool.spec, nbytes, compression)
         g = Growable(next(self._ids), name, pool_name, uid, memory, compression)
         self.registry.bytes_by_uid[uid] += memory.size
+        self.bytes_by_pool[pool_name] += memory.size
         self.by_name[name] = g
         g.holders[session] += 1
         return g
@@ -87,6 +115,7 @@ class GrowableTable:
             g = Growable(row["gid"], row["name"], row["pool"], row.get("uid", 0), memory,
                          bool(row.get("compression_requested")), gen=row.get("gen", 0), stored=row["fds"])
             self.registry.bytes_by_uid[g.uid] += memory.size
+            self.bytes_by_pool[g.pool] += memory.size
             self.by_name[g.name] = g
             n += 1
         self._ids = itertools.count(max([g.gid for g in self.by_name.values()], default=0) + 1)
@@ -117,9 +146,11 @@ class GrowableTable:
         if len(g.memory.chunks) >= MAX_CHUNKS:
             raise InvalidRequest(f"growable buffer {name!r} has {MAX_CHUNKS} chunks; grow it in larger steps")
         before = g.memory.size
+        self._check_size(g.pool, nbytes, nbytes - before)
         self.registry.check_quota(g.uid, nbytes - before)
         g.memory.grow(nbytes)
         self.registry.bytes_by_uid[g.uid] += g.memory.size - before
+        self.bytes_by_pool[g.pool] += g.memory.size - before
         g.gen += 1
         return g, [s for s in g.holders if s is not session]
 
@@ -155,8 +186,18 @@ class GrowableTable:
         # Every client has unmapped it (detach comes after the client's unmap), so the chunks go.
         del self.by_name[g.name]
         self.registry.bytes_by_uid[g.uid] -= g.memory.size
+        self.bytes_by_pool[g.pool] -= g.memory.size
         g.memory.close()
         return g
+
+    def stats(self) -> dict[str, dict]:
+        """Per pool: its growable buffers and the bytes they hold."""
+        out: dict[str, dict] = {}
+        for g in self.by_name.values():
+            row = out.setdefault(g.pool, {"growables": 0, "growable_bytes": 0})
+            row["growables"] += 1
+            row["growable_bytes"] += g.memory.size
+        return out
 
     def list(self, prefix: str = "") -> list[dict]:
         return [g.describe() for name, g in sorted(self.by_name.items()) if name.startswith(prefix)]

@@ -65,8 +65,10 @@ class Handlers:
         b = self.broker
         pools = self.registry.stats()
         arenas = b.handoffs.stats()
+        growables = self.growables.stats()
         for name, row in pools.items():
             row.update(arenas.get(name, {"arena_bytes": 0, "arena_free": 0}))
+            row.update(growables.get(name, {"growables": 0, "growable_bytes": 0}))
         return {
             "backend": b.choice.name, "sessions": len(b.sessions), "pools": pools,
             "objects": len(self.objects.objects), "pid": os.getpid(), "uptime": time.time() - b.started,
@@ -162,13 +164,23 @@ class Handlers:
         return {}
 
     def op_list(self, session: Session, f: dict, rid: int) -> dict:
-        prefix = f.get("prefix", "")
-        return {"objects": self.objects.list(prefix), "growables": self.growables.list(prefix)}
+        prefix, after, kind = f.get("prefix", ""), f.get("after", ""), f.get("kind")
+        limit = min(f.get("limit") or protocol.LIST_PAGE, protocol.LIST_PAGE)
+        objects, more_o, last_o = ([], False, "") if kind == "growables" else page(
+            self.objects.objects, prefix, after, limit, lambda o: o.info())
+        growables, more_g, last_g = ([], False, "") if kind == "objects" else page(
+            self.growables.by_name, prefix, after, limit, lambda g: g.describe())
+        return {"objects": objects, "growables": growables, "more": more_o or more_g,
+                "after": last_g if kind == "growables" else last_o}
 
     def op_watch(self, session: Session, f: dict, rid: int) -> dict:
         w = self.objects.watch(session, f["prefix"])
-        listed = self.objects.list(f["prefix"]) if f.get("existing") else []
-        return {"watch": w.wid, "existing": [o for o in listed if o["state"] == "sealed"]}
+        if not f.get("existing"):
+            return {"watch": w.wid, "existing": []}
+        # The first page here; the client reads on with list(after=...) when ``more``.
+        listed, more, last = page(self.objects.objects, f["prefix"], "", protocol.LIST_PAGE, lambda o: o.info())
+        return {"watch": w.wid, "existing": [o for o in listed if o["state"] == "sealed"], "more": more,
+                "after": last}
 
     def op_unwatch(self, session: Session, f: dict, rid: int) -> dict:
         self.objects.unwatch(session, f["watch"])
@@ -234,6 +246,24 @@ class Handlers:
             if reader.token in self.broker.sessions:
                 self.broker.send(reader.token, {"notify": "aborted", "alloc": obj.alloc.aid, "name": obj.name})
         obj.pending = []
+
+
+def page(table: dict, prefix: str, after: str, limit: int, describe) -> tuple[list[dict], bool, str]:
+    """Entries of ``table`` (name -> item) under ``prefix`` whose names sort after ``after``, in
+    name order: at most ``limit`` and at most half a reply's bytes. Returns (entries, more, the last
+    name taken: where the next page starts)."""
+    names = sorted(n for n in table if n > after and n.startswith(prefix))
+    out: list[dict] = []
+    budget = protocol.MAX_REPLY // 2
+    for name in names:
+        if len(out) >= limit:
+            break
+        entry = describe(table[name])
+        budget -= len(protocol.pack(entry))
+        if budget < 0 and out:
+            break
+        out.append(entry)
+    return out, len(out) < len(names), out[-1]["name"] if out else after
 
 
 def credit(pool, session: Session) -> dict:

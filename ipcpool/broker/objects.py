@@ -8,6 +8,9 @@ here; the server sends their replies when a seal (or an abort, or a timeout) set
 
 from __future__ import annotations
 
+import collections
+import heapq
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -66,6 +69,8 @@ class Waiter:
     session: Session
     rid: int
     deadline: float | None
+    name: str = ""
+    done: bool = False   # settled (sealed, aborted, timed out or its session gone)
 
 
 @dataclass(eq=False)
@@ -79,9 +84,20 @@ class ObjectTable:
     def __init__(self, registry: Registry):
         self.registry = registry
         self.objects: dict[str, NamedObject] = {}
-        self.waiters: dict[str, list[Waiter]] = {}
+        # By name, each an ordered set (dict): a seal finds its own without a scan, and a timed-out
+        # or gone waiter leaves its set in O(1).
+        self.waiters: dict[str, dict[Waiter, None]] = {}
         self.watches: dict[int, Watch] = {}
+        self._by_prefix: dict[str, dict[int, Watch]] = {}   # a seal looks up its name's prefixes only
+        self.watches_by_uid: collections.Counter = collections.Counter()
         self._next_wid = 1
+        # Parked gets by deadline (a heap; settled ones are skipped when they reach the top), by
+        # session and counted by uid: nothing the event loop does per request scans them all.
+        self._deadlines: list[tuple[float, int, Waiter]] = []
+        self._seq = itertools.count()
+        self._by_session: dict[Session, set[Waiter]] = {}
+        self.waits_by_uid: collections.Counter = collections.Counter()
+        self._timed = 0   # parked gets with a deadline (the heap holds them and settled ones)
 
     def create(self, session: Session, name: str, nbytes: int, pool: str, meta: dict,
                carve: Callable[[], Allocation] | None = None, board: tuple[int, int, bytes] | None = None) -> NamedObject:
@@ -174,27 +190,69 @@ class ObjectTable:
             obj = self.objects.get(name)
             state = "is still being written" if obj else "does not exist"
             raise ObjectNotFound(f"object {name!r} {state}; pass a timeout to wait for its seal")
+        uid = session.cred.uid
+        limit = self.registry.config.waits_per_uid
+        if limit and self.waits_by_uid[uid] >= limit:
+            raise QuotaExceeded(
+                f"uid {uid} has {self.waits_by_uid[uid]} gets waiting for a seal, its limit "
+                "(waits_per_uid in the broker's [limits]); wait with a timeout, or for fewer objects at once"
+            )
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        self.waiters.setdefault(name, []).append(Waiter(session, rid, deadline))
+        w = Waiter(session, rid, deadline, name)
+        self.waiters.setdefault(name, {})[w] = None
+        self._by_session.setdefault(session, set()).add(w)
+        self.waits_by_uid[uid] += 1
+        if deadline is not None:
+            self._timed += 1
+            if len(self._deadlines) > 2 * self._timed + 1024:   # mostly settled: drop those
+                self._deadlines = [e for e in self._deadlines if not e[2].done]
+                heapq.heapify(self._deadlines)
+            heapq.heappush(self._deadlines, (deadline, next(self._seq), w))
+
+    def _settled(self, w: Waiter) -> None:
+        w.done = True
+        if w.deadline is not None:
+            self._timed -= 1
+        ws = self._by_session.get(w.session)
+        if ws is not None:
+            ws.discard(w)
+            if not ws:
+                del self._by_session[w.session]
+        uid = w.session.cred.uid
+        self.waits_by_uid[uid] -= 1
+        if self.waits_by_uid[uid] <= 0:
+            del self.waits_by_uid[uid]
+
+    def _unpark(self, w: Waiter) -> None:
+        ws = self.waiters.get(w.name)
+        if ws is not None:
+            ws.pop(w, None)
+            if not ws:
+                del self.waiters[w.name]
+        self._settled(w)
 
     def take_waiters(self, name: str) -> list[Waiter]:
-        return self.waiters.pop(name, [])
+        ws = list(self.waiters.pop(name, ()))
+        for w in ws:
+            self._settled(w)
+        return ws
 
     def expired(self, now: float) -> list[tuple[str, Waiter]]:
         out = []
-        for name, ws in list(self.waiters.items()):
-            keep = []
-            for w in ws:
-                (out.append((name, w)) if w.deadline is not None and w.deadline <= now else keep.append(w))
-            if keep:
-                self.waiters[name] = keep
-            else:
-                del self.waiters[name]
+        heap = self._deadlines
+        while heap and (heap[0][2].done or heap[0][0] <= now):
+            _, _, w = heapq.heappop(heap)
+            if w.done:
+                continue
+            self._unpark(w)
+            out.append((w.name, w))
         return out
 
     def next_deadline(self) -> float | None:
-        deadlines = [w.deadline for ws in self.waiters.values() for w in ws if w.deadline is not None]
-        return min(deadlines, default=None)
+        heap = self._deadlines
+        while heap and heap[0][2].done:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     def delete(self, session: Session, name: str) -> NamedObject:
         obj = self.objects.get(name)
@@ -214,29 +272,53 @@ class ObjectTable:
         return [o.info() for name, o in sorted(self.objects.items()) if name.startswith(prefix)]
 
     def watch(self, session: Session, prefix: str) -> Watch:
+        uid = session.cred.uid
+        limit = self.registry.config.watches_per_uid
+        if limit and self.watches_by_uid[uid] >= limit:
+            raise QuotaExceeded(
+                f"uid {uid} has {self.watches_by_uid[uid]} watches, its limit (watches_per_uid in the "
+                "broker's [limits]); close some subscriptions first"
+            )
         w = Watch(self._next_wid, session, prefix)
         self._next_wid += 1
         self.watches[w.wid] = w
+        self._by_prefix.setdefault(prefix, {})[w.wid] = w
+        self.watches_by_uid[uid] += 1
         return w
 
     def unwatch(self, session: Session, wid: int) -> None:
         w = self.watches.get(wid)
         if w is None or w.session is not session:
             raise InvalidRequest(f"watch {wid} is not one of this session's")
-        del self.watches[wid]
+        self._drop_watch(w)
+
+    def _drop_watch(self, w: Watch) -> None:
+        del self.watches[w.wid]
+        ws = self._by_prefix[w.prefix]
+        del ws[w.wid]
+        if not ws:
+            del self._by_prefix[w.prefix]
+        uid = w.session.cred.uid
+        self.watches_by_uid[uid] -= 1
+        if self.watches_by_uid[uid] <= 0:
+            del self.watches_by_uid[uid]
 
     def watchers(self, name: str) -> list[Watch]:
-        return [w for w in self.watches.values() if name.startswith(w.prefix)]
+        """The watches whose prefix ``name`` starts with: one lookup per prefix of the name."""
+        out: list[Watch] = []
+        for i in range(len(name) + 1):
+            ws = self._by_prefix.get(name[:i])
+            if ws:
+                out.extend(ws.values())
+        return out
 
     def end_session(self, session: Session) -> tuple[list[NamedObject], list[tuple[str, Waiter]]]:
         """A session is gone: abort what it was writing, forget its waits and watches. Returns the
         aborted objects and the waiters (of any session) that were waiting for them."""
-        for wid in [wid for wid, w in self.watches.items() if w.session is session]:
-            del self.watches[wid]
-        for name, ws in list(self.waiters.items()):
-            ws[:] = [w for w in ws if w.session is not session]
-            if not ws:
-                del self.waiters[name]
+        for w in [w for w in self.watches.values() if w.session is session]:
+            self._drop_watch(w)
+        for w in list(self._by_session.get(session, ())):
+            self._unpark(w)
         aborted = [o for o in self.objects.values() if o.writer is session]
         orphans = []
         for obj in aborted:

@@ -7,13 +7,17 @@ a guard that turns errors into an error reply (or, on the control socket, a disc
 
 from __future__ import annotations
 
+import collections
+import errno
 import fcntl
 import logging
 import os
+import resource
 import secrets
 import signal
 import socket
 import stat
+import struct
 import time
 from pathlib import Path
 
@@ -23,10 +27,12 @@ from .. import fdpass, paths, protocol
 from ..backend import Choice, broker_backend
 from ..config import Config
 from ..errors import (
+    BrokerBusy,
     InvalidRequest,
     IpcPoolError,
     PeerRefused,
     ProtocolError,
+    QuotaExceeded,
     WaitTimeout,
 )
 from .durable import Durability
@@ -42,6 +48,29 @@ from .systemd import Notifier
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT = 5.0
+# Open files kept free: a new session takes three (its control socket, its pidfd, its ZeroMQ
+# connection), and libzmq aborts the process when it cannot get one it needs.
+FD_RESERVE_MIN = 64
+MAX_PENDING = 1024   # connections that sent no hello yet
+ZMQ_BACKLOG = 64     # message-channel connections the kernel queues for libzmq's accept
+STRAY_ZMQ = 64       # message-channel connections beyond one per session tolerated
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Take the hard limit of open files as ours (a broker serves many clients); returns it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, want, exc)
+    return soft, hard
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
 
 class AlreadyRunning(IpcPoolError):
@@ -70,6 +99,17 @@ class Broker:
         self._by_fd: dict[int, Session] = {}          # control conn fd -> session
         self._by_pidfd: dict[int, Session] = {}       # pidfd -> orphaned session
         self._pending: dict[int, tuple[socket.socket, float]] = {}  # accepted, no hello yet
+        self._sessions_by_uid: collections.Counter = collections.Counter()
+        self._accept_paused_until = 0.0   # out of FDs: stop accepting for a moment
+        self.fd_limit = 0
+        self._fd_count = 0          # open files when last counted,
+        self._zmq_at_count = 0      # ... and message-channel connections then
+        self._zmq_fds: set[int] = set()   # the message channel's connections (from its monitor)
+        self._session_peak = 0      # the most sessions lately (clients that just closed may still
+        self._peak_at = 0.0         # ... be connected on the message channel a moment)
+        self._counted_at = 0.0
+        self._zmq_open = True       # its listener accepts (closed while files run short)
+        self._monitor = None
         self._next_sid = 1
         self._stop = False
         self._spin_until = 0.0   # poll without sleeping until then (busy_poll_us after a request)
@@ -95,6 +135,7 @@ class Broker:
                 ) from None
             os.ftruncate(self._lock_fd, 0)
             os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
+            self.fd_limit, _ = raise_fd_limit()
             self.backend = broker_backend(self.choice.name)
             self.durable = Durability(self.notifier)
             self.registry = Registry(self.config, self.backend)
@@ -141,14 +182,22 @@ class Broker:
             self.router.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE)
             self.router.setsockopt(zmq.LINGER, 0)
             self.router.setsockopt(zmq.RCVHWM, 100_000)
+            self.router.setsockopt(zmq.BACKLOG, ZMQ_BACKLOG)   # bounds a burst of connections
             self.router.bind(f"ipc://{endpoint}")
+            self._zmq_endpoint = f"ipc://{endpoint}"
         finally:
             os.umask(old)
+        # libzmq accepts message-channel connections on its own thread, from anyone who can reach
+        # the socket file, and aborts the process when accept() finds no free file (EMFILE). Its
+        # monitor tells us of each connection (by FD), so the listener is closed before that can
+        # happen: when connections outnumber sessions by more than STRAY_ZMQ, or files run short.
+        self._monitor = self.router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._poller = zmq.Poller()
         self._poller.register(self.router, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
         for fd in (self.listener.fileno(), self._wake_r.fileno()):
             self._watch(fd)
 
@@ -168,7 +217,9 @@ class Broker:
         for conn, _ in self._pending.values():
             conn.close()
         self._pending.clear()
-        for name in ("router",):
+        if getattr(self, "_monitor", None) is not None:
+            self.router.disable_monitor()
+        for name in ("_monitor", "router"):
             sock = getattr(self, name, None)
             if sock is not None:
                 sock.close(linger=0)
@@ -238,6 +289,8 @@ class Broker:
         deadline = self.objects.next_deadline()
         if deadline is not None:
             timeout_ms = max(0, min(timeout_ms, int((deadline - time.monotonic()) * 1000) + 1))
+        if not self._zmq_open:   # look again soon whether the message channel may open again
+            timeout_ms = min(timeout_ms, 200)
         if time.monotonic() < self._spin_until:   # right after a request: don't sleep (busy_poll_us)
             timeout_ms = 0
         elif self.registry is not None and getattr(self.backend, "pending_frees", 0):
@@ -248,6 +301,8 @@ class Broker:
                 self._wake_r.recv(4096)
             except BlockingIOError:
                 pass
+        if self._monitor in events:
+            self._on_monitor()
         if self.router in events:
             self._drain_router()
         if self.listener.fileno() in events:
@@ -262,6 +317,11 @@ class Broker:
                     self._on_process_gone(self._by_pidfd[fd])
         if self._pending:
             self._expire_pending()
+        if self._accept_paused_until and time.monotonic() >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self._watch(self.listener.fileno())
+        if time.monotonic() - self._counted_at > (0.2 if not self._zmq_open else 2.0):
+            self._guard_zmq_listener(self._fd_room())   # a recount now and then (events may be missed)
         if self.registry is not None:
             if not events and getattr(self.backend, "pending_frees", 0):
                 self.backend.sweep()
@@ -278,12 +338,87 @@ class Broker:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:   # EMFILE and friends: log and keep serving
+            except OSError as exc:   # EMFILE and friends: log, stop accepting a moment, keep serving
                 log.error("accept failed: %s", exc)
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._pause_accept()
                 return
+            if len(self._pending) >= MAX_PENDING or self._fd_room() < self._fd_reserve() // 2:
+                self._reply_and_drop(conn, BrokerBusy(
+                    "the broker is near its limit of open files and takes no new session now; "
+                    "retry later, or ask the operator to raise its LimitNOFILE"))
+                continue
             conn.setblocking(False)
             self._pending[conn.fileno()] = (conn, time.monotonic())
             self._watch(conn.fileno())
+
+    def _pause_accept(self) -> None:
+        if self._accept_paused_until == 0.0:
+            self._unwatch(self.listener.fileno())
+        self._accept_paused_until = time.monotonic() + 0.1
+
+    def _fd_reserve(self) -> int:
+        return max(FD_RESERVE_MIN, self.fd_limit // 32)
+
+    def _fd_room(self) -> int:
+        """Open files left before the limit (counted: chunk and pool FDs come and go too)."""
+        if not self.fd_limit:
+            return 1 << 30
+        self._fd_count, self._zmq_at_count, self._counted_at = open_fds(), len(self._zmq_fds), time.monotonic()
+        return self.fd_limit - self._fd_count
+
+    def _on_monitor(self) -> None:
+        """Follow the message channel's connections; close its listener when they outnumber the
+        sessions by more than STRAY_ZMQ (connections nobody will use), or files run short."""
+        for _ in range(10_000):
+            try:
+                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(frames[0]) >= 6:
+                event, fd = struct.unpack_from("=Hi", frames[0])
+                if event == zmq.EVENT_ACCEPTED:
+                    self._zmq_fds.add(fd)
+                elif event == zmq.EVENT_DISCONNECTED:
+                    self._zmq_fds.discard(fd)
+        if self._zmq_open:
+            stray = self._stray_zmq()
+            estimate = self._fd_count + len(self._zmq_fds) - self._zmq_at_count
+            if stray > STRAY_ZMQ or (self.fd_limit and self.fd_limit - estimate < self._fd_reserve()):
+                self._guard_zmq_listener(self._fd_room())
+
+    def _stray_zmq(self) -> int:
+        """Message-channel connections beyond one per session (or session about to be, or that
+        ended in the last two seconds)."""
+        now = time.monotonic()
+        if now - self._peak_at > 2.0:
+            self._session_peak, self._peak_at = len(self.sessions), now
+        return len(self._zmq_fds) - max(self._session_peak, len(self.sessions)) - len(self._pending)
+
+    def _guard_zmq_listener(self, room: int) -> None:
+        """Close the message channel's listener when connections outnumber sessions by more than
+        STRAY_ZMQ or fewer than half the reserve of files is left (libzmq then drops the connections
+        it accepted there: clients reconnect by themselves; a request in flight may be lost). Open
+        it again once the strays are gone and the whole reserve is free. Meanwhile new sessions are
+        refused (BrokerBusy)."""
+        reserve = self._fd_reserve()
+        stray = self._stray_zmq()
+        if self._zmq_open and (room < reserve // 2 or stray > STRAY_ZMQ):
+            log.warning("message channel closed to new connections: %d connections for %d sessions, "
+                        "%d of %d open files in use", len(self._zmq_fds), len(self.sessions),
+                        self._fd_count, self.fd_limit)
+            self.router.unbind(self._zmq_endpoint)
+            self._zmq_fds.clear()   # libzmq drops them all (and says nothing of each)
+            self._zmq_open = False
+        elif not self._zmq_open and room >= reserve and stray <= STRAY_ZMQ // 2:
+            old = os.umask(0o117)
+            try:
+                self.router.bind(self._zmq_endpoint)
+            finally:
+                os.umask(old)
+            self._zmq_open = True
+            log.warning("message channel open to new connections again (%d of %d open files in use)",
+                        self._fd_count, self.fd_limit)
 
     def _expire_pending(self) -> None:
         now = time.monotonic()
@@ -319,11 +454,28 @@ class Broker:
                     f"{protocol.PROTOCOL_VERSION}); upgrade the client or the broker"
                 )
             cred = fdpass.peer_cred(conn)
-            if not self.config.allowed(cred.uid, cred.gid):
-                log.warning("refused pid %d uid %d gid %d: not allowed", cred.pid, cred.uid, cred.gid)
+            groups = fdpass.peer_groups(conn)
+            if not self.config.allowed(cred.uid, cred.gid, groups):
+                log.warning("refused pid %d uid %d gid %d groups %s: not allowed",
+                            cred.pid, cred.uid, cred.gid, list(groups[:16]))
                 raise PeerRefused(
-                    f"uid {cred.uid} (gid {cred.gid}) is not allowed to use this broker; "
-                    "ask the operator to add it to [access] in the broker's config"
+                    f"uid {cred.uid} (gid {cred.gid}, {len(groups)} supplementary group(s)) is not "
+                    "allowed to use this broker; ask the operator to add it to a group listed under "
+                    "[access] in the broker's config (then log in again), or to list its uid"
+                )
+            cap = self.config.sessions_per_uid
+            if cap and self._sessions_by_uid[cred.uid] >= cap:
+                log.warning("refused pid %d uid %d: %d sessions, its limit", cred.pid, cred.uid, cap)
+                raise QuotaExceeded(
+                    f"uid {cred.uid} has {self._sessions_by_uid[cred.uid]} sessions, its limit "
+                    "(sessions_per_uid in the broker's [limits]); close some clients first"
+                )
+            if self._fd_room() < self._fd_reserve() or not self._zmq_open:
+                log.warning("refused pid %d uid %d: near the limit of %d open files", cred.pid, cred.uid,
+                            self.fd_limit)
+                raise BrokerBusy(
+                    f"the broker is near its limit of {self.fd_limit} open files and takes no new "
+                    "session now; retry later, or ask the operator to raise its LimitNOFILE"
                 )
             pidfd = fdpass.peer_pidfd(conn, cred.pid)
         except BlockingIOError:
@@ -338,11 +490,17 @@ class Broker:
             log.warning("control hello failed: %s", exc)
             conn.close()
             return
+        except Exception as exc:   # a bug of ours: drop this peer, keep serving
+            log.exception("internal error handling a hello")
+            self._reply_and_drop(conn, IpcPoolError(f"internal broker error: {exc}"))
+            return
         session = Session(
             self._next_sid, secrets.token_bytes(16), cred, conn, pidfd, self.backend.open_session()
         )
         self._next_sid += 1
         self.sessions[session.token] = session
+        self._sessions_by_uid[cred.uid] += 1
+        self._session_peak = max(self._session_peak, len(self.sessions))
         self._by_fd[fd] = session
         self._watch(fd)
         log.info("session %d opened: pid %d uid %d", session.sid, cred.pid, cred.uid)
@@ -388,6 +546,9 @@ class Broker:
                 raise ProtocolError(f"{op} is not valid once the session is open")
         except IpcPoolError as exc:
             self._send_control(session, protocol.error_reply(rid, exc))
+        except Exception as exc:   # a bug of ours: keep serving everyone else
+            log.exception("session %d: internal error handling a control message", session.sid)
+            self._send_control(session, protocol.error_reply(rid, IpcPoolError(f"internal broker error: {exc}")))
 
     def _chunk_fds(self, session: Session, f: dict) -> tuple[dict, list[int]]:
         """At most FD_BATCH chunk FDs from chunk ``first``, with the sizes of the chunks they map."""
@@ -429,7 +590,11 @@ class Broker:
         self._end_session(session, f"pid {session.cred.pid} exited")
 
     def _end_session(self, session: Session, why: str) -> None:
-        self.sessions.pop(session.token, None)
+        if self.sessions.pop(session.token, None) is not None:
+            uid = session.cred.uid
+            self._sessions_by_uid[uid] -= 1
+            if self._sessions_by_uid[uid] <= 0:
+                del self._sessions_by_uid[uid]
         for fd, table in ((session.conn.fileno(), self._by_fd), (session.pidfd, self._by_pidfd)):
             if fd >= 0 and table.pop(fd, None) is not None:
                 self._unwatch(fd)
@@ -472,13 +637,25 @@ class Broker:
         session = self.sessions.get(ident)
         rid = 0
         try:
-            if session is None or session.orphaned:
+            if session is None:
                 raise PeerRefused("unknown or expired session token; reconnect with ipcpool.connect()")
             if len(frames) != 2:
                 raise ProtocolError(f"expected one message frame, got {len(frames) - 1}")
             msg = protocol.unpack(frames[1])
-            rid = protocol.request_id(msg)
+            if "id" not in msg:
+                raise ProtocolError("missing field 'id'")
+            rid = protocol.check_id(msg["id"])   # an invalid id is answered with 0, never executed
             op, fields = protocol.validate(msg, protocol.REQUESTS)
+            if session.orphaned:
+                # Its control socket is closed. A bye still ends it at once (the process says its
+                # work is done: a client collected without close(), a peer the broker dropped);
+                # anything else waits for the process to be gone.
+                if op != "bye":
+                    raise PeerRefused("unknown or expired session token; reconnect with ipcpool.connect()")
+                self.send(ident, protocol.ok_reply(rid))
+                session.said_bye = True
+                self._end_session(session, "bye after its control socket closed")
+                return
             t0 = time.perf_counter()
             try:
                 reply = self.handlers.handle(session, op, fields, rid)

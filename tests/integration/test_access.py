@@ -80,3 +80,58 @@ def test_allow_listed_uid_is_served(start_broker, open_dir):
     assert out.startswith("PeerRefused permission denied") and "message channel" in out, out
     os.chmod(b.socket_dir / "broker.zmq", 0o666)
     assert as_nobody(b.socket_dir) == "OK 1"
+
+
+def as_user(socket_dir, uid: int, gid: int, groups: list[int]) -> str:
+    """``as_nobody`` for any uid, primary gid and supplementary groups (set in that order in a
+    forked child: setgroups, setgid, setuid), as ``usermod -aG`` and a new login would leave them."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        try:
+            os.close(r)
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
+            try:
+                with ipcpool.connect(socket_dir, timeout=10) as c:
+                    with c.allocate(4096) as buf:
+                        buf.view[:2] = b"hi"
+                        out = f"OK {c.stats()['sessions']} {os.getuid()} {sorted(os.getgroups())}"
+            except ipcpool.IpcPoolError as e:
+                out = f"{type(e).__name__} {e}"
+            os.write(w, out.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return out
+
+
+GRANTED = 23456    # the group [access] lists ("ipcpool" on a real system)
+ALICE = 12345      # a user whose primary group is her own
+
+
+@needs_root
+def test_a_supplementary_group_grants_access(start_broker, open_dir):
+    sd = open_dir / "s"
+    sd.mkdir()
+    os.chown(sd, 0, GRANTED)
+    os.chmod(sd, 0o2750)     # the sockets take the directory's group: reachable by GRANTED only
+    b = start_broker(socket_dir=sd, config_text=f"[access]\nuids = [0]\ngids = [{GRANTED}]\n")
+    assert os.stat(b.socket_dir / "broker.sock").st_gid == GRANTED
+    with ipcpool.connect(b.socket_dir):   # (imports what the child needs before it drops root)
+        pass
+    out = as_user(b.socket_dir, ALICE, ALICE, [ALICE, GRANTED])
+    assert out == f"OK 1 {ALICE} {sorted([ALICE, GRANTED])}", out
+    # The same user without the group: the filesystem lets her reach the socket, the broker refuses.
+    os.chmod(b.socket_dir, 0o2755)
+    os.chmod(b.socket_dir / "broker.sock", 0o666)
+    out = as_user(b.socket_dir, ALICE, ALICE, [ALICE])
+    assert out.startswith(f"PeerRefused uid {ALICE}") and "not allowed" in out, out
+    assert "refused pid" in b.log() and f"uid {ALICE}" in b.log()
+    with ipcpool.connect(b.socket_dir) as c:
+        assert c.stats()["sessions"] == 1 and c.stats()["pools"]["default"]["used"] == 0

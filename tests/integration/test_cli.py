@@ -74,8 +74,7 @@ def test_clean_exit_on_signal_with_clients_connected(start_broker, sig):
 
 def test_restart_after_crash_takes_over_stale_sockets(start_broker):
     b = start_broker()
-    b.proc.kill()
-    b.proc.wait()
+    b.kill()
     assert (b.socket_dir / "broker.sock").exists()     # left behind by the crash
     b2 = start_broker(socket_dir=b.socket_dir)
     with ipcpool.connect(b2.socket_dir) as c:

@@ -16,7 +16,7 @@ def test_reserved_follows_writes_and_trim_returns_pages(start_broker):
     with ipcpool.connect(b.socket_dir, arena_bytes=0) as c:   # exact pool accounting
         s = pool_stats(c)
         assert s == {"reserved": 0, "used": 0, "reserved_high": 0, "used_high": 0, "allocations": 0,
-                     "arena_bytes": 0, "arena_free": 0}
+                     "arena_bytes": 0, "arena_free": 0, "growables": 0, "growable_bytes": 0}
         bufs = [c.allocate(4 * MiB) for _ in range(4)]
         s = pool_stats(c)   # sparse: nothing backed before a write, but handed out is reserved
         assert s["reserved"] == s["used"] == 16 * MiB   # (used never shows above reserved)

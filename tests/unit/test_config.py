@@ -65,3 +65,20 @@ def test_unreadable_and_invalid_files(tmp_path):
     bad.write_text("[[pools]\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load(bad)
+
+
+def test_supplementary_groups_grant_access():
+    cfg = parse({"access": {"uids": [0], "gids": [27]}})
+    assert cfg.allowed(1000, 1000, (4, 27)) and not cfg.allowed(1000, 1000, (4, 24))
+    assert not cfg.allowed(1000, 1000)
+
+
+def test_peer_groups_of_a_socketpair_are_ours():
+    import os
+    import socket
+
+    from ipcpool import fdpass
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with a, b:
+        assert sorted(fdpass.peer_groups(a)) == sorted(os.getgroups())

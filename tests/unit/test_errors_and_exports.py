@@ -6,7 +6,7 @@ from ipcpool import errors
 
 def test_public_surface_is_explicit():
     assert sorted(ipcpool.__all__) == sorted(
-        ["AllocationTooLarge", "BackendUnavailable", "BrokerGone", "Buffer", "Client", "ClosedError",
+        ["AllocationTooLarge", "BackendUnavailable", "BrokerBusy", "BrokerGone", "Buffer", "Client", "ClosedError",
          "InvalidRequest", "IpcPoolError", "MissingDependency", "ObjectAborted", "ObjectExists", "ObjectNotFound", "OutOfMemory",
          "PeerRefused", "ProtocolError", "QuotaExceeded", "Subscription", "UnknownPool", "WaitTimeout",
          "connect"]
