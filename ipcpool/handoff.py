@@ -1,7 +1,7 @@
 """A client's side of a hand-off: carve, seal, wait, board. No step of a writer waits for the broker.
 
-- **Carve.** Objects (and anonymous allocations) of up to a quarter of an arena are carved here
-  from pool memory this client holds, so ``create``/``allocate`` send their request without
+- **Carve.** Objects (and anonymous allocations) of up to a quarter of ``arena_bytes`` are carved
+  here from pool memory this client holds (arenas of 1 MiB first, doubling up to ``arena_bytes``), so ``create``/``allocate`` send their request without
   waiting; the broker mirrors and checks every range (``broker/handoff.py``) and says when a range
   is idle again (``reclaim``). A refusal arrives later: it is kept, the range comes back once the
   work queued on it has finished, and the error is raised by the client's next ``create``,
@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 def env_us(name: str, default: int) -> float:
     """A duration in µs from the environment, in seconds (read when a client connects)."""
     return int(os.environ.get(name, str(default))) / 1e6
+
+
+MIN_ARENA = 1 << 20
 
 
 def default_arena_bytes() -> int:
@@ -253,17 +256,22 @@ class Handoff:
                 self._client._drain()   # ranges the broker has reclaimed since
         if len(arenas) >= MAX_ARENAS or self._no_arena.get(pool, 0.0) > time.monotonic():
             return None, 0
-        arena = self._open_arena(pool)
+        # Arenas grow as they are needed: the first holds four objects of this size (at least
+        # 1 MiB), each next one twice the last, up to arena_bytes. A worker that hands off a few
+        # small objects holds little more than their bytes.
+        last = arenas[-1].memory.size if arenas else 0
+        want = max(MIN_ARENA, 4 * nbytes, 2 * last)
+        arena = self._open_arena(pool, min(self.arena_bytes, 1 << (want - 1).bit_length()))
         if arena is None:
             return None, 0
         arenas.append(arena)
         offset = arena.carve(nbytes)
         return (arena, offset) if offset is not None else (None, 0)
 
-    def _open_arena(self, pool: str) -> ClientArena | None:
+    def _open_arena(self, pool: str, nbytes: int) -> ClientArena | None:
         c = self._client
         try:
-            reply = c._call("arena", pool=pool, nbytes=self.arena_bytes)
+            reply = c._call("arena", pool=pool, nbytes=nbytes)
         except (InvalidRequest, ProtocolError) as exc:   # none from this pool (or broker): the usual way
             log.debug("no arena from pool %r: %s", pool, exc)
             self._no_arena[pool] = float("inf")

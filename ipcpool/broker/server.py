@@ -144,6 +144,8 @@ class Broker:
             self.objects = ObjectTable(self.registry)
             self.growables = GrowableTable(self.registry)
             self.handoffs = Handoffs(self.registry, lambda session, note: self.send(session.token, note))
+            for name in self.registry.pools:   # a seal board per pool, for the broker's life
+                self.handoffs.board(name)
             self.durable.tables(self.objects, self.growables)
             restored = self.objects.restore(self.durable.stored_objects(), self.durable.take_object_fds)
             self.registry.drop_empty_generations()

@@ -116,5 +116,7 @@ def test_stats_table_shows_growable_bytes(broker):
         out = subprocess.run([sys.executable, "-m", "ipcpool", "stats", "--socket-dir", str(broker.socket_dir)],
                              capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    header, row = out.stdout.splitlines()[1:3]
-    assert "growable_bytes" in header and row.split()[0] == "default" and "3.0 MiB" in row
+    lines = out.stdout.splitlines()
+    header = next(line for line in lines if line.split()[:1] == ["pool"])
+    row = next(line for line in lines if line.split()[:1] == ["default"])
+    assert "growable_bytes" in header and "3.0 MiB" in row
