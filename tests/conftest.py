@@ -85,7 +85,11 @@ def start_broker(tmp_path_factory):
         base = tmp_path_factory.mktemp("broker")
         b = BrokerProc(socket_dir or base / "sock", backend, config_text, base / "broker.log", env)
         started.append(b)
-        return b.wait_ready() if wait else b
+        try:
+            return b.wait_ready() if wait else b
+        except RuntimeError:   # it never served: the test gets the reason in this error, not a crash
+            b.killed = True
+            raise
 
     yield start
     crashed = []

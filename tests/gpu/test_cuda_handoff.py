@@ -1,0 +1,103 @@
+"""The hand-off on a GPU: a reader answered before the seal (pending) of a writer that dies gets
+ObjectAborted; garbage on one pool's seal board harms neither the broker, nor a reader, nor the
+other pool's hand-offs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+import ipcpool
+from tests.conftest import SPAWN, run_together
+
+pytestmark = pytest.mark.gpu
+
+MiB = 1 << 20
+TWO_POOLS = '[[pools]]\nname = "default"\nmax_size = "2G"\n\n[[pools]]\nname = "other"\nmax_size = "2G"\n'
+
+
+def _writes_then_dies(socket_dir, out):
+    import cupy
+
+    from tests.gpu.kernels import spin_fill
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    c = ipcpool.connect(socket_dir)
+    buf = c.create("gpu/gone", 4 * MiB, stream=stream)
+    spin_fill(buf.ptr, buf.size, 5.0, 0x33, stream)   # killed while this runs, never sealed
+    out.put(os.getpid())
+    time.sleep(600)
+
+
+def test_a_pending_reader_of_a_writer_killed_before_its_seal_gets_object_aborted(start_broker):
+    b = start_broker(backend="cuda")
+    out = SPAWN.Queue()
+    p = SPAWN.Process(target=_writes_then_dies, args=(b.socket_dir, out))
+    p.start()
+    try:
+        pid = out.get(timeout=120)
+        with ipcpool.connect(b.socket_dir) as c:
+            t0 = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(ipcpool.ObjectAborted, match="abandoned before it was sealed"):
+                c.get("gpu/gone", timeout=60)   # answered pending at once, then the abort
+            assert time.monotonic() - t0 < 30
+            deadline = time.monotonic() + 30
+            while c.stats()["pools"]["default"]["used"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert c.stats()["pools"]["default"]["used"] == 0   # R2: freed once the kernel is gone
+    finally:
+        p.join(30)
+
+
+def _garbler(socket_dir, out):
+    from ipcpool import board
+
+    with ipcpool.connect(socket_dir) as c:
+        c.allocate(4096).free()   # imports "default", and its board with it
+        words = c._handoff.boards["default"]
+        for i in range(board.WORDS):
+            words.post(i, (i * 0x9E3779B97F4A7C15) & (2**64 - 1))
+        out.put(("garbled", True))
+
+
+def _writer(socket_dir, names, out):
+    import torch
+
+    stream = torch.cuda.Stream()
+    with ipcpool.connect(socket_dir) as c, torch.cuda.stream(stream):
+        for name, pool in names:
+            buf = c.create(name, MiB, pool=pool, stream=stream)
+            buf.tensor().fill_(0x44)
+            buf.seal(stream=stream)
+        c.flush()
+        stream.synchronize()
+        out.put(("written", len(names)))
+
+
+def _reader(socket_dir, names, out):
+    import torch
+
+    stream = torch.cuda.Stream()
+    seen = []
+    with ipcpool.connect(socket_dir) as c, torch.cuda.stream(stream):
+        for name, _ in names:
+            lease = c.get(name, stream=stream, timeout=60)
+            seen.append(int(lease.tensor()[-1].item()))
+            lease.release(stream=stream)
+    out.put(("seen", seen))
+
+
+def test_garbage_on_one_pools_board_stays_there(start_broker):
+    b = start_broker(backend="cuda", config_text=TWO_POOLS)
+    run_together([(_garbler, (b.socket_dir,))])
+    names = [("o/1", "other"), ("o/2", "other"), ("d/1", "default")]
+    got = dict(run_together([(_reader, (b.socket_dir, names)), (_writer, (b.socket_dir, names))]))
+    assert got["written"] == 3
+    assert got["seen"][:2] == [0x44, 0x44]   # the other pool: untouched by the garbage
+    assert len(got["seen"]) == 3   # the garbled pool: its reader may read early, never crashes
+    with ipcpool.connect(b.socket_dir) as c:
+        assert sorted(o["name"] for o in c.list()) == ["d/1", "o/1", "o/2"]   # the broker serves on
