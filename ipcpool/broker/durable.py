@@ -1,8 +1,10 @@
 """Broker memory that outlives the broker: pool FDs and a metadata memfd in systemd's FD store.
 
 At start the broker stores each durable pool's FD (FDSTORE=1, FDNAME=pool-<name>) and a memfd
-holding the table of sealed objects and growable buffers (FDNAME=meta), which it rewrites in place
-as they change (systemd holds the same open file). A growable buffer's FDs are stored as it is
+holding the table of sealed objects and growable buffers (FDNAME=meta; systemd holds the same open
+file). The table is a snapshot followed by one small record per change (an object sealed or
+deleted, a growable made, grown or released), appended in place: a seal costs one row, whatever
+the number of objects. Once the records outgrow the snapshot, a fresh snapshot replaces them all. A growable buffer's FDs are stored as it is
 created and grown (FDNAME=grow-<id>-<n>), a sealed object's VMM chunks as it is sealed
 (FDNAME=vmm-<key>-<n>); they are removed when released. A broker started with those FDs
 ($LISTEN_FDS, $LISTEN_FDNAMES, $LISTEN_PID) adopts the pools and growables and re-creates the sealed
@@ -28,7 +30,9 @@ log = logging.getLogger(__name__)
 
 LISTEN_FDS_START = 3
 META_NAME = "meta"
-META_VERSION = 1
+META_VERSION = 2          # a snapshot map, then change records ({"+o": row}, {"-o": name}, ...)
+READABLE = (1, 2)         # version 1: the snapshot alone
+COMPACT_MIN = 64 << 10    # records may grow to this many bytes, or twice the snapshot, before one
 
 
 def listen_fds(environ: dict[str, str] | None = None) -> dict[str, int]:
@@ -67,6 +71,7 @@ class Durability:
         self._table_read: dict | None = None
         self._pools: dict = {}
         self._taken: list[str] = []   # pool FD names adopted: stored again, maybe as another pool
+        self._snapshot = self._end = 0   # bytes of the table's snapshot, and where records end
         if self._meta_fd is not None:
             log.info("adopting %d FD(s) from the FD store", len(self.inherited) + 1)
 
@@ -82,12 +87,9 @@ class Durability:
             if self._meta_fd is not None:
                 try:
                     size = os.fstat(self._meta_fd).st_size
-                    table = msgpack.unpackb(os.pread(self._meta_fd, size, 0), raw=False) if size else {}
-                except (OSError, ValueError, msgpack.UnpackException) as exc:
+                    table = replay(os.pread(self._meta_fd, size, 0)) if size else {}
+                except (OSError, ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
                     log.error("the stored object table is unreadable (%s); starting without it", exc)
-                    table = {}
-                if table and (not isinstance(table, dict) or table.get("version") != META_VERSION):
-                    log.error("the stored object table has an unknown version; starting without it")
                     table = {}
                 self._table_read = table
         return self._table_read
@@ -161,6 +163,26 @@ class Durability:
             for i in range(count):
                 self.notifier.notify("FDSTOREREMOVE=1", f"FDNAME={prefix}-{i}")
 
+    def record_object(self, obj) -> None:
+        """A sealed object: its chunk FDs (if any) to the store, its row to the table."""
+        self.store_object(obj)
+        self._append({"+o": self._object_row(obj)})
+
+    def forget_object(self, obj) -> None:
+        self.unstore_object(obj)
+        if obj.sealed:
+            self._append({"-o": obj.name})
+
+    def record_growable(self, g) -> None:
+        """A growable made or grown: its new chunk FDs to the store, its row (again) to the table."""
+        self.store_growable(g)
+        self._append({"+g": self._growable_row(g)})
+
+    def forget_growable(self, g) -> None:
+        if g.stored:
+            self.unstore_growable(g)
+            self._append({"-g": g.gid})
+
     def store_object(self, obj) -> None:
         """A sealed object whose memory is VMM chunks: their FDs go to the store under a key of
         its own (its pool's FD covers every other object)."""
@@ -188,27 +210,41 @@ class Durability:
         self._objects, self._growables = objects, growables
 
     def save(self) -> None:
-        """Rewrite the table in place (after each seal, delete, and growable change)."""
+        """Write a fresh snapshot of the table in place (at start, and when records outgrow it)."""
         if self._meta_fd is None or self._objects is None:
             return
-        objects = []
-        for o in self._objects.objects.values():
-            if o.sealed:
-                e = o.alloc.export
-                objects.append({
-                    "name": o.name, "pool": o.alloc.pool.spec.name, "offset": e.offset, "size": e.size,
-                    "data": e.data, "sub": e.sub, "chunks": list(e.chunks), "fdkey": o.fdkey,
-                    "uid": o.alloc.uid, "meta": o.meta, "created": o.created})
-        growables = [
-            {"gid": g.gid, "name": g.name, "pool": g.pool, "uid": g.uid, "chunks": list(g.memory.chunks),
-             "gen": g.gen, "info": g.memory.info(), "fds": g.stored, "compression_requested": g.compression_requested}
-            for g in self._growables.by_name.values() if g.stored
-        ]
+        objects = [self._object_row(o) for o in self._objects.objects.values() if o.sealed]
+        growables = [self._growable_row(g) for g in self._growables.by_name.values() if g.stored]
         pools = {name: pool.pool_info() for name, pool in self._pools.items()}
         table = {"version": META_VERSION, "objects": objects, "growables": growables, "pools": pools}
         data = msgpack.packb(table, use_bin_type=True)
         os.ftruncate(self._meta_fd, len(data))
         os.pwrite(self._meta_fd, data, 0)
+        self._snapshot = self._end = len(data)
+
+    def _append(self, record: dict) -> None:
+        """One change after the snapshot, written at the end (a torn last record is ignored)."""
+        if self._meta_fd is None or self._objects is None:
+            return
+        data = msgpack.packb(record, use_bin_type=True)
+        if self._end + len(data) - self._snapshot > max(COMPACT_MIN, 2 * self._snapshot):
+            self.save()   # (the live tables already hold this change)
+            return
+        os.pwrite(self._meta_fd, data, self._end)
+        self._end += len(data)
+
+    @staticmethod
+    def _object_row(o) -> dict:
+        e = o.alloc.export
+        return {"name": o.name, "pool": o.alloc.pool.spec.name, "offset": e.offset, "size": e.size,
+                "data": e.data, "sub": e.sub, "chunks": list(e.chunks), "fdkey": o.fdkey,
+                "uid": o.alloc.uid, "meta": o.meta, "created": o.created}
+
+    @staticmethod
+    def _growable_row(g) -> dict:
+        return {"gid": g.gid, "name": g.name, "pool": g.pool, "uid": g.uid, "chunks": list(g.memory.chunks),
+                "gen": g.gen, "info": g.memory.info(), "fds": g.stored,
+                "compression_requested": g.compression_requested}
 
     def close(self) -> None:
         for fd in self.inherited.values():
@@ -217,3 +253,26 @@ class Durability:
         if self._meta_fd is not None:
             os.close(self._meta_fd)
             self._meta_fd = None
+
+
+def replay(data: bytes) -> dict:
+    """The table a stored file describes: its snapshot with every complete record applied after."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(data)
+    items = iter(unpacker)   # stops at a torn last record
+    table = next(items, {})
+    if not isinstance(table, dict) or table.get("version") not in READABLE:
+        log.error("the stored object table has an unknown version; starting without it")
+        return {}
+    objects = {row["name"]: row for row in table.get("objects", [])}
+    growables = {row["gid"]: row for row in table.get("growables", [])}
+    for record in items:
+        if "+o" in record:
+            objects[record["+o"]["name"]] = record["+o"]
+        elif "-o" in record:
+            objects.pop(record["-o"], None)
+        elif "+g" in record:
+            growables[record["+g"]["gid"]] = record["+g"]
+        elif "-g" in record:
+            growables.pop(record["-g"], None)
+    return {**table, "objects": list(objects.values()), "growables": list(growables.values())}

@@ -130,8 +130,7 @@ class Handlers:
     def op_seal(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.objects.seal(session, f["name"], f.get("alloc"), f.get("done_event", b""))
         self._announce(obj)   # the readers waiting first: the rest is bookkeeping
-        self.broker.durable.store_object(obj)
-        self.broker.durable.save()
+        self.broker.durable.record_object(obj)
         return {}
 
     def op_get(self, session: Session, f: dict, rid: int) -> dict | None:
@@ -157,8 +156,7 @@ class Handlers:
 
     def op_delete(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.objects.delete(session, f["name"])
-        self.broker.durable.unstore_object(obj)
-        self.broker.durable.save()
+        self.broker.durable.forget_object(obj)
         if not obj.sealed:
             self.abandon(obj, self.objects.take_waiters(obj.name))
         return {}
@@ -189,8 +187,7 @@ class Handlers:
     # -- growable buffers --------------------------------------------------------------------------
     def op_grow_create(self, session: Session, f: dict, rid: int) -> dict:
         g = self.growables.create(session, f["name"], f["nbytes"], f["pool"], f.get("compression", False))
-        self.broker.durable.store_growable(g)
-        self.broker.durable.save()
+        self.broker.durable.record_growable(g)
         return g.fields()
 
     def op_grow_attach(self, session: Session, f: dict, rid: int) -> dict:
@@ -198,8 +195,7 @@ class Handlers:
 
     def op_grow(self, session: Session, f: dict, rid: int) -> dict:
         g, others = self.growables.grow(session, f["name"], f["nbytes"])
-        self.broker.durable.store_growable(g)   # only chunks not stored yet
-        self.broker.durable.save()
+        self.broker.durable.record_growable(g)   # only chunks not stored yet
         if others:
             note = {"notify": "grown", "growable": g.name, "gen": g.gen, "size": g.memory.size}
             for other in others:
@@ -216,8 +212,7 @@ class Handlers:
 
     def _released(self, g) -> None:
         if g is not None:
-            self.broker.durable.unstore_growable(g)
-            self.broker.durable.save()
+            self.broker.durable.forget_growable(g)
 
     def _announce(self, obj: NamedObject) -> None:
         """A seal settles the gets waiting for it, tells pending readers (who may have seen it on

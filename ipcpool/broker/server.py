@@ -604,8 +604,7 @@ class Broker:
             if self.registry is not None:
                 self.handoffs.end_session(session)
                 for g in self.growables.end_session(session):
-                    self.durable.unstore_growable(g)
-                    self.durable.save()
+                    self.durable.forget_growable(g)
                 aborted, orphans = self.objects.end_session(session)
                 for obj in aborted:
                     log.info("session %d: object %r aborted (never sealed)", session.sid, obj.name)
