@@ -70,17 +70,18 @@ export PYTHONUNBUFFERED=1
 
 # mps: a private MPS control daemon whose pipe and log directories are ours alone; every CUDA
 # process started below (doctor, brokers, test clients) finds it through the exported variables.
-MPS_RC=skipped MPS_UP=0
+MPS_RC=skipped MPS_UP=0 MPS_PID=
 stop_mps() {
   [ "$MPS_UP" = 1 ] || return 0
   MPS_UP=0
   echo quit | nvidia-cuda-mps-control
-  for _ in $(seq 100); do   # the daemon and its server exit once their clients are gone
-    [ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ] || break
-    sleep 0.3
-  done
+  local state="stopped"
+  if [ -n "$MPS_PID" ]; then   # the daemon (and its server) exit once their clients are gone
+    for _ in $(seq 300); do kill -0 "$MPS_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$MPS_PID" 2>/dev/null && state="asked to quit, still running after 30 s (pid $MPS_PID)"
+  fi
   mkdir -p "$OUT/mps" && cp -r "$CUDA_MPS_LOG_DIRECTORY"/. "$OUT/mps/" 2>/dev/null
-  echo "MPS control daemon stopped (pipe $CUDA_MPS_PIPE_DIRECTORY)" | tee -a "$OUT/mps.txt"
+  echo "MPS control daemon $state (pipe $CUDA_MPS_PIPE_DIRECTORY)" | tee -a "$OUT/mps.txt"
   rm -rf "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
 }
 if [ "$MODE" = mps ]; then
@@ -95,7 +96,8 @@ if [ "$MODE" = mps ]; then
     exit 1
   fi
   MPS_UP=1
-  for _ in $(seq 50); do [ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ] && break; sleep 0.2; done
+  for _ in $(seq 50); do [ -s "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid" ] && break; sleep 0.2; done
+  MPS_PID=$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid" 2>/dev/null)
   serves=$(python3 -m ipcpool doctor --json | python3 -c "import json, sys; print(json.load(sys.stdin)['mps']['serves_device'])")
   echo "MPS control daemon started: pipe $CUDA_MPS_PIPE_DIRECTORY, logs $CUDA_MPS_LOG_DIRECTORY; ipcpool doctor: serves_device=$serves" | tee -a "$OUT/mps.txt"
   if [ "$serves" != True ]; then
@@ -123,11 +125,12 @@ if has tests "tests quick vmm check full mps"; then
   python3 -m pytest -m "$MARKS" "$TESTS" -v -s -p no:cacheprovider "${TIMEOUT_ARGS[@]}" ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/gpu-tests.log"
   TESTS_RC=${PIPESTATUS[0]}
 fi
-if [ "$MODE" = mps ]; then   # proof that the tests ran under MPS: the server the daemon started for them
+if [ "$MODE" = mps ]; then   # proof that the tests ran under MPS: the daemon's server and its clients
   servers=$(echo get_server_list | nvidia-cuda-mps-control 2>&1 | tr '\n' ' ')
-  echo "MPS servers after the tests: ${servers:-none}" | tee -a "$OUT/mps.txt"
+  clients=$(grep -c "NEW CLIENT" "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null)
+  echo "MPS after the tests: server(s) ${servers:-none}; ${clients:-0} client connection(s) in its log" | tee -a "$OUT/mps.txt"
   MPS_RC=0
-  [ -n "${servers// /}" ] || MPS_RC=1
+  [ "${clients:-0}" -gt 0 ] || MPS_RC=1
   stop_mps
 fi
 
