@@ -126,7 +126,7 @@ if has tests "tests quick vmm check full mps"; then
   TESTS_RC=${PIPESTATUS[0]}
 fi
 if [ "$MODE" = mps ]; then   # proof that the tests ran under MPS: the daemon's server and its clients
-  servers=$(echo get_server_list | nvidia-cuda-mps-control 2>&1 | tr '\n' ' ')
+  servers=$(echo get_server_list | nvidia-cuda-mps-control 2>&1 | tr '\n' ' ' | sed 's/ *$//')
   clients=$(grep -c "NEW CLIENT" "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null)
   echo "MPS after the tests: server(s) ${servers:-none}; ${clients:-0} client connection(s) in its log" | tee -a "$OUT/mps.txt"
   MPS_RC=0
