@@ -29,19 +29,35 @@ def _running(names: set[str]) -> dict[str, list[int]]:
     return found
 
 
+# What MPS means for ipcpool, said by `ipcpool doctor` and by the broker when it starts under MPS.
+MPS_NOTE = (
+    "every CUDA process here (the broker and each worker) is a client of one MPS server, so a "
+    "crash is not isolated to its process: a client killed with GPU work in flight can put the "
+    "MPS server, and every process on the GPU, in a failed state (e.g. CUDA_ERROR_ILLEGAL_ADDRESS; "
+    "new processes then cannot initialise CUDA). ipcpool still takes back a killed client's memory "
+    "in the broker's bookkeeping, but the GPU may need the MPS server restarted (echo quit | "
+    "nvidia-cuda-mps-control, start the daemon again), and the broker and its workers with it"
+)
+
+
 def mps_status(cuda_usable: bool) -> dict[str, Any]:
     """Whether an MPS control daemon serves CUDA clients of this machine: its pipe directory
     ($CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps) holds a ``control`` socket, and its process
-    runs. A CUDA process started now (the broker, a worker) then runs under MPS."""
+    runs. A CUDA process started now (the broker, a worker) then runs under MPS.
+    ``crash_isolation`` is "per-process" without MPS (a killed client harms no other process on
+    the GPU) and "shared" under it, where ``note`` says what that means."""
     pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_DEFAULT_PIPE)
     procs = _running({"nvidia-cuda-mps-control", "nvidia-cuda-mps-server"})
     control = (pipe / "control").exists()
+    serves = bool(cuda_usable and control)
     return {
         "pipe_directory": str(pipe),
         "control_socket": control,
         "control_daemon_pids": procs["nvidia-cuda-mps-control"],
         "server_pids": procs["nvidia-cuda-mps-server"],
-        "serves_device": bool(cuda_usable and control),
+        "serves_device": serves,
+        "crash_isolation": "shared" if serves else "per-process",
+        "note": f"MPS serves the device: {MPS_NOTE}" if serves else None,
     }
 
 
@@ -78,7 +94,9 @@ def lines(rep: dict[str, Any]) -> list[str]:
         out.append(f"backend: {rep['error']}")
     mps = rep["mps"]
     if mps["serves_device"]:
-        out.append(f"MPS: serves the device (control socket in {mps['pipe_directory']})")
+        out.append(f"MPS: serves the device (control socket in {mps['pipe_directory']}); "
+                   "crash isolation: shared by every process on the GPU")
+        out.append(f"  note: {MPS_NOTE}")
     else:
         out.append("MPS: not in use" + ("" if cuda["usable"] else " (no usable GPU)"))
     caps = rep.get("capabilities")

@@ -15,6 +15,15 @@ MODE (default: full):
   bench   the other benchmarks (round trip, hand-off on GPU and host, hot attach, host round
           trip) and the per-step timings (scripts/micro_cuda.py); no tests
   full    check + bench + the import-limit probe
+  mps     the GPU tests under CUDA MPS, without the tests that kill CUDA processes (marker
+          kills_clients): starts a private MPS control daemon (nvidia-cuda-mps-control -d, its
+          CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY fresh temporary directories, exported
+          to the tests), checks with `ipcpool doctor --json` that MPS serves the device, runs
+          pytest -m "gpu and not kills_clients" tests/gpu, then stops the daemon (echo quit |
+          nvidia-cuda-mps-control), also when a test fails or the run is interrupted; its logs
+          go to DIR/mps/. Exits non-zero where nvidia-cuda-mps-control is missing, where MPS does
+          not serve the device, or where a test fails. Under MPS a client killed with GPU work in
+          flight can fail the MPS server for every process on the GPU: hence no kill tests.
 Each mode but full takes under ten minutes on an H100 or H200.
 
 Options:
@@ -41,10 +50,14 @@ while [ $# -gt 0 ]; do
     -k) PYTEST_K=$2; shift 2 ;;
     --timeout) TEST_TIMEOUT=$2; shift 2 ;;
     --keep-files) ARCHIVE=0; shift ;;
-    tests|quick|vmm|check|bench|full) MODE=$1; shift ;;
+    tests|quick|vmm|check|bench|full|mps) MODE=$1; shift ;;
     *) echo "gpu_suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+if [ "$MODE" = mps ] && ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+  echo "gpu_suite.sh: mode mps needs nvidia-cuda-mps-control (the CUDA MPS control daemon, shipped with the driver), and it is not on PATH" >&2
+  exit 1
+fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
@@ -54,6 +67,45 @@ else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1
+
+# mps: a private MPS control daemon whose pipe and log directories are ours alone; every CUDA
+# process started below (doctor, brokers, test clients) finds it through the exported variables.
+MPS_RC=skipped MPS_UP=0 MPS_PID=
+stop_mps() {
+  [ "$MPS_UP" = 1 ] || return 0
+  MPS_UP=0
+  echo quit | nvidia-cuda-mps-control
+  local state="stopped"
+  if [ -n "$MPS_PID" ]; then   # the daemon (and its server) exit once their clients are gone
+    for _ in $(seq 300); do kill -0 "$MPS_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$MPS_PID" 2>/dev/null && state="asked to quit, still running after 30 s (pid $MPS_PID)"
+  fi
+  mkdir -p "$OUT/mps" && cp -r "$CUDA_MPS_LOG_DIRECTORY"/. "$OUT/mps/" 2>/dev/null
+  echo "MPS control daemon $state (pipe $CUDA_MPS_PIPE_DIRECTORY)" | tee -a "$OUT/mps.txt"
+  rm -rf "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+}
+if [ "$MODE" = mps ]; then
+  CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d /tmp/ipcpool-mps-pipe.XXXXXX)
+  CUDA_MPS_LOG_DIRECTORY=$(mktemp -d /tmp/ipcpool-mps-log.XXXXXX)
+  export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  trap stop_mps EXIT
+  trap 'exit 130' INT TERM
+  : > "$OUT/mps.txt"
+  if ! nvidia-cuda-mps-control -d; then
+    echo "gpu_suite.sh: nvidia-cuda-mps-control -d failed" >&2
+    exit 1
+  fi
+  MPS_UP=1
+  for _ in $(seq 50); do [ -s "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid" ] && break; sleep 0.2; done
+  MPS_PID=$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid" 2>/dev/null)
+  serves=$(python3 -m ipcpool doctor --json | python3 -c "import json, sys; print(json.load(sys.stdin)['mps']['serves_device'])")
+  echo "MPS control daemon started: pipe $CUDA_MPS_PIPE_DIRECTORY, logs $CUDA_MPS_LOG_DIRECTORY; ipcpool doctor: serves_device=$serves" | tee -a "$OUT/mps.txt"
+  if [ "$serves" != True ]; then
+    echo "gpu_suite.sh: MPS does not serve the device (ipcpool doctor --json); not running the tests" >&2
+    cat "$CUDA_MPS_LOG_DIRECTORY"/control.log >&2 2>/dev/null
+    exit 1
+  fi
+fi
 {
   python3 --version
   python3 -c "import cuda.core, cuda.bindings, zmq; print('cuda.core', cuda.core.__version__, '| cuda.bindings', cuda.bindings.__version__, '| pyzmq', zmq.__version__)"
@@ -65,12 +117,21 @@ TIMEOUT_ARGS=()
 python3 -c "import pytest_timeout" 2>/dev/null && TIMEOUT_ARGS=(--timeout "$TEST_TIMEOUT")
 
 has() { case " $2 " in *" $MODE "*) return 0;; *) return 1;; esac; }   # has STEP "modes"
-TESTS=tests/gpu
+TESTS=tests/gpu MARKS=gpu
 [ "$MODE" = vmm ] && TESTS=tests/gpu/test_cuda_vmm.py
+[ "$MODE" = mps ] && MARKS="gpu and not kills_clients"
 TESTS_RC=skipped
-if has tests "tests quick vmm check full"; then
-  python3 -m pytest -m gpu "$TESTS" -v -s -p no:cacheprovider "${TIMEOUT_ARGS[@]}" ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/gpu-tests.log"
+if has tests "tests quick vmm check full mps"; then
+  python3 -m pytest -m "$MARKS" "$TESTS" -v -s -p no:cacheprovider "${TIMEOUT_ARGS[@]}" ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/gpu-tests.log"
   TESTS_RC=${PIPESTATUS[0]}
+fi
+if [ "$MODE" = mps ]; then   # proof that the tests ran under MPS: the daemon's server and its clients
+  servers=$(echo get_server_list | nvidia-cuda-mps-control 2>&1 | tr '\n' ' ' | sed 's/ *$//')
+  clients=$(grep -c "NEW CLIENT" "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null)
+  echo "MPS after the tests: server(s) ${servers:-none}; ${clients:-0} client connection(s) in its log" | tee -a "$OUT/mps.txt"
+  MPS_RC=0
+  [ "${clients:-0}" -gt 0 ] || MPS_RC=1
+  stop_mps
 fi
 
 SMOKE_RC=skipped
@@ -103,6 +164,10 @@ echo
 echo "================ summary ================"
 grep -sE "^=+ .*(passed|failed|skipped|error)" "$OUT/gpu-tests.log" | tail -1
 printf '%-22s %s\n' "gpu tests rc" "$TESTS_RC" "smoke rc" "$SMOKE_RC" "import probe rc" "$PROBE_RC" "benchmark rc" "$BENCH_RC"
+if [ "$MODE" = mps ]; then
+  printf '%-22s %s\n' "mps rc" "$MPS_RC"
+  sed 's/^/  /' "$OUT/mps.txt"
+fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
@@ -127,4 +192,7 @@ if [ "$ARCHIVE" = 1 ]; then   # one file to copy off the machine
   archive=$(mktemp /tmp/gpu-results.XXXXXX.tgz)
   tar -czf "$archive" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$archive" "$OUT/results.tgz"
   echo "results: $OUT/results.tgz"
+fi
+if [ "$MODE" = mps ]; then   # the mode passes only when MPS served and every test it runs passed
+  [ "$TESTS_RC" = 0 ] && [ "$MPS_RC" = 0 ] || exit 1
 fi

@@ -166,6 +166,11 @@ class Broker:
             "broker ready: backend=%s (%s) dir=%s pools=%s",
             self.choice.name, self.choice.reason, self.socket_dir, ",".join(self.registry.pools),
         )
+        if self.choice.name == "cuda":   # under CUDA MPS a crash is not isolated: say so at start
+            from ..doctor import mps_status
+
+            if (mps := mps_status(True))["serves_device"]:
+                log.warning("%s (MPS control socket in %s; see ipcpool doctor)", mps["note"], mps["pipe_directory"])
         self.notifier.ready(self._status_line())
 
     def _bind(self) -> None:

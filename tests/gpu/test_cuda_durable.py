@@ -82,6 +82,7 @@ def _crash_and_restart(store, sd, config, tmp_path, old: BrokerProc, tag: str) -
     return b.wait_ready(60)
 
 
+@pytest.mark.kills_clients
 def test_objects_and_growables_survive_two_broker_crashes(tmp_path):
     store = FdStore(tmp_path / "notify")
     sd = tmp_path / "sock"

@@ -32,6 +32,7 @@ def _writes_then_dies(socket_dir, out):
     time.sleep(600)
 
 
+@pytest.mark.kills_clients
 def test_a_pending_reader_of_a_writer_killed_before_its_seal_gets_object_aborted(start_broker):
     b = start_broker(backend="cuda")
     out = SPAWN.Queue()

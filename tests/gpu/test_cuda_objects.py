@@ -137,6 +137,7 @@ def _dies_while_writing(socket_dir, out):
     time.sleep(600)
 
 
+@pytest.mark.kills_clients
 def test_writer_death_on_a_gpu(start_broker):
     b = start_broker(backend="cuda")
     out = SPAWN.Queue()

@@ -230,6 +230,7 @@ def _holder(socket_dir, out):
     time.sleep(600)
 
 
+@pytest.mark.kills_clients
 def test_killed_client_memory_comes_back(cuda_broker):
     base = _wait_used(cuda_broker.socket_dir, 0)["used"]
     out = SPAWN.Queue()
@@ -265,6 +266,7 @@ def _freer_then_killed(socket_dir, out):
     time.sleep(600)
 
 
+@pytest.mark.kills_clients
 def test_client_killed_with_a_free_in_flight(cuda_broker):
     """The broker read a free whose done event the client never reaches: once the process is
     gone, the memory still comes back (and the broker's streams are not stuck behind it)."""
