@@ -25,7 +25,7 @@ def test_shell_scripts_explain_every_option(script):
 
 def test_project_files_speak_of_the_project():
     """Nothing in the tree talks about the machinery a session of work happened to run on."""
-    words = re.compile(r"KINDS\.md|\.library|files come back|device call|the `run` tool")
+    words = re.compile(r"KINDS[.]md|[.]library|files come back|device call|the `run`[ ]tool")
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
     if not tracked:
         pytest.skip("not a git checkout")
