@@ -64,7 +64,7 @@ try:
     from . import cuda_driver as drv
     from . import cuda_vmm as vmm
     from .cuda_caps import capabilities
-    from .cuda_events import Graveyard, UnrecordedEvent, open_ipc, record_into, record_ipc, wait_for, wait_ipc
+    from .cuda_events import Graveyard, UnrecordedEvent, open_ipc, record_into, record_ipc, wait_for
 except ImportError as _exc:  # pragma: no cover - depends on the installation
     raise BackendUnavailable(f"the CUDA backend needs cuda-core and cuda-bindings: {_exc}") from _exc
 
@@ -1007,18 +1007,20 @@ class CudaMemory(ImportedMemory):
 def _order_after(stream: Stream, handle: bytes, spin_s: float) -> None:
     """R1 on the host first: a stream wait on another process's IPC event costs ~270 µs on the GPU
     even when the event has completed (H100, driver 580), a query ~1 µs. So query; while pending,
-    spin up to ``spin_s``; only then let ``stream`` wait, so correctness never depends on timing."""
-    event = open_ipc(handle)
-    try:
-        if event.is_done:
-            return
-        until = time.perf_counter() + spin_s
-        while time.perf_counter() < until:
+    spin up to ``spin_s``; only then let ``stream`` wait, so correctness never depends on timing.
+    The event is opened in the stream's context (a caller's stream may be on a peer device)."""
+    with _OnStream(stream):
+        event = open_ipc(handle)
+        try:
             if event.is_done:
                 return
-        stream.wait(event)   # bound now, to the latest record (R4)
-    finally:
-        event.close()
+            until = time.perf_counter() + spin_s
+            while time.perf_counter() < until:
+                if event.is_done:
+                    return
+            stream.wait(event)   # bound now, to the latest record (R4)
+        finally:
+            event.close()
 
 
 class CudaClientPool(ClientPool):

@@ -110,15 +110,6 @@ def open_ipc(handle: bytes) -> Event:
     return Event.from_ipc_descriptor(IPCEventDescriptor._init(bytes(handle), False))
 
 
-def wait_ipc(stream: Any, handle: bytes) -> None:
-    """Make ``stream`` wait on a peer's event (bound now, to its latest record); close our handle."""
-    event = open_ipc(handle)
-    try:
-        stream.wait(event)
-    finally:
-        event.close()
-
-
 class Graveyard:
     """Objects to drop once ``stream`` has passed the point where they were buried."""
 

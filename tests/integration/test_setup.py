@@ -5,7 +5,6 @@ it is asked to do and takes its time installing, so overlapping installs would s
 
 import shutil
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
