@@ -175,8 +175,11 @@ def test_a_flood_of_raw_message_channel_connections_does_not_kill_the_broker(tmp
                 flood.append(d)
             time.sleep(1.5)
             assert b.proc.poll() is None, b.log()[-2000:]
-            with pytest.raises(ipcpool.BrokerBusy):
-                ipcpool.connect(b.socket_dir, timeout=5)
+            assert "message channel closed to new connections" in b.log()   # the guard engaged
+            try:   # refused while the listener is closed, served in a moment it is open: alive
+                ipcpool.connect(b.socket_dir, timeout=5).close()
+            except ipcpool.BrokerBusy:
+                pass
             for d in flood:
                 d.close()
             flood.clear()
