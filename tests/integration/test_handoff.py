@@ -3,31 +3,33 @@ sees the seal on the board; garbage on a board stays in its pool; short-lived wr
 multiply memory; small allocations need no round trip."""
 
 import os
+import threading
 import time
 
 import ipcpool
 from ipcpool import board
-from tests.conftest import run_together
+from tests.conftest import SPAWN, run_together
 
 MiB = 1 << 20
 TWO_POOLS = '[[pools]]\nname = "default"\nmax_size = "1G"\n\n[[pools]]\nname = "other"\nmax_size = "1G"\n'
 
 
-def _reader(socket_dir, name, out):
+def _reader(socket_dir, name, asking, out):
     with ipcpool.connect(socket_dir) as c:
         pending = []
         await_seal = c._handoff.await_seal
         c._handoff.await_seal = lambda *a, **k: (pending.append(True), await_seal(*a, **k))[1]
+        asking.set()
         lease = c.get(name, timeout=30)
         out.put(("reader", (bytes(lease.view[:4]), lease.view[MiB - 1], bool(pending))))
         lease.release()
 
 
-def _writer(socket_dir, name, out):
+def _writer(socket_dir, name, asking, out):
     with ipcpool.connect(socket_dir) as c:
-        time.sleep(0.5)   # the reader asks first
         buf = c.create(name, MiB)
-        time.sleep(0.2)   # the reader now holds a pending lease and watches the board
+        assert asking.wait(60)
+        time.sleep(0.5)   # the reader now holds a pending lease and watches the board
         buf.view[:4] = b"seal"
         buf.view[MiB - 1] = 7
         buf.seal()
@@ -36,7 +38,9 @@ def _writer(socket_dir, name, out):
 
 
 def test_a_reader_that_asks_first_sees_the_seal_on_the_board(broker):
-    got = dict(run_together([(_reader, (broker.socket_dir, "h/1")), (_writer, (broker.socket_dir, "h/1"))]))
+    asking = SPAWN.Event()
+    got = dict(run_together([(_reader, (broker.socket_dir, "h/1", asking)),
+                             (_writer, (broker.socket_dir, "h/1", asking))]))
     assert got["writer"] is True
     assert got["reader"] == (b"seal", 7, True)   # answered before the seal, correct after it
 
@@ -46,6 +50,13 @@ def _abandon(socket_dir, out):
     c.create("h/gone", MiB)
     out.put(("writer", os.getpid()))
     time.sleep(60)   # killed by the test before it seals
+
+
+def _get_or_error(c, name):
+    try:
+        return c.get(name, timeout=20)
+    except ipcpool.IpcPoolError as exc:
+        return exc
 
 
 def test_a_writer_killed_before_its_seal_fails_pending_readers(broker):
@@ -58,14 +69,15 @@ def test_a_writer_killed_before_its_seal_fails_pending_readers(broker):
     try:
         q.get(timeout=30)
         with ipcpool.connect(broker.socket_dir) as c:
+            got = {}
+            reader = threading.Thread(target=lambda: got.setdefault("r", _get_or_error(c, "h/gone")))
+            reader.start()
+            time.sleep(0.5)   # the reader holds its pending lease: now the writer dies
             t0 = time.monotonic()
             p.kill()
-            try:
-                c.get("h/gone", timeout=20)
-            except ipcpool.ObjectAborted as exc:
-                assert "abandoned before it was sealed" in str(exc)
-            else:
-                raise AssertionError("a pending reader of a dead writer's object got a lease")
+            reader.join(30)
+            assert isinstance(got["r"], ipcpool.ObjectAborted), got
+            assert "abandoned before it was sealed" in str(got["r"])
             assert time.monotonic() - t0 < 10
             deadline = time.monotonic() + 10
             while c.stats()["pools"]["default"]["used"] and time.monotonic() < deadline:
