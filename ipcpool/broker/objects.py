@@ -191,12 +191,8 @@ class ObjectTable:
             state = "is still being written" if obj else "does not exist"
             raise ObjectNotFound(f"object {name!r} {state}; pass a timeout to wait for its seal")
         uid = session.cred.uid
-        limit = self.registry.config.waits_per_uid
-        if limit and self.waits_by_uid[uid] >= limit:
-            raise QuotaExceeded(
-                f"uid {uid} has {self.waits_by_uid[uid]} gets waiting for a seal, its limit "
-                "(waits_per_uid in the broker's [limits]); wait with a timeout, or for fewer objects at once"
-            )
+        _check_cap(uid, self.waits_by_uid[uid], self.registry.config.waits_per_uid, "gets waiting for a seal",
+                   "waits_per_uid", "wait with a timeout, or for fewer objects at once")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         w = Waiter(session, rid, deadline, name)
         self.waiters.setdefault(name, {})[w] = None
@@ -273,12 +269,8 @@ class ObjectTable:
 
     def watch(self, session: Session, prefix: str) -> Watch:
         uid = session.cred.uid
-        limit = self.registry.config.watches_per_uid
-        if limit and self.watches_by_uid[uid] >= limit:
-            raise QuotaExceeded(
-                f"uid {uid} has {self.watches_by_uid[uid]} watches, its limit (watches_per_uid in the "
-                "broker's [limits]); close some subscriptions first"
-            )
+        _check_cap(uid, self.watches_by_uid[uid], self.registry.config.watches_per_uid, "watches",
+                   "watches_per_uid", "close some subscriptions first")
         w = Watch(self._next_wid, session, prefix)
         self._next_wid += 1
         self.watches[w.wid] = w
@@ -325,6 +317,12 @@ class ObjectTable:
             self._drop(obj)
             orphans += [(obj.name, w) for w in self.take_waiters(obj.name)]
         return aborted, orphans
+
+
+def _check_cap(uid: int, held: int, limit: int, what: str, key: str, hint: str) -> None:
+    """Refuse one more of ``what`` for ``uid`` where it holds ``limit`` already (0: no limit)."""
+    if limit and held >= limit:
+        raise QuotaExceeded(f"uid {uid} has {held} {what}, its limit ({key} in the broker's [limits]); {hint}")
 
 
 def abort_error(name: str) -> IpcPoolError:
