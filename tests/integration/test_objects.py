@@ -38,6 +38,7 @@ def test_create_seal_get_and_metadata(broker):
 def test_names_are_unique_and_validated(broker):
     with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir, arena_bytes=0) as strict:
         c.create("x", 10).seal()
+        c.flush()                                  # (sent without waiting: let it reach the broker)
         with pytest.raises(ipcpool.ObjectExists, match="already exists"):
             strict.create("x", 10)                 # a create that waits for the broker: raised here
         clash = c.create("x", 10)                  # carved from an arena: raised later
@@ -167,6 +168,7 @@ def test_subscribe_sees_seals_under_a_prefix(broker):
             assert info["name"] == "w/new" and info["meta"]["user"] == {"step": 7}
             assert [o["name"] for o in r.list("w/")] == ["w/new", "w/old"]   # requests work between events
         w.create("w/after", 4).seal()
+        w.flush()                 # the writer's create and seal are sent without waiting
         assert r.stats()["objects"] == 4
 
 
