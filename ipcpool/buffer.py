@@ -46,43 +46,37 @@ class Buffer:
 
     @property
     def device(self) -> int | None:
-        return getattr(self._memory, "device", None)
+        return self._memory.device
 
     @property
     def view(self) -> memoryview:
         """A writable memoryview (host backend)."""
-        mem = self._live()
-        if not hasattr(mem, "view"):
+        view = self._live().view
+        if view is None:
             raise AttributeError("view: only host-backend buffers are CPU-addressable; use DLPack")
-        return mem.view.toreadonly() if self.readonly else mem.view
+        return view.toreadonly() if self.readonly else view
 
     @property
     def __array_interface__(self) -> dict:
         mem = self._live()
-        if not hasattr(mem, "view"):
+        if mem.view is None:
             raise AttributeError("__array_interface__: not host memory")
         return {"version": 3, "shape": (mem.size,), "typestr": "|u1", "data": (mem.ptr, self.readonly)}
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        mem = self._live()
-        if not hasattr(mem, "cuda_array_interface"):
+        cai = self._live().cuda_array_interface
+        if cai is None:
             raise AttributeError("__cuda_array_interface__: not CUDA memory")
         # A lease is read-only by contract; the flag stays False because torch refuses any other
         # ("the read only flag is not supported"), as CuPy ignores it.
-        return mem.cuda_array_interface
+        return cai
 
     def __dlpack__(self, **kwargs):
-        mem = self._live()
-        if not hasattr(mem, "dlpack"):
-            raise AttributeError("__dlpack__: not CUDA memory")
-        return mem.dlpack(**kwargs)
+        return self._live().dlpack(**kwargs)
 
     def __dlpack_device__(self):
-        mem = self._live()
-        if not hasattr(mem, "dlpack_device"):
-            raise AttributeError("__dlpack_device__: not CUDA memory")
-        return mem.dlpack_device()
+        return self._live().dlpack_device()
 
     def tensor(self) -> Any:
         """This buffer as a torch tensor, zero-copy: its metadata's dtype and shape, else its
@@ -124,10 +118,7 @@ class Buffer:
         src = memoryview(data).cast("B")
         if offset < 0 or offset + src.nbytes > mem.size:
             raise ValueError(f"{src.nbytes} bytes at offset {offset} do not fit in {mem.size}")
-        if hasattr(mem, "view"):
-            mem.view[offset : offset + src.nbytes] = src
-        else:
-            mem.copy_from_host(src, offset, self._client._backend, stream)
+        mem.copy_from_host(src, offset, self._client._backend, stream)
 
     @property
     def freed(self) -> bool:

@@ -547,11 +547,11 @@ class Client:
 
     def get_arrays(self, names: list[str], *, stream: Any = None) -> dict[str, Any]:
         """Many objects as CuPy arrays (CUDA) or numpy arrays (host) by name, in one request."""
-        return interop.get_many(self, names, "cupy" if self.backend_name == "cuda" else "numpy", stream=stream)
+        return interop.get_many(self, names, self._backend.array_module, stream=stream)
 
     def get_array(self, name: str, *, stream: Any = None, timeout: float | None = None) -> Any:
         """Object ``name`` as a CuPy array (CUDA backend) or numpy array (host backend), zero-copy."""
-        return interop.get(self, name, "cupy" if self.backend_name == "cuda" else "numpy",
+        return interop.get(self, name, self._backend.array_module,
                            stream=stream, timeout=timeout)
 
     def release_all(self, name: str, stream: Any = None) -> int:

@@ -109,10 +109,10 @@ class GrowableBuffer:
     def view(self) -> memoryview:
         """The bytes, on the host backend (after a sync)."""
         self.sync()
-        view = getattr(self._mapping, "view", None)
+        view = self._mapping.view()
         if view is None:
             raise InvalidRequest("view() is for host memory; on CUDA use ptr, CAI or DLPack")
-        return view()
+        return view
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:

@@ -63,7 +63,7 @@ def _contiguous_bytes(obj: Any, kind: str) -> tuple[Any, int]:
 def put(client: Client, name: str, obj: Any, *, pool: str, stream: Any, user: dict | None) -> None:
     kind = _kind(obj)
     on_gpu = kind == "cupy" or (kind == "torch" and obj.is_cuda)
-    if on_gpu != (client.backend_name == "cuda"):
+    if on_gpu != client._backend.on_gpu:
         where = "GPU" if on_gpu else "host"
         raise InvalidRequest(f"a {where} {kind} object cannot go into a {client.backend_name}-backend broker")
     flat, nbytes = _contiguous_bytes(obj, kind)
@@ -180,7 +180,7 @@ def _torch_bytes(client: Client, lease: Any) -> Any:
     """A flat uint8 tensor over a lease."""
     torch = _require("torch")
 
-    if client.backend_name == "cuda":
+    if client._backend.on_gpu:
         return torch.from_dlpack(lease).view(torch.uint8)
     import numpy
 
@@ -193,7 +193,7 @@ def _slab_tensor(lease: Any, bases: dict | None, dtype: Any, shape: list[int], n
     """A CUDA slab range as one strided view of a tensor over its whole slab (made once per slab
     and dtype in ``bases``): one call per object instead of an import, slices and reshapes.
     None where that does not apply (not a slab range, or an offset the dtype does not divide)."""
-    base = getattr(lease._memory, "base", None)
+    base = lease._memory.slab()
     itemsize = dtype.itemsize
     if bases is None or base is None or base[1] % itemsize or nbytes > lease.size:
         return None

@@ -1,6 +1,6 @@
 """The seam between ipcpool and a kind of memory: host (memfd) or CUDA (IPC mempools).
 
-The broker and the client only ever talk to these classes; only ``backend/cuda.py`` imports cuda.*.
+The broker and the client only ever talk to these classes; only the CUDA backend imports cuda.*.
 
 Broker side: a ``BrokerBackend`` creates ``BrokerPool``s (one exportable pool each) and one
 ``SessionContext`` per client session (a CUDA stream, so waits on one client's events never stall
@@ -240,6 +240,19 @@ class BrokerBackend(ABC):
     @abstractmethod
     def open_session(self) -> SessionContext: ...
 
+    @property
+    def pending_frees(self) -> int:
+        """Frees waiting on done events (R2): while any are, the broker calls ``sweep`` often."""
+        return 0
+
+    def sweep(self) -> None:
+        """Run the frees whose done events have completed; never blocks."""
+
+    def startup_warnings(self) -> list[str]:
+        """What an operator must know about this machine before trusting the broker with work
+        (logged at start as warnings), e.g. a device shared through CUDA MPS."""
+        return []
+
     def broker_context(self) -> SessionContext:
         """A context of the broker's own, for work no live session orders (a named object deleted
         after its last reader left). Its stream never waits on a client's event (R3)."""
@@ -292,19 +305,49 @@ class ClientGrowable(ABC):
         Returns True when the range moved: every chunk was remapped at a new ``ptr``. The old
         range stays mapped until ``close`` (work still in flight on it stays valid)."""
 
+    def view(self) -> memoryview | None:
+        """The bytes, where the CPU can address them (host memory)."""
+        return None
+
     @abstractmethod
     def close(self) -> None:
         """Unmap everything (after the caller's work on it finished) and release the imports."""
 
 
 class ImportedMemory(ABC):
-    """One imported allocation in a client."""
+    """One imported allocation in a client: the memory protocol ``Buffer`` and ``interop`` use.
+    Each kind of memory answers what it is; a capability it lacks is None, never a missing name."""
 
     size: int
+    device: int | None = None        # the CUDA device holding it; None for host memory
+    view: memoryview | None = None   # the bytes, where the CPU can address them
 
     @property
     @abstractmethod
     def ptr(self) -> int: ...
+
+    @property
+    def cuda_array_interface(self) -> dict[str, Any] | None:
+        """``__cuda_array_interface__`` (version 3) where the memory is on a GPU."""
+        return None
+
+    def dlpack(self, **kwargs: Any) -> Any:
+        """A DLPack capsule of the bytes (uint8)."""
+        raise AttributeError("__dlpack__: not CUDA memory")
+
+    def dlpack_device(self) -> tuple[int, int]:
+        raise AttributeError("__dlpack_device__: not CUDA memory")
+
+    def slab(self) -> tuple[ImportedMemory, int] | None:
+        """(the larger allocation this is a range of, its offset there), where the backend keeps
+        one imported for many small ones (CUDA slabs): a framework can view the whole once."""
+        return None
+
+    def copy_from_host(self, src: memoryview, offset: int, backend: ClientBackend, stream: Any) -> None:
+        """Host bytes into this memory at ``offset``, ordered on ``stream``."""
+        if self.view is None:
+            raise InvalidRequest("this memory cannot be written from the host")
+        self.view[offset : offset + src.nbytes] = src
 
 
 class ClientPool(ABC):
@@ -346,6 +389,8 @@ class ClientPool(ABC):
 
 class ClientBackend(ABC):
     name: str
+    array_module = "numpy"   # what ``get_array`` returns (cupy for device memory)
+    on_gpu = False           # memory lives on a GPU (torch tensors are made by DLPack)
 
     def broker_progressed(self) -> None:
         """A reply arrived, so the broker has acted on every earlier message of this session (it

@@ -47,6 +47,7 @@ from .base import (
     PoolStats,
     SessionContext,
 )
+from .mps import mps_warnings
 
 try:
     from cuda.core import (
@@ -814,6 +815,9 @@ class CudaBrokerBackend(BrokerBackend):
     name = "cuda"
     durable = True
 
+    def startup_warnings(self) -> list[str]:
+        return mps_warnings()   # under MPS a crash is not isolated to its process
+
     def __init__(self) -> None:
         try:
             _make_current(0)
@@ -933,18 +937,21 @@ class CudaMemory(ImportedMemory):
         self.device = device
         self.whole = whole   # False: a range of a slab the pool keeps imported
         self.mapping = mapping   # VMM chunks mapped here (memory above the import limit)
-        self.base = base         # a slab range: (the slab, as memory of its own; our offset in it)
+        self._slab = base        # a slab range: (the slab, as memory of its own; our offset in it)
         self._ptr = int(buffer.handle) if buffer is not None else base[0].ptr + base[1]
 
     @property
     def ptr(self) -> int:
         return self._ptr
 
+    def slab(self) -> tuple[CudaMemory, int] | None:
+        return self._slab
+
     @property
     def buffer(self) -> Buffer:
         self._live()
         if self._buffer is None:
-            self._buffer = Buffer.from_handle(self._ptr, self.size, owner=self.base[0].buffer)
+            self._buffer = Buffer.from_handle(self._ptr, self.size, owner=self._slab[0].buffer)
         return self._buffer
 
     @property
@@ -1141,11 +1148,11 @@ class CudaClientPool(ClientPool):
             raise _translate(exc, f"ordering after a seal of pool {self.name!r}") from exc
 
     def carved(self, arena: ImportedMemory, offset: int, nbytes: int) -> ImportedMemory:
-        if not isinstance(arena, CudaMemory) or arena.base is None:
+        if not isinstance(arena, CudaMemory) or arena.slab() is None:
             raise InvalidRequest("an arena is a range of a slab")
         if offset + nbytes > arena.size:
             raise InvalidRequest("a carved range lies outside its arena")
-        return CudaMemory(None, nbytes, self.device, whole=False, base=(arena.base[0], arena.base[1] + offset))
+        return CudaMemory(None, nbytes, self.device, whole=False, base=(arena.slab()[0], arena.slab()[1] + offset))
 
     def idle_marker(self, stream: Any = None) -> Any:
         with _OnDevice(self.device):
@@ -1226,6 +1233,8 @@ class CudaClientGrowable(ClientGrowable):
 
 class CudaClientBackend(ClientBackend):
     name = "cuda"
+    array_module = "cupy"
+    on_gpu = True
 
     def __init__(self) -> None:
         try:

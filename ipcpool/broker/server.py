@@ -166,11 +166,8 @@ class Broker:
             "broker ready: backend=%s (%s) dir=%s pools=%s",
             self.choice.name, self.choice.reason, self.socket_dir, ",".join(self.registry.pools),
         )
-        if self.choice.name == "cuda":   # under CUDA MPS a crash is not isolated: say so at start
-            from ..doctor import mps_status
-
-            if (mps := mps_status(True))["serves_device"]:
-                log.warning("%s (MPS control socket in %s; see ipcpool doctor)", mps["note"], mps["pipe_directory"])
+        for warning in self.backend.startup_warnings():
+            log.warning("%s", warning)
         self.notifier.ready(self._status_line())
 
     def _bind(self) -> None:
@@ -300,7 +297,7 @@ class Broker:
             timeout_ms = min(timeout_ms, 200)
         if time.monotonic() < self._spin_until:   # right after a request: don't sleep (busy_poll_us)
             timeout_ms = 0
-        elif self.registry is not None and getattr(self.backend, "pending_frees", 0):
+        elif self.registry is not None and self.backend.pending_frees:
             timeout_ms = min(timeout_ms, 2)   # frees wait on done events: look again soon
         events = dict(self._poller.poll(timeout_ms))
         if self._wake_r.fileno() in events:
@@ -330,7 +327,7 @@ class Broker:
         if time.monotonic() - self._counted_at > (0.2 if not self._zmq_open else 2.0):
             self._guard_zmq_listener(self._fd_room())   # a recount now and then (events may be missed)
         if self.registry is not None:
-            if not events and getattr(self.backend, "pending_frees", 0):
+            if not events and self.backend.pending_frees:
                 self.backend.sweep()
             self.handoffs.settle()   # ranges that went idle (in any sweep) back to their arenas
         if deadline is not None:

@@ -16,6 +16,7 @@ import pytest
 from ipcpool import doctor
 from ipcpool.backend import Choice
 from ipcpool.backend.host import HostBrokerBackend
+from ipcpool.backend.mps import mps_warnings
 from ipcpool.broker import server
 from ipcpool.config import Config
 
@@ -81,9 +82,17 @@ def test_doctor_report_and_text_carry_the_note(mps_pipe, monkeypatch):
     _says_what_mps_means(text)
 
 
+class _FakeCudaBackend(HostBrokerBackend):
+    """Host memory (this machine may have no GPU) with the CUDA backend's start-up warnings."""
+
+    def startup_warnings(self) -> list[str]:
+        return mps_warnings()
+
+
 def _start(monkeypatch, tmp_path, name: str) -> server.Broker:
     """A broker whose choice says `name`, serving host memory (this machine may have no GPU)."""
-    monkeypatch.setattr(server, "broker_backend", lambda _: HostBrokerBackend())
+    backend = _FakeCudaBackend if name == "cuda" else HostBrokerBackend
+    monkeypatch.setattr(server, "broker_backend", lambda _: backend())
     b = server.Broker(Config(), Choice(name, "faked by the test"), tmp_path / "sock")
     b.start()
     return b
