@@ -48,7 +48,7 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
         fill = bytes(SIZE)
         steps = []
         sent = [0]
-        send = c._send
+        send = c._channel.send
 
         def traced(op, **fields):   # when the seal leaves (a seal waits for its create's reply after)
             rid = send(op, **fields)
@@ -56,7 +56,7 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
                 sent[0] = time.perf_counter_ns()
             return rid
 
-        c._send = traced
+        c._channel.send = traced
         for i in range(n):
             go.get()
             t0 = time.perf_counter_ns()

@@ -1,7 +1,9 @@
 """ipcpool: share GPU (or host) memory between processes through a broker daemon."""
 
 from ._version import __version__  # noqa: F401 (public, outside __all__ as is usual)
-from .client import Buffer, Client, Subscription, connect
+from ._client.catalog import Subscription
+from ._client.client import Client, connect
+from ._client.leases import Buffer
 from .errors import (
     AllocationTooLarge,
     BackendUnavailable,

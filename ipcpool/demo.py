@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import paths
-from .client import connect
+from ._client.client import connect
 from .errors import BrokerGone, IpcPoolError
 
 DEMO_BYTES = 4 << 20

@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from .client import Client
+from ._client.client import Client
 from .errors import InvalidRequest
 from .progress import Progress
 

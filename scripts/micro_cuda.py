@@ -51,7 +51,7 @@ def main() -> None:
     x = torch.ones(16, device="cuda")
     timeit("tensor[0].item() (nothing to wait for)", lambda: x[0].item())
     with broker("cuda") as sock, ipcpool.connect(sock) as c:
-        timeit("ping round trip", lambda: c._call("ping"))
+        timeit("ping round trip", lambda: c._channel.call("ping"))
         timeit("allocate+free (core stream)", lambda: c.allocate(1 << 20, stream=core_stream).free(stream=core_stream))
         timeit("allocate+free (torch stream)", lambda: c.allocate(1 << 20, stream=tstream).free(stream=tstream))
         timeit("allocate+free (no stream)", lambda: c.allocate(1 << 20).free())

@@ -77,7 +77,7 @@ def test_a_carved_range_comes_back_only_after_the_writers_kernel(start_broker):
         buf.seal(stream=stream)
         c.delete("slow/carved")
         while arena.ranges.taken(offset) and time.monotonic() - t0 < 15:
-            c._drain()
+            c._channel.drain()
             time.sleep(0.005)
         back_after = time.monotonic() - t0
         stream.synchronize()
@@ -90,7 +90,7 @@ def _torch_consumer(socket_dir, i, out):
     stream = torch.cuda.Stream()
     with ipcpool.connect(socket_dir) as c:
         t = c.get_tensor("w/embed", stream=stream, timeout=60)
-        lease = next(b for b in c._buffers.values() if b.name == "w/embed")
+        lease = next(b for b in c._leases.buffers.values() if b.name == "w/embed")
         with torch.cuda.stream(stream):
             total = float(t.double().sum().item())
         out.put((i, str(t.dtype), tuple(t.shape), total, t.data_ptr() == lease.ptr))

@@ -68,7 +68,7 @@ def test_broker_checks_every_carved_range(broker):
         ]
         for client, fields, message in cases:
             with pytest.raises(ipcpool.InvalidRequest, match=message):
-                client._call("create", **create, **fields)
+                client._channel.call("create", **create, **fields)
         first.view[:3] = b"abc"
         first.seal()                                    # the broker serves on, unharmed
         with b.get("mine") as lease:

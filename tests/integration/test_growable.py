@@ -126,11 +126,11 @@ def test_bad_growable_requests_get_clear_errors(broker):
         with pytest.raises(ipcpool.InvalidRequest, match="not attached"):
             d.grow("buf/e", 2 * MiB)
         with pytest.raises(ipcpool.InvalidRequest, match="not attached"):
-            d._call("grow", name="buf/e", nbytes=2 * MiB)
+            d._channel.call("grow", name="buf/e", nbytes=2 * MiB)
         with pytest.raises(ipcpool.InvalidRequest, match="not attached"):   # FDs only for holders
-            d._chunk_fds(0, growable="buf/e")
+            d._channel.chunk_fds(0, growable="buf/e")
         with pytest.raises(ipcpool.InvalidRequest, match="has 1 chunks"):
-            c._chunk_fds(5, growable="buf/e")
+            c._channel.chunk_fds(5, growable="buf/e")
         with pytest.raises(ipcpool.InvalidRequest, match="invalid object name"):
             c.create_growable("../x", MiB)
         with pytest.raises(ValueError):

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .backend.base import ClientGrowable
-from .errors import ClosedError, InvalidRequest
-
-if TYPE_CHECKING:
-    from .client import Client
+from ..backend.base import ClientBackend, ClientGrowable
+from ..errors import ClosedError, InvalidRequest
+from .channel import Channel
 
 
 @dataclass(frozen=True)
@@ -35,8 +33,8 @@ class Remap:
 
 
 class GrowableBuffer:
-    def __init__(self, client: Client, fields: dict, mapping: ClientGrowable):
-        self._client = client
+    def __init__(self, growables: Growables, fields: dict, mapping: ClientGrowable):
+        self._growables = growables
         self._mapping = mapping
         self.name: str = fields["name"]
         info = fields.get("info", {})
@@ -79,12 +77,12 @@ class GrowableBuffer:
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
             raise InvalidRequest(f"nbytes must be a positive int, got {nbytes!r}")
         self._check()
-        return self._client._grow(self, nbytes)
+        return self._growables.grow(self, nbytes)
 
     def sync(self) -> Remap:
         """Map whatever other processes grew since the last call."""
         self._check()
-        return self._client._sync_growable(self)
+        return self._growables.sync(self)
 
     def _announce(self, gen: int, size: int) -> None:
         if gen > self._announced[0]:
@@ -128,11 +126,11 @@ class GrowableBuffer:
         if self._closed:
             return
         self._closed = True
-        self._client._detach_growable(self)
+        self._growables.detach(self)
 
     def delete(self) -> None:
         """Delete the name; the memory goes once every attached process has closed it."""
-        self._client.delete_growable(self.name)
+        self._growables.delete(self.name)
 
     def __enter__(self) -> GrowableBuffer:
         return self
@@ -143,3 +141,82 @@ class GrowableBuffer:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"ptr=0x{self._mapping.ptr:x} size={self.size}"
         return f"<GrowableBuffer {self.name!r} {state} gen={self.generation}>"
+
+
+class Growables:
+    """The growable buffers a client has attached, and the requests that make, grow and map them."""
+
+    def __init__(self, channel: Channel, backend: ClientBackend):
+        self._channel = channel
+        self._backend = backend
+        self.attached: dict[str, GrowableBuffer] = {}
+
+    def create(self, name: str, nbytes: int, pool: str, compression: bool) -> GrowableBuffer:
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
+            raise InvalidRequest(f"nbytes must be a positive int, got {nbytes!r}")
+        with self._channel.lock:
+            self._check_unattached(name)
+            reply = self._channel.call("grow_create", name=name, nbytes=nbytes, pool=pool, compression=bool(compression))
+            return self._attach(reply)
+
+    def attach(self, name: str) -> GrowableBuffer:
+        with self._channel.lock:
+            self._check_unattached(name)
+            return self._attach(self._channel.call("grow_attach", name=name))
+
+    def grow_named(self, name: str, nbytes: int) -> Remap:
+        g = self.attached.get(name)
+        if g is None:
+            raise InvalidRequest(f"this client is not attached to growable buffer {name!r}")
+        return g.grow(nbytes)
+
+    def delete(self, name: str) -> None:
+        self._channel.call("grow_delete", name=name)
+
+    def _check_unattached(self, name: str) -> None:
+        if name in self.attached:
+            raise InvalidRequest(f"this client is already attached to growable buffer {name!r}")
+
+    def _attach(self, reply: dict) -> GrowableBuffer:
+        name = reply["name"]
+        mapping = None
+        try:
+            mapping = self._backend.import_growable(reply["info"])
+            g = GrowableBuffer(self, reply, mapping)
+            g._map_to(reply["gen"], reply["size"], lambda first: self._channel.chunk_fds(growable=name, first=first))
+        except BaseException:
+            if mapping is not None:
+                mapping.close()   # what was mapped so far
+            self._channel.call("grow_detach", name=name)
+            raise
+        self.attached[name] = g
+        return g
+
+    def grow(self, g: GrowableBuffer, nbytes: int) -> Remap:
+        with self._channel.lock:
+            reply = self._channel.call("grow", name=g.name, nbytes=nbytes)
+            return g._map_to(reply["gen"], reply["size"], lambda first: self._channel.chunk_fds(growable=g.name, first=first))
+
+    def sync(self, g: GrowableBuffer) -> Remap:
+        with self._channel.lock:
+            self._channel.drain()
+            gen, size = g._announced
+            return g._map_to(gen, size, lambda first: self._channel.chunk_fds(growable=g.name, first=first))
+
+    def detach(self, g: GrowableBuffer) -> None:
+        with self._channel.lock:
+            self.attached.pop(g.name, None)
+            g._mapping.close()   # unmapped before the broker may release a chunk
+            if not self._channel.closed:
+                self._channel.call("grow_detach", name=g.name)
+
+    def on_grown(self, note: dict) -> None:
+        """The broker's notice that another process grew a buffer: ``sync`` maps it later."""
+        g = self.attached.get(note.get("growable"))
+        if g is not None and isinstance(note.get("gen"), int) and isinstance(note.get("size"), int):
+            g._announce(note["gen"], note["size"])
+
+    def close_all(self) -> None:
+        """Close every attached buffer (at close)."""
+        for g in list(self.attached.values()):
+            g.close()

@@ -1,0 +1,15 @@
+"""The client's parts, one job each; ``ipcpool/__init__.py`` re-exports what is public.
+
+Imports run one way, from the facade down:
+
+    client     Client and connect(): the public facade, delegating to the parts below
+    leases     Buffer, and the lease table: import, release, create, seal, get, batch attach
+    catalog    listing names page by page, and Subscription (seals announced under a prefix)
+    growable   GrowableBuffer, Remap, and the growable buffers this client has attached
+    handoff    the hand-off without waiting: carving, credits, seal boards, pending leases
+    arenas     the pool memory a client carves objects from
+    interop    torch tensors, CuPy and numpy arrays over leases (the memory protocol only)
+    pools      the pools this client imported, each with its seal board
+    channel    the two sockets, request ids, and who takes what arrives (replies, notices)
+    settings   what a client reads from the environment when it connects
+"""

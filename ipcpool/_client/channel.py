@@ -1,0 +1,339 @@
+"""A client's two sockets to the broker, and who takes what comes back.
+
+A client opens the control socket (hello -> session token), then a ZeroMQ DEALER whose routing id
+is that token. Requests go over ZeroMQ; pool FDs come once per pool over the control socket. The
+control socket also tells us the broker died: EOF there while we wait for a reply is BrokerGone.
+
+Requests carry ids, and several may be out at once (creates and seals are sent without waiting),
+so what arrives is sorted here: the reply awaited; a reply to a request sent without waiting (the
+hand-off's, ``on_reply``); a late error of a one-way request (``async_errors``); a notice: a
+reclaim, seal or abort for the hand-off (``on_notice``), a grown buffer (``on_grown``), a seal
+under a watched prefix (queued in ``watches``). The parts of the client set those hooks.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import socket
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+import zmq
+
+from .. import fdpass, paths, protocol
+from ..errors import BrokerGone, ClosedError, IpcPoolError, PeerRefused, ProtocolError, error_from_wire
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+_BYE_ID = (1 << 63) - 1   # a request id no Channel.send reaches
+
+
+class _NotYet(Exception):
+    """A reply to an earlier request arrived first; keep waiting for ours."""
+
+
+def _close_unclosed(pid: int, dealer: zmq.Socket, control: socket.socket) -> None:
+    """A Client collected (or left at exit) without close(): end its session as close() would,
+    by a bye the broker answers before the control socket closes, so the broker releases what the
+    session held at once instead of waiting for this process to exit. Runs from weakref.finalize:
+    never touches the Client itself. In a forked child (another pid) the session is not ours to
+    end: nothing is sent."""
+    if os.getpid() != pid:
+        return
+    try:
+        if not dealer.closed and control.fileno() >= 0:
+            dealer.send(protocol.pack({"op": "bye", "id": _BYE_ID}), zmq.NOBLOCK)
+            poller = zmq.Poller()
+            poller.register(dealer, zmq.POLLIN)
+            poller.register(control.fileno(), zmq.POLLIN)
+            deadline = time.monotonic() + 2.0
+            while (left := deadline - time.monotonic()) > 0:
+                events = dict(poller.poll(int(left * 1000) + 1))
+                if dealer not in events:
+                    break   # the broker went away (control readable), or no answer in time
+                reply = protocol.unpack(dealer.recv(zmq.NOBLOCK), protocol.MAX_REPLY)
+                if reply.get("id") == _BYE_ID:
+                    break
+    except (zmq.ZMQError, IpcPoolError, OSError):
+        pass   # a broker that is gone has nothing to release
+    finally:
+        if not dealer.closed:
+            dealer.close(linger=0)
+        control.close()
+    warnings.warn("ipcpool.Client was not closed (its session was ended when it was collected); "
+                  "use `with ipcpool.connect() as c:`", ResourceWarning, stacklevel=2)
+
+
+def _not_mine(msg: dict) -> bool:
+    return False
+
+
+def _ignore(msg: dict) -> None:
+    pass
+
+
+class Channel:
+    """One session's sockets. Every part of the client holds it; it holds none of them, only the
+    hooks they set. It lives as long as anything of the session does (buffers hold it through
+    their lease table), and a channel collected unclosed ends its session."""
+
+    def __init__(self, socket_dir: Path, timeout: float, settings: Settings):
+        self.socket_dir = socket_dir
+        self.timeout = timeout
+        self.spin_s = settings.spin_s
+        self.get_spin_s = settings.get_spin_s
+        self.lock = threading.RLock()
+        self.closed = False
+        self._next_id = 1
+        self.async_errors: list[IpcPoolError] = []
+        self.watches: dict[int, collections.deque] = {}   # watch id -> seals announced, not yet taken
+        # Set by the client's parts: what arrives unasked goes there.
+        self.on_reply: Callable[[dict], bool] = _not_mine    # True: a reply the hook consumed
+        self.on_notice: Callable[[dict], bool] = _not_mine   # True: a notice the hook consumed
+        self.on_grown: Callable[[dict], None] = _ignore
+        self.on_progress: Callable[[], None] = lambda: None  # any reply: the broker moved on (R4)
+        self._control = self._open_control()
+        try:
+            hello = self._hello()
+            self.session: int = hello["session"]
+            self.backend_name: str = hello["backend"]
+            self.pool_names = tuple(hello["pools"])
+            self._zctx = zmq.Context.instance()
+            self._dealer = self._zctx.socket(zmq.DEALER)
+            self._dealer.setsockopt(zmq.IDENTITY, hello["token"])
+            self._dealer.setsockopt(zmq.LINGER, 1000)
+            self._dealer.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REPLY)
+            self._dealer.connect(self._check_endpoint(hello["endpoint"]))
+            self._poller = zmq.Poller()
+            self._poller.register(self._dealer, zmq.POLLIN)
+            self._poller.register(self._control.fileno(), zmq.POLLIN)
+        except BaseException:
+            self._control.close()
+            raise
+        self._finalizer = weakref.finalize(self, _close_unclosed, os.getpid(), self._dealer, self._control)
+
+    # -- session set-up -----------------------------------------------------------------------
+    def _open_control(self) -> socket.socket:
+        path = self.socket_dir / paths.CONTROL_NAME
+        deadline = time.monotonic() + self.timeout
+        pause = 0.001
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            try:
+                sock.settimeout(self.timeout)
+                sock.connect(str(path))
+                return sock
+            except BlockingIOError as exc:
+                # EAGAIN: the broker's listen backlog is full (a burst of clients, a busy broker).
+                # It is there: try again until our timeout, backing off.
+                sock.close()
+                if time.monotonic() + pause > deadline:
+                    raise BrokerGone(
+                        f"the broker at {path} accepted no connection within {self.timeout:g} s "
+                        "(its listen backlog stayed full)"
+                    ) from exc
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                sock.close()
+                raise BrokerGone(
+                    f"no broker is serving {self.socket_dir} ({exc.strerror}); start one with "
+                    "`ipcpool broker`, or point IPCPOOL_SOCKET_DIR at the directory it serves"
+                ) from exc
+            except PermissionError as exc:
+                sock.close()
+                raise PeerRefused(
+                    f"permission denied on {path}: this user may not reach the broker; ask the "
+                    "operator to add it to the broker's group"
+                ) from exc
+            except OSError as exc:
+                sock.close()
+                raise BrokerGone(f"cannot connect to the broker at {path}: {exc}") from exc
+
+    @staticmethod
+    def _check_endpoint(endpoint: str) -> str:
+        # ZeroMQ retries a refused ipc connect silently; say it plainly instead of timing out later.
+        path = endpoint.removeprefix("ipc://")
+        if endpoint.startswith("ipc://") and not os.access(path, os.R_OK | os.W_OK):
+            raise PeerRefused(
+                f"permission denied on {path}: this user may not reach the broker's message "
+                "channel; ask the operator to add it to the broker's group"
+            )
+        return endpoint
+
+    def _hello(self) -> dict:
+        reply, fds = self.control_call({"op": "hello", "version": protocol.PROTOCOL_VERSION, "pid": os.getpid()})
+        for fd in fds:
+            os.close(fd)
+        for key, kind in (("token", bytes), ("session", int), ("backend", str), ("endpoint", str), ("pools", list)):
+            if not isinstance(reply.get(key), kind):
+                raise ProtocolError(f"hello reply lacks {key!r}")
+        return reply
+
+    # -- the control socket: FDs --------------------------------------------------------------
+    def control_call(self, msg: dict) -> tuple[dict, list[int]]:
+        """A request on the control socket and its reply, with the FDs it carries (owned by the
+        caller; closed here when the reply is an error)."""
+        try:
+            try:
+                fdpass.send(self._control, msg)
+            except (ConnectionError, BrokenPipeError):
+                pass   # closed by the broker: the reply it sent first (why) may still be there to read
+            got = fdpass.recv(self._control)
+        except (socket.timeout, TimeoutError) as exc:
+            raise BrokerGone(f"the broker did not answer within {self.timeout:.0f} s") from exc
+        except (ConnectionError, BrokenPipeError) as exc:
+            raise BrokerGone("the broker closed the connection") from exc
+        if got is None:
+            raise BrokerGone("the broker closed the connection")
+        reply, fds = got
+        if not reply.get("ok"):
+            for fd in fds:
+                os.close(fd)
+            raise error_from_wire(reply.get("code", 1), str(reply.get("error", "unknown error")))
+        return reply, fds
+
+    def chunk_fds(self, first: int, **which) -> tuple[list[int], list[int]]:
+        """One batch of chunk FDs over the control socket, of a growable buffer or a VMM-backed
+        allocation, from chunk ``first``: (the sizes of the chunks they map, the FDs)."""
+        reply, fds = self.control_call({"op": "chunk_fds", "first": first, **which})
+        return list(reply.get("chunks", [])), fds
+
+    def alloc_fds(self, aid: int, count: int) -> list[int]:
+        """All ``count`` chunk FDs of a VMM-backed allocation, batch by batch."""
+        out: list[int] = []
+        try:
+            while len(out) < count:
+                _, fds = self.chunk_fds(len(out), alloc=aid)
+                if not fds:
+                    raise ProtocolError(f"allocation {aid}: the broker sent no chunk FDs")
+                out += fds
+        except BaseException:
+            for fd in out:
+                os.close(fd)
+            raise
+        return out
+
+    # -- requests -----------------------------------------------------------------------------
+    def check_open(self) -> None:
+        if self.closed:
+            raise ClosedError("this ipcpool client is closed")
+
+    def send(self, op: str, **fields) -> int:
+        """Send a request without waiting; its id."""
+        rid = self._next_id
+        self._next_id += 1
+        try:
+            self._dealer.send(protocol.pack({"op": op, "id": rid, **fields}))
+        except zmq.ZMQError as exc:
+            raise BrokerGone(f"cannot send to the broker: {exc}") from exc
+        return rid
+
+    def call(self, op: str, _wait: float | None = 0.0, **fields) -> dict:
+        """A request and its reply. ``_wait`` is how long the broker may legitimately hold the
+        reply back (a get waiting for a seal; None: without limit), on top of ``self.timeout``."""
+        with self.lock:
+            self.check_open()
+            rid = self.send(op, **fields)
+            spin = self.get_spin_s if _wait != 0.0 else self.spin_s
+            return self.wait_reply(rid, None if _wait is None else self.timeout + _wait, spin=spin)
+
+    def wait_reply(self, rid: int, timeout: float | None, until=None, spin: float | None = None) -> dict | None:
+        """The reply to ``rid``; or, with ``until``, None as soon as ``until()`` holds."""
+        timeout_ms = -1 if timeout is None else int(timeout * 1000)
+        spin_until = time.perf_counter() + (self.spin_s if spin is None else spin)
+        while True:
+            if until is not None and until():
+                return None
+            try:   # the common case: the reply is already there, no poll needed
+                return self._take_reply(rid, self._dealer.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                if time.perf_counter() < spin_until:   # a reply due soon: don't sleep for it yet
+                    continue
+            except _NotYet:
+                continue
+            events = dict(self._poller.poll(timeout_ms))
+            if not events:
+                raise BrokerGone(f"the broker did not answer within {timeout:.0f} s")
+            if self._dealer in events:
+                continue
+            if self._control.fileno() in events:
+                # Nothing is sent on the control socket unasked: readable means EOF or an error.
+                raise BrokerGone("the broker went away (its control socket closed)")
+
+    def _take_reply(self, rid: int, data: bytes) -> dict:
+        reply = protocol.unpack(data, protocol.MAX_REPLY)
+        if "notify" in reply:   # a notification, not a reply
+            if self.on_notice(reply):
+                raise _NotYet
+            if reply["notify"] == "grown":
+                self.on_grown(reply)
+                raise _NotYet
+            queue = self.watches.get(reply.get("watch"))
+            if queue is not None and isinstance(reply.get("object"), dict):
+                queue.append(reply["object"])
+            raise _NotYet
+        self.on_progress()
+        if self.on_reply(reply):   # a create, allocate or seal sent without waiting
+            raise _NotYet
+        if reply.get("id") == rid:
+            if reply.get("ok"):
+                return reply
+            raise error_from_wire(reply.get("code", 1), str(reply.get("error", "unknown error")))
+        if not reply.get("ok"):   # the error of an earlier one-way request
+            err = error_from_wire(reply.get("code", 1), str(reply.get("error")))
+            log.error("broker rejected an earlier request: %s", err)
+            self.async_errors.append(err)
+        raise _NotYet
+
+    def pump(self, timeout: float) -> None:
+        """Sleep until the broker sends something (at most ``timeout`` s), and take it all in."""
+        events = dict(self._poller.poll(int(timeout * 1000)))
+        if self._control.fileno() in events and self._dealer not in events:
+            raise BrokerGone("the broker went away (its control socket closed)")
+        if self._dealer in events:
+            self.drain()
+
+    def drain(self) -> None:
+        """Take in what arrived unasked (notifications, late errors) without waiting."""
+        while True:
+            try:
+                self._take_reply(-1, self._dealer.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            except _NotYet:
+                continue
+
+    def next_watched(self, wid: int, timeout: float | None) -> dict | None:
+        """The next seal announced to watch ``wid``, or None after ``timeout`` s."""
+        queue = self.watches[wid]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.lock:
+            while not queue:
+                self.check_open()
+                left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+                events = dict(self._poller.poll(left))
+                if self._control.fileno() in events and self._dealer not in events:
+                    raise BrokerGone("the broker went away (its control socket closed)")
+                if self._dealer in events:
+                    try:
+                        self._take_reply(-1, self._dealer.recv(zmq.NOBLOCK))
+                    except (_NotYet, zmq.Again):
+                        pass
+                elif deadline is not None and time.monotonic() >= deadline:
+                    return None
+            return queue.popleft()
+
+    def close(self) -> None:
+        """Close both sockets (the session's bye, if any, was sent before)."""
+        self.closed = True
+        self._finalizer.detach()
+        self._dealer.close()
+        self._control.close()

@@ -1,0 +1,215 @@
+"""Named objects as torch tensors, CuPy arrays and numpy arrays, zero-copy.
+
+The libraries are imported only here and only when used: ipcpool depends on none of them. An
+object's bytes are viewed as its metadata's dtype and shape; the lease stays with the client until
+``Client.release_all(name)`` or close, however long the tensor lives.
+
+A lease is used through its public face (``name``, ``meta``, ``free``, DLPack and the array
+interfaces) and its memory through the memory protocol (``backend.base.ImportedMemory``): the
+lease table passes both.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+from ..backend.base import ImportedMemory
+from ..errors import InvalidRequest, MissingDependency
+from ..meta import dtype_name
+
+# Per-object work of a thousand-object attach, done once: torch dtypes by name, strides by shape.
+_TORCH_DTYPES: dict[str, Any] = {}
+_STRIDES: dict[tuple[int, ...], list[int]] = {}
+
+
+_INSTEAD = {
+    "torch": "pip install 'ipcpool[torch]' (or torch itself), or read it as an array with get_array() "
+             "(numpy on the host backend, CuPy on CUDA) or np.asarray(buf)",
+    "cupy": "pip install 'ipcpool[cupy]' (or the cupy-cuda* wheel for your CUDA), or use get_tensor() with torch",
+    "numpy": "pip install numpy",
+}
+
+
+def _require(module: str) -> Any:
+    """``module``, imported; where it is not installed, an error saying what to install instead
+    of a bare ModuleNotFoundError."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name not in (module, None):   # the library is there but one of its own imports failed
+            raise
+        raise MissingDependency(f"{module} is not installed: {_INSTEAD[module]}") from exc
+
+
+def _kind(obj: Any) -> str:
+    module = type(obj).__module__.split(".")[0]
+    if module in ("torch", "cupy", "numpy"):
+        return module
+    raise TypeError(f"put_tensor takes a torch tensor, a CuPy or a numpy array, not {type(obj).__name__}")
+
+
+def _contiguous_bytes(obj: Any, kind: str) -> tuple[Any, int]:
+    """A flat uint8 view of a C-contiguous copy (no copy where it already is) and its size."""
+    if kind == "torch":
+        flat = obj.detach().contiguous().reshape(-1).view(__import__("torch").uint8)
+    else:
+        xp = __import__(kind)
+        flat = xp.ascontiguousarray(obj).reshape(-1).view(xp.uint8)
+    return flat, int(flat.numel() if kind == "torch" else flat.size)
+
+
+def put(client: Any, name: str, obj: Any, *, on_gpu: bool, pool: str, stream: Any, user: dict | None) -> None:
+    """Store ``obj`` as a new sealed object through ``client``'s public API (``create``,
+    ``delete``, ``backend``); ``on_gpu``: where the client's memory lives."""
+    kind = _kind(obj)
+    obj_on_gpu = kind == "cupy" or (kind == "torch" and obj.is_cuda)
+    if obj_on_gpu != on_gpu:
+        where = "GPU" if obj_on_gpu else "host"
+        raise InvalidRequest(f"a {where} {kind} object cannot go into a {client.backend}-backend broker")
+    flat, nbytes = _contiguous_bytes(obj, kind)
+    meta = {"dtype": dtype_name(obj.dtype), "shape": list(obj.shape)}
+    if user:
+        meta["user"] = user
+    buf = client.create(name, max(nbytes, 1), pool=pool, meta=meta, stream=stream)
+    try:
+        if not obj_on_gpu:
+            if nbytes:
+                buf.view[:nbytes] = memoryview(flat.numpy() if kind == "torch" else flat).cast("B")
+            buf.seal()
+            return
+        if kind == "torch":
+            torch = _require("torch")
+
+            torch_stream = _torch_stream(stream, obj.device)
+            with torch.cuda.stream(torch_stream):   # (cuda.core exports bytes as int8: view them)
+                torch.from_dlpack(buf).view(torch.uint8)[:nbytes].copy_(flat, non_blocking=True)
+            buf.seal(stream=torch_stream)
+        else:
+            cupy = _require("cupy")
+
+            cupy_stream = stream if stream is not None else cupy.cuda.get_current_stream()
+            with cupy_stream:
+                cupy.asarray(buf)[:nbytes] = flat
+            buf.seal(stream=cupy_stream)
+    except BaseException:
+        if not buf.freed:
+            buf.free()
+            client.delete(name)
+        raise
+
+
+def _torch_stream(stream: Any, device: Any) -> Any:
+    torch = _require("torch")
+
+    if stream is None:
+        return torch.cuda.current_stream(device)
+    if isinstance(stream, torch.cuda.Stream):
+        return stream
+    raise TypeError("put_tensor/get_tensor take a torch.cuda.Stream (or None) as stream")
+
+
+def _torch_dtype(name: str, dtype: str) -> Any:
+    torch_dtype = _TORCH_DTYPES.get(dtype)
+    if torch_dtype is None:
+        torch = _require("torch")
+
+        torch_dtype = getattr(torch, dtype, None)
+        if not isinstance(torch_dtype, torch.dtype):
+            raise InvalidRequest(f"object {name!r}: torch has no dtype {dtype!r}")
+        _TORCH_DTYPES[dtype] = torch_dtype
+    return torch_dtype
+
+
+class Views:
+    """One client's tensors and arrays over its leases. On CUDA a slab range is a strided view
+    of one tensor over the whole slab, made once per slab and dtype and kept here until close."""
+
+    def __init__(self, on_gpu: bool):
+        self.on_gpu = on_gpu   # memory on a GPU: torch tensors are made by DLPack
+        self._bases: dict = {}
+
+    def clear(self) -> None:
+        """Drop the slab tensors (before the pools they view are closed)."""
+        self._bases.clear()
+
+    def tensor(self, buf: Any, memory: ImportedMemory) -> Any:
+        """A buffer as a torch tensor of its metadata's dtype and shape (else its bytes, uint8)."""
+        torch = _require("torch")
+
+        dtype, shape = buf.meta.get("dtype"), buf.meta.get("shape")
+        if dtype is None or shape is None:
+            return self._torch_typed(buf, memory, torch.uint8, [buf.size])
+        return self._torch_typed(buf, memory, _torch_dtype(buf.name, dtype), shape)
+
+    def typed(self, lease: Any, memory: ImportedMemory, kind: str) -> Any:
+        """A lease's bytes as its metadata's dtype and shape, as a ``kind`` ("torch", "cupy",
+        "numpy") object (the lease is freed if that fails)."""
+        name = lease.name
+        dtype, shape = lease.meta.get("dtype"), lease.meta.get("shape")
+        if dtype is None or shape is None:
+            lease.free()
+            raise InvalidRequest(f"object {name!r} has no dtype/shape metadata; use Client.get() for raw bytes")
+        count = math.prod(shape)
+        if kind == "torch":
+            try:
+                return self._torch_typed(lease, memory, _torch_dtype(name, dtype), shape)
+            except BaseException:
+                lease.free()
+                raise
+        xp = _require(kind)
+        arr = xp.asarray(lease)
+        np_dtype = xp.dtype(dtype)
+        return arr[: count * np_dtype.itemsize].view(np_dtype).reshape(shape)
+
+    def _torch_typed(self, lease: Any, memory: ImportedMemory, dtype: Any, shape: list[int]) -> Any:
+        nbytes = math.prod(shape) * dtype.itemsize
+        fast = self._slab_tensor(memory, dtype, shape, nbytes)
+        if fast is not None:
+            return fast
+        return self._torch_bytes(lease)[:nbytes].view(dtype).reshape(shape)
+
+    def _torch_bytes(self, lease: Any) -> Any:
+        """A flat uint8 tensor over a lease."""
+        torch = _require("torch")
+
+        if self.on_gpu:
+            return torch.from_dlpack(lease).view(torch.uint8)
+        import numpy
+
+        with warnings.catch_warnings():   # a lease is read-only by contract, not by page bits
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(numpy.asarray(lease).view(numpy.uint8))
+
+    def _slab_tensor(self, memory: ImportedMemory, dtype: Any, shape: list[int], nbytes: int) -> Any:
+        """A CUDA slab range as one strided view of a tensor over its whole slab (made once per
+        slab and dtype): one call per object instead of an import, slices and reshapes. None
+        where that does not apply (not a slab range, or an offset the dtype does not divide)."""
+        base = memory.slab()
+        itemsize = dtype.itemsize
+        if base is None or base[1] % itemsize or nbytes > memory.size:
+            return None
+        torch = _require("torch")
+
+        bases = self._bases
+        slab, offset = base
+        whole = bases.get((id(slab), dtype))
+        if whole is None:
+            raw = bases.get(id(slab))
+            if raw is None:
+                raw = bases[id(slab)] = torch.from_dlpack(slab.dlpack()).view(torch.uint8)
+            whole = bases[(id(slab), dtype)] = raw[: raw.numel() // itemsize * itemsize].view(dtype)
+        key = tuple(shape)
+        strides = _STRIDES.get(key)
+        if strides is None:
+            strides, step = [], 1
+            for dim in reversed(key):   # C-contiguous
+                strides.append(step)
+                step *= dim
+            if len(_STRIDES) > 4096:   # bounded: a worker sees a few hundred shapes at most
+                _STRIDES.clear()
+            strides = _STRIDES[key] = strides[::-1]
+        return whole.as_strided(key, strides, offset // itemsize)

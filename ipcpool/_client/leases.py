@@ -1,0 +1,346 @@
+"""What a client holds, and how it comes and goes: ``Buffer`` (an allocation, an object being
+written, or a lease) and the lease table that imports, keeps and releases them.
+
+An allocation is imported from the export its reply carries (a VMM-backed one from its chunk
+FDs, fetched over the control socket); a batch of leases (``get_many``) is imported pool by
+pool, each pool's set-up and its one shared event once. Small creates and allocations are carved
+without a round trip (``handoff``); the rest wait for the broker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import protocol
+from ..backend.base import ClientBackend, Export, ImportedMemory
+from ..errors import ClosedError, InvalidRequest, ObjectExists, ProtocolError
+from ..meta import wire_meta
+from .arenas import Carving
+from .channel import Channel
+from .handoff import Handoff
+from .interop import Views
+from .pools import Pools, export_of
+
+
+class Buffer:
+    """Memory from the broker. Free it (or use ``with``); the client frees leftovers on close."""
+
+    def __init__(self, leases: Leases, alloc_id: int, pool: str, memory: ImportedMemory, owner: bool,
+                 *, name: str | None = None, meta: dict | None = None, readonly: bool = False):
+        self._leases = leases
+        self.alloc_id = alloc_id
+        self.pool = pool
+        self._memory = memory
+        self.owner = owner
+        self.name = name
+        self.meta = meta or {}
+        self.readonly = readonly
+        self._freed = False
+        # Carved from this client's arena and requested without waiting (the hand-off's record).
+        self._carving: Carving | None = None
+
+    def _live(self) -> ImportedMemory:
+        if self._freed:
+            raise ClosedError("this buffer was freed")
+        return self._memory
+
+    @property
+    def size(self) -> int:
+        return self._memory.size
+
+    @property
+    def ptr(self) -> int:
+        return self._live().ptr
+
+    @property
+    def device(self) -> int | None:
+        return self._memory.device
+
+    @property
+    def view(self) -> memoryview:
+        """A writable memoryview (host backend)."""
+        view = self._live().view
+        if view is None:
+            raise AttributeError("view: only host-backend buffers are CPU-addressable; use DLPack")
+        return view.toreadonly() if self.readonly else view
+
+    @property
+    def __array_interface__(self) -> dict:
+        mem = self._live()
+        if mem.view is None:
+            raise AttributeError("__array_interface__: not host memory")
+        return {"version": 3, "shape": (mem.size,), "typestr": "|u1", "data": (mem.ptr, self.readonly)}
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        cai = self._live().cuda_array_interface
+        if cai is None:
+            raise AttributeError("__cuda_array_interface__: not CUDA memory")
+        # A lease is read-only by contract; the flag stays False because torch refuses any other
+        # ("the read only flag is not supported"), as CuPy ignores it.
+        return cai
+
+    def __dlpack__(self, **kwargs):
+        return self._live().dlpack(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._live().dlpack_device()
+
+    def tensor(self) -> Any:
+        """This buffer as a torch tensor, zero-copy: its metadata's dtype and shape, else its
+        bytes (uint8). On CUDA a slab range is a view of one tensor kept per slab: a few µs, where
+        ``torch.from_dlpack`` builds a fresh import each call. Work on it goes on torch's current
+        stream: the one given to ``create``/``get`` (or ordered after it by the caller)."""
+        self._live()
+        return self._leases.views.tensor(self, self._memory)
+
+    def share(self) -> bytes:
+        """A token another session passes to ``Client.open`` to use this memory too. The broker
+        frees the memory only once the owner and every opener have freed it."""
+        self._live()
+        return self._leases.share(self)
+
+    def free(self, stream: Any = None) -> None:
+        """Give the memory back (on CUDA: released on ``stream``, freed by the broker after)."""
+        if self._freed:
+            return
+        self._freed = True
+        self._leases.free(self, stream)
+
+    close = release = free
+
+    def seal(self, stream: Any = None) -> None:
+        """Finish writing a named object: after the work on ``stream``, it is immutable and readers
+        may have it. This buffer is given up (``get`` the object to read it again)."""
+        if self.name is None or self.readonly:
+            raise InvalidRequest("only a buffer from Client.create() can be sealed")
+        self._live()
+        self._freed = True
+        self._leases.seal(self, stream)
+
+    def write(self, data, offset: int = 0, stream: Any = None) -> None:
+        """Copy host bytes into this buffer at ``offset`` (on CUDA, ordered on ``stream``)."""
+        mem = self._live()
+        if self.readonly:
+            raise InvalidRequest("this buffer is a read-only lease")
+        src = memoryview(data).cast("B")
+        if offset < 0 or offset + src.nbytes > mem.size:
+            raise ValueError(f"{src.nbytes} bytes at offset {offset} do not fit in {mem.size}")
+        mem.copy_from_host(src, offset, self._leases.backend, stream)
+
+    @property
+    def freed(self) -> bool:
+        return self._freed
+
+    @property
+    def carved_at(self) -> tuple[int, int] | None:
+        """(arena id, offset) for an object carved from this client's arena (created without a
+        round trip), else None."""
+        return None if self._carving is None else (self._carving.arena.aid, self._carving.offset)
+
+    def __enter__(self) -> Buffer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        what = f"object {self.name!r}" if self.name else "buffer"
+        return f"<ipcpool.Buffer {what} {self.size} bytes from {self.pool!r}{' (freed)' if self._freed else ''}>"
+
+
+class Leases:
+    """Every buffer a client holds, and the requests that make and release them."""
+
+    def __init__(self, channel: Channel, pools: Pools, backend: ClientBackend, arena_bytes: int):
+        self._channel = channel
+        self._lock = channel.lock
+        self._pools = pools
+        self.backend = backend
+        self.handoff = Handoff(channel, pools, arena_bytes, self._keep)
+        self.views = Views(backend.on_gpu)
+        self.buffers: dict[int, Buffer] = {}
+        self._writing: set[str] = set()   # names of objects this client is writing
+
+    # -- importing ----------------------------------------------------------------------------
+    def _adopt(self, reply: dict, stream: Any, owner: bool, *, name: str | None = None,
+               readonly: bool = False) -> Buffer:
+        memory = self._import(reply["alloc"], reply["pool"], export_of(reply), stream)
+        return self._keep(reply["alloc"], reply["pool"], memory, owner, name, reply.get("meta"), readonly)
+
+    def _import(self, aid: int, pool: str, export: Export, stream: Any) -> ImportedMemory:
+        """One allocation imported (a VMM-backed one from its chunk FDs); given back on failure."""
+        try:
+            fds = self._channel.alloc_fds(aid, len(export.chunks)) if export.chunks else []
+            return self._pools.get(pool).import_allocation(export, stream, fds)
+        except BaseException:
+            self._channel.send("free", alloc=aid)   # give it back; nothing was imported
+            raise
+
+    def _keep(self, aid: int, pool: str, memory: ImportedMemory, owner: bool, name: str | None,
+              meta: dict | None, readonly: bool) -> Buffer:
+        buf = Buffer(self, aid, pool, memory, owner, name=name, meta=meta, readonly=readonly)
+        self.buffers[id(buf)] = buf
+        return buf
+
+    # -- anonymous allocations ----------------------------------------------------------------
+    def allocate(self, nbytes: int, pool: str, stream: Any) -> Buffer:
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
+            raise InvalidRequest(f"nbytes must be a positive int, got {nbytes!r}")
+        with self._lock:
+            self._channel.check_open()
+            buf = self.handoff.carve("allocate", {"nbytes": nbytes, "pool": pool}, name=None)
+            if buf is not None:   # carved from an arena, no round trip
+                return buf
+            reply = self._channel.call("allocate", nbytes=nbytes, pool=pool)
+            return self._adopt(reply, stream, owner=True)
+
+    def open(self, token: bytes, stream: Any) -> Buffer:
+        with self._lock:
+            reply = self._channel.call("open", token=bytes(token))
+            return self._adopt(reply, stream, owner=False)
+
+    def share(self, buf: Buffer) -> bytes:
+        with self._lock:
+            self.handoff.settle(buf)
+            return self._channel.call("share", alloc=buf.alloc_id)["token"]
+
+    # -- named objects --------------------------------------------------------------------------
+    def create(self, name: str, nbytes: int, pool: str, meta: dict | None, stream: Any) -> Buffer:
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
+            raise InvalidRequest(f"nbytes must be a positive int, got {nbytes!r}")
+        fields = {"name": name, "nbytes": nbytes, "pool": pool}
+        if meta:
+            fields["meta"] = wire_meta(meta)
+        with self._lock:
+            self._channel.check_open()
+            if name in self._writing:
+                raise ObjectExists(f"this client is already writing an object named {name!r}; seal or free it first")
+            if nbytes <= self.handoff.arena_bytes // 4:   # what the broker would refuse, now
+                protocol.check_object_name("name", name)
+                if "meta" in fields:
+                    protocol.check_meta("meta", fields["meta"])
+            buf = self.handoff.carve("create", fields, name=name)
+            if buf is None:
+                reply = self._channel.call("create", **fields)
+                reply["meta"] = fields.get("meta", {})
+                buf = self._adopt(reply, stream, owner=True, name=name)
+            self._writing.add(name)
+            return buf
+
+    def seal(self, buf: Buffer, stream: Any) -> None:
+        with self._lock:
+            self._channel.check_open()
+            self.buffers.pop(id(buf), None)
+            self._writing.discard(buf.name)
+            if buf._carving is not None:
+                self.handoff.seal(buf, stream)
+                return
+            # Created with a round trip: the seal waits for its reply as well.
+            done = self.handoff.release(buf.pool, buf._memory, stream)
+            self._channel.call("seal", name=buf.name, alloc=buf.alloc_id, **({"done_event": done} if done else {}))
+
+    def get(self, name: str, stream: Any, timeout: float | None) -> Buffer:
+        fields: dict[str, Any] = {"name": name}
+        if timeout is not None:
+            fields["timeout_ms"] = max(0, int(timeout * 1000))
+        with self._lock:
+            reply = self._channel.call("get", _wait=timeout, **fields)
+            if not reply.get("pending"):
+                return self._adopt(reply, stream, owner=False, name=name, readonly=True)
+            # Answered before the seal: the memory now, the seal from the board (handoff).
+            buf = self._adopt({**reply, "event": b""}, stream, owner=False, name=name, readonly=True)
+            self.handoff.await_seal(buf, reply, stream, timeout)
+            return buf
+
+    def get_many(self, names: list[str], stream: Any) -> list[Buffer]:
+        names = list(names)
+        out: list[Buffer] = []
+        with self._lock:
+            try:
+                for start in range(0, len(names), protocol.MAX_BATCH):
+                    batch = names[start : start + protocol.MAX_BATCH]
+                    self._adopt_batch(self._channel.call("get_many", names=batch), batch, stream, out)
+            except BaseException:
+                for buf in out:
+                    buf.free(stream)
+                raise
+        return out
+
+    def _adopt_batch(self, r: dict, names: list[str], stream: Any, out: list[Buffer]) -> None:
+        """Import a batch of leases (columns, see ``batch_fields``) pool by pool: each pool's
+        set-up and its one shared event once. VMM-backed ones are mapped from their own FDs."""
+        n = len(names)
+        if any(len(r.get(k, ())) != n for k in ("alloc", "pool", "size", "offset", "data", "sub", "chunks", "meta")):
+            raise ProtocolError("get_many reply: columns do not match the names asked for")
+        pools, events, datas = r["pools"], r["events"], r["datas"]
+        by_pool: dict[int, list[int]] = {}
+        for i in range(n):
+            by_pool.setdefault(r["pool"][i], []).append(i)
+        slots: list[Buffer | None] = [None] * n
+        settled = [False] * n   # imported, or given back already
+        try:
+            for p, idx in by_pool.items():
+                name, event = pools[p], events[p]
+                exports = [Export(size=r["size"][i], offset=r["offset"][i], data=datas[r["data"][i]],
+                                  ready_event=event, sub=r["sub"][i], chunks=tuple(r["chunks"][i])) for i in idx]
+                plain = [(i, e) for i, e in zip(idx, exports) if not e.chunks]
+                memories = self._pools.get(name).import_many([e for _, e in plain], stream) if plain else []
+                for (i, _), memory in zip(plain, memories):
+                    settled[i] = True
+                    slots[i] = self._keep(r["alloc"][i], name, memory, False, names[i], r["meta"][i], True)
+                for i, e in zip(idx, exports):
+                    if e.chunks:   # mapped from its own chunk FDs
+                        settled[i] = True   # _import gives it back itself if it fails
+                        memory = self._import(r["alloc"][i], name, e, stream)
+                        slots[i] = self._keep(r["alloc"][i], name, memory, False, names[i], r["meta"][i], True)
+        except BaseException:
+            for i in range(n):   # leases never imported go back now; the caller frees the rest
+                if not settled[i]:
+                    self._channel.send("free", alloc=r["alloc"][i])
+            raise
+        finally:
+            out.extend(b for b in slots if b is not None)
+
+    # -- as tensors and arrays ------------------------------------------------------------------
+    def typed(self, lease: Buffer, kind: str) -> Any:
+        """A lease as its dtype and shape (``interop.Views.typed``)."""
+        return self.views.typed(lease, lease._memory, kind)
+
+    def typed_many(self, leases: list[Buffer], kind: str) -> dict[str, Any]:
+        """Leases as their dtypes and shapes, by name; on failure every one is freed. On CUDA,
+        ranges of one slab are strided views of one tensor over the slab: how a restarted worker
+        takes up a thousand weights."""
+        typed = self.views.typed
+        try:
+            return {lease.name: typed(lease, lease._memory, kind) for lease in leases}
+        except BaseException:
+            for lease in leases:
+                if not lease.freed:
+                    lease.free()
+            raise
+
+    # -- releasing ------------------------------------------------------------------------------
+    def free(self, buf: Buffer, stream: Any) -> None:
+        with self._lock:
+            self.buffers.pop(id(buf), None)
+            if buf.owner and buf.name is not None:
+                self._writing.discard(buf.name)
+            if self._channel.closed or self.handoff.free(buf, stream):   # carved: freed by where it lies
+                return
+            done = self.handoff.release(buf.pool, buf._memory, stream)
+            fields = {"alloc": buf.alloc_id}
+            if done:
+                fields["done_event"] = done
+            self._channel.send("free", **fields)
+
+    def release_all(self, name: str, stream: Any) -> int:
+        leases = [b for b in self.buffers.values() if b.name == name and b.readonly]
+        for b in leases:
+            b.free(stream)
+        return len(leases)
+
+    def free_all(self) -> None:
+        """Free every buffer still held (at close)."""
+        for buf in list(self.buffers.values()):
+            buf.free()
