@@ -39,10 +39,10 @@ import zmq  # noqa: E402
 
 import ipcpool  # noqa: E402
 from ipcpool import fdpass, protocol  # noqa: E402
-from ipcpool.errors import IpcPoolError  # noqa: E402
+from ipcpool.errors import InternalError, IpcPoolError  # noqa: E402
 from ipcpool.progress import Progress  # noqa: E402
 
-INTERNAL = "internal broker error"
+INTERNAL = "internal broker error"   # how a broker bug's reply begins (older brokers: code 1)
 NAMES = ["fz/a", "fz/b", "fz/c", "fz/d/e", "fz/g"]
 BARRIER = 1 << 62   # ids of the pings that close each batch (fuzzed ids stay below)
 
@@ -89,6 +89,11 @@ class Summary:
 
 class BrokerDown(AssertionError):
     """The broker stopped serving during the run."""
+
+
+def is_internal(reply: dict) -> bool:
+    """A reply that reports a broker bug rather than a refusal of the request."""
+    return reply.get("code") == InternalError.code or INTERNAL in str(reply.get("error", ""))
 
 
 # -- frame generators ---------------------------------------------------------------------------------
@@ -325,7 +330,7 @@ class Checker:
                 self.s.ok_to_valid += 1
         else:
             self.s.error_replies += 1
-            if INTERNAL in str(reply.get("error", "")):
+            if is_internal(reply):
                 self.s.internal_errors.append((where, reply.get("error")))
         return reply
 
@@ -514,7 +519,7 @@ def _control_replies(checker: Checker, sock: socket.socket, malformed: bool | No
                 checker.s.ok_to_valid += 1
         else:
             checker.s.error_replies += 1
-            if INTERNAL in str(reply.get("error", "")):
+            if is_internal(reply):
                 checker.s.internal_errors.append(("control", reply.get("error")))
         out.append(reply)
         if one or (reply.get("ok") and "token" in reply):

@@ -27,7 +27,9 @@ from .. import fdpass, paths, protocol
 from ..backend import Choice, broker_backend
 from ..config import Config
 from ..errors import (
+    AlreadyRunning,
     BrokerBusy,
+    InternalError,
     InvalidRequest,
     IpcPoolError,
     PeerRefused,
@@ -71,12 +73,6 @@ def raise_fd_limit() -> tuple[int, int]:
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
-
-
-class AlreadyRunning(IpcPoolError):
-    """Another broker serves this socket directory."""
-
-    code = 21
 
 
 def _prepare_dir(path: Path) -> None:
@@ -496,7 +492,7 @@ class Broker:
             return
         except Exception as exc:   # a bug of ours: drop this peer, keep serving
             log.exception("internal error handling a hello")
-            self._reply_and_drop(conn, IpcPoolError(f"internal broker error: {exc}"))
+            self._reply_and_drop(conn, InternalError.of(exc))
             return
         session = Session(
             self._next_sid, secrets.token_bytes(16), cred, conn, pidfd, self.backend.open_session()
@@ -552,7 +548,7 @@ class Broker:
             self._send_control(session, protocol.error_reply(rid, exc))
         except Exception as exc:   # a bug of ours: keep serving everyone else
             log.exception("session %d: internal error handling a control message", session.sid)
-            self._send_control(session, protocol.error_reply(rid, IpcPoolError(f"internal broker error: {exc}")))
+            self._send_control(session, protocol.error_reply(rid, InternalError.of(exc)))
 
     def _chunk_fds(self, session: Session, f: dict) -> tuple[dict, list[int]]:
         """At most FD_BATCH chunk FDs from chunk ``first``, with the sizes of the chunks they map."""
@@ -675,4 +671,4 @@ class Broker:
             self.send(ident, protocol.error_reply(rid, exc))
         except Exception as exc:   # a bug of ours: keep serving, tell the client
             log.exception("internal error handling a request")
-            self.send(ident, protocol.error_reply(rid, IpcPoolError(f"internal broker error: {exc}")))
+            self.send(ident, protocol.error_reply(rid, InternalError.of(exc)))
