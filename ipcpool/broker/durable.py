@@ -3,16 +3,16 @@
 At start the broker stores each durable pool's FD (FDSTORE=1, FDNAME=pool-<name>) and a memfd
 holding the table of sealed objects and growable buffers (FDNAME=meta; systemd holds the same open
 file). The table is a snapshot followed by one small record per change (an object sealed or
-deleted, a growable made, grown or released), appended in place: a seal costs one row, whatever
+deleted, a growable made, grown or destroyed), appended in place: a seal costs one row, whatever
 the number of objects. Once the records outgrow the snapshot, a fresh snapshot replaces them all. A growable buffer's FDs are stored as it is
 created and grown (FDNAME=grow-<id>-<n>), a sealed object's VMM chunks as it is sealed
-(FDNAME=vmm-<key>-<n>); they are removed when released. A broker started with those FDs
+(FDNAME=vmm-<key>-<n>); they are removed when the memory goes. A broker started with those FDs
 ($LISTEN_FDS, $LISTEN_FDNAMES, $LISTEN_PID) adopts the pools and growables and re-creates the sealed
 objects where they were: a crash or an upgrade loses no weights.
 
 A CUDA pool comes back as an imported pool, which holds its memory but cannot allocate: it is kept
 read-only as ``<name>~<n>`` (stored under that name from then on) for the objects restored in it,
-beside a fresh pool for new memory, and released once its last restored object is gone. Anonymous allocations and unsealed objects
+beside a fresh pool for new memory, and closed once its last restored object is gone. Anonymous allocations and unsealed objects
 belong to sessions, which a restart ends, so they are not kept.
 """
 

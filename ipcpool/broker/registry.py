@@ -220,7 +220,7 @@ class Registry:
         pool.close()
         log.info("pool %s: its last restored allocation is gone; released", name)
 
-    def release_session(self, session: Session) -> int:
+    def end_session(self, session: Session) -> int:
         """Drop every hold of a session (it said bye, or its process is gone)."""
         count = 0
         for aid, n in list(session.held.items()):
