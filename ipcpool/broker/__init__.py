@@ -7,8 +7,8 @@ Words used here, one meaning each:
 - destroy: a growable buffer's memory goes (it was deleted and nobody holds it any more).
 - retire: an arena goes, once its session is gone and no range of it is in use.
 - end: a session is over (bye, or its process is gone); it lets go of everything it held.
-- adopt: take over memory a previous broker left in systemd's FD store (pools, growable
-  buffers); restore: re-create the sealed objects and growables stored beside it.
+- restore: take back what a previous broker left in systemd's FD store (pools, growable
+  buffers, sealed objects); the backend's methods for it keep the name ``adopt_*``.
 - release: only in ``release_threshold``, the memory pool's own term (how much freed memory it
   keeps before giving it back to the system). Log messages keep their words.
 """

@@ -99,7 +99,7 @@ class GrowableTable:
         return g
 
     def restore(self, rows: list[dict], take_fds) -> int:
-        """Adopt again the growables a previous broker stored (``take_fds(gid, count)`` gives their
+        """Restore the growables a previous broker stored (``take_fds(gid, count)`` gives their
         FDs), attached to nobody yet, under their old ids (their FD names); returns how many."""
         n = 0
         for row in rows:
