@@ -10,14 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from .backend.base import REUSE_POLICIES, PoolSpec
-from .errors import IpcPoolError
+from .errors import ConfigError
 from .sizes import parse_size
-
-
-class ConfigError(IpcPoolError):
-    """The configuration file is unreadable or holds a bad value."""
-
-    code = 20
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,30 @@ class WaitTimeout(IpcPoolError):
     code = 15
 
 
+class InternalError(IpcPoolError):
+    """A bug in the broker: handling the request raised what no check foresaw. The broker logged
+    the traceback and serves on; report the message with that log."""
+
+    code = 16
+
+    @classmethod
+    def of(cls, exc: BaseException) -> InternalError:
+        """The error a client is told of for ``exc``, an unexpected exception in the broker."""
+        return cls(f"internal broker error (a broker bug; the broker's log has the traceback): {exc}")
+
+
+class ConfigError(IpcPoolError):
+    """The configuration file is unreadable or holds a bad value."""
+
+    code = 20
+
+
+class AlreadyRunning(IpcPoolError):
+    """Another broker serves this socket directory."""
+
+    code = 21
+
+
 class BrokerBusy(IpcPoolError):
     """The broker refused a new session for now: it is near its limit of open files. Retry later,
     or ask the operator to raise the service's LimitNOFILE."""

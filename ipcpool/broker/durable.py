@@ -3,16 +3,16 @@
 At start the broker stores each durable pool's FD (FDSTORE=1, FDNAME=pool-<name>) and a memfd
 holding the table of sealed objects and growable buffers (FDNAME=meta; systemd holds the same open
 file). The table is a snapshot followed by one small record per change (an object sealed or
-deleted, a growable made, grown or released), appended in place: a seal costs one row, whatever
+deleted, a growable made, grown or destroyed), appended in place: a seal costs one row, whatever
 the number of objects. Once the records outgrow the snapshot, a fresh snapshot replaces them all. A growable buffer's FDs are stored as it is
 created and grown (FDNAME=grow-<id>-<n>), a sealed object's VMM chunks as it is sealed
-(FDNAME=vmm-<key>-<n>); they are removed when released. A broker started with those FDs
-($LISTEN_FDS, $LISTEN_FDNAMES, $LISTEN_PID) adopts the pools and growables and re-creates the sealed
+(FDNAME=vmm-<key>-<n>); they are removed when the memory goes. A broker started with those FDs
+($LISTEN_FDS, $LISTEN_FDNAMES, $LISTEN_PID) restores the pools and growables and re-creates the sealed
 objects where they were: a crash or an upgrade loses no weights.
 
 A CUDA pool comes back as an imported pool, which holds its memory but cannot allocate: it is kept
 read-only as ``<name>~<n>`` (stored under that name from then on) for the objects restored in it,
-beside a fresh pool for new memory, and released once its last restored object is gone. Anonymous allocations and unsealed objects
+beside a fresh pool for new memory, and closed once its last restored object is gone. Anonymous allocations and unsealed objects
 belong to sessions, which a restart ends, so they are not kept.
 """
 
@@ -70,7 +70,7 @@ class Durability:
         self._objects = self._growables = None
         self._table_read: dict | None = None
         self._pools: dict = {}
-        self._taken: list[str] = []   # pool FD names adopted: stored again, maybe as another pool
+        self._taken: list[str] = []   # pool FD names restored: stored again, maybe as another pool
         self._snapshot = self._end = 0   # bytes of the table's snapshot, and where records end
         if self._meta_fd is not None:
             log.info("adopting %d FD(s) from the FD store", len(self.inherited) + 1)
@@ -112,7 +112,7 @@ class Durability:
         return fd
 
     def older_pools(self) -> list[tuple[str, int]]:
-        """Read-only pool generations (``<name>~<n>``) adopted by earlier restarts, taken."""
+        """Read-only pool generations (``<name>~<n>``) restored by earlier restarts, taken."""
         names = [k for k in self.inherited if k.startswith("pool-") and "~" in k]
         self._taken += names
         return [(k.removeprefix("pool-"), self.inherited.pop(k)) for k in names]
@@ -134,7 +134,7 @@ class Durability:
     # -- handing ours to systemd -------------------------------------------------------------------
     def store(self, registry) -> None:
         """Hand the pools' FDs and the table's memfd to systemd. What the previous broker stored and
-        this one did not adopt is removed; a pool adopted read-only moves to its new name."""
+        this one did not restore is removed; a pool restored read-only moves to its new name."""
         for name in list(self.inherited):
             os.close(self.inherited.pop(name))
             self.notifier.notify("FDSTOREREMOVE=1", f"FDNAME={name}")

@@ -99,7 +99,7 @@ class GrowableTable:
         return g
 
     def restore(self, rows: list[dict], take_fds) -> int:
-        """Re-adopt the growables a previous broker stored (``take_fds(gid, count)`` gives their
+        """Restore the growables a previous broker stored (``take_fds(gid, count)`` gives their
         FDs), attached to nobody yet, under their old ids (their FD names); returns how many."""
         n = 0
         for row in rows:
@@ -161,26 +161,27 @@ class GrowableTable:
         return g, g.memory.fds(first)
 
     def detach(self, session: Session, name: str) -> Growable | None:
-        """One attachment less; returns the buffer if that released it."""
+        """One attachment less; returns the buffer if that destroyed it (deleted, and held no more)."""
         g = self.attached(session, name)
         g.holders[session] -= 1
         if g.holders[session] <= 0:
             del g.holders[session]
-        return self._maybe_release(g)
+        return self._destroy_if_done(g)
 
     def delete(self, name: str) -> Growable | None:
         g = self.find(name)
         g.deleted = True
-        return self._maybe_release(g)
+        return self._destroy_if_done(g)
 
     def end_session(self, session: Session) -> list[Growable]:
-        released = []
+        """Detach ``session`` from every buffer; returns those this destroyed."""
+        destroyed = []
         for g in list(self.by_name.values()):
-            if g.holders.pop(session, None) is not None and self._maybe_release(g) is not None:
-                released.append(g)
-        return released
+            if g.holders.pop(session, None) is not None and self._destroy_if_done(g) is not None:
+                destroyed.append(g)
+        return destroyed
 
-    def _maybe_release(self, g: Growable) -> Growable | None:
+    def _destroy_if_done(self, g: Growable) -> Growable | None:
         if not g.deleted or g.holders:
             return None
         # Every client has unmapped it (detach comes after the client's unmap), so the chunks go.

@@ -130,7 +130,7 @@ class Handoffs:
                 continue
             arena.alloc.pool.free_part(arena.alloc.handle, offset)
             if not arena.ranges.used:
-                self._release(arena)
+                self._retire(arena)
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per pool: bytes held in arenas (counted as used), and how many of them hold nothing."""
@@ -148,7 +148,7 @@ class Handoffs:
             arena.closed = True
             self._give_back_block(arena)
             if not arena.ranges.used:
-                self._release(arena)
+                self._retire(arena)
                 continue
             keep = [(off, arena.ranges.size_of(off)) for off in arena.ranges.offsets()]
             alloc = arena.alloc
@@ -163,11 +163,12 @@ class Handoffs:
             self._boards[arena.alloc.pool.spec.name].give_back(arena.words)
             arena.words = None
 
-    def _release(self, arena: Arena) -> None:
+    def _retire(self, arena: Arena) -> None:
+        """The arena carves no more and holds no range: its board block and its hold go."""
         del self.arenas[arena.aid]
         self._give_back_block(arena)
         self.registry.unhold(arena.alloc, arena, b"", None)
-        log.debug("arena %d released", arena.aid)
+        log.debug("arena %d retired", arena.aid)
 
     def close(self) -> None:
         for blocks in self._boards.values():

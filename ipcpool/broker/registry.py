@@ -46,13 +46,13 @@ class Registry:
         self.allocations: dict[int, Allocation] = {}
         self.by_token: dict[bytes, Allocation] = {}
         self.bytes_by_uid: collections.Counter = collections.Counter()
-        self.renamed: dict[str, str] = {}   # configured name -> its read-only adopted generation
+        self.renamed: dict[str, str] = {}   # configured name -> its read-only restored generation
         self.on_pool_emptied = lambda pool: None   # a read-only pool's last allocation went
         self._next_aid = 1
 
     def create_pools(self, durable=None) -> None:
-        """Create the configured pools, adopting what ``durable`` (the FD store) still has. A pool
-        adopted read-only (its memory restored objects live in) is renamed ``<name>~<n>``, and a
+        """Create the configured pools, restoring what ``durable`` (the FD store) still has. A pool
+        restored read-only (its memory restored objects live in) is renamed ``<name>~<n>``, and a
         fresh pool of the same spec serves new allocations under the configured name."""
         specs = {s.name: s for s in self.config.pools}
         stored = durable if durable is not None and self.backend.durable else None
@@ -85,7 +85,7 @@ class Registry:
 
     def restore(self, row: dict, fds: list[int]) -> Allocation:
         """An allocation that survived a restart (of a stored object), held by nobody yet.
-        Memory of a pool adopted read-only is found under its new name; VMM chunks are adopted by
+        Memory of a pool restored read-only is found under its new name; VMM chunks are restored by
         the configured pool itself."""
         name = row["pool"] if row.get("chunks") else self.renamed.get(row["pool"], row["pool"])
         try:
@@ -220,7 +220,7 @@ class Registry:
         pool.close()
         log.info("pool %s: its last restored allocation is gone; released", name)
 
-    def release_session(self, session: Session) -> int:
+    def end_session(self, session: Session) -> int:
         """Drop every hold of a session (it said bye, or its process is gone)."""
         count = 0
         for aid, n in list(session.held.items()):

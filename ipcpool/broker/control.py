@@ -1,0 +1,222 @@
+"""The control socket: accepting connections, the hello (version, access check, per-uid cap,
+room for one more session), and the FDs a session asks for (a pool with its seal board, chunks).
+
+Connections and hellos are refused, never crash the loop: a refusal is an error reply and a
+close; an unexpected exception is logged with its traceback and reported as an ``InternalError``.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import time
+from collections.abc import Callable
+
+from .. import fdpass, protocol
+from ..config import Config
+from ..errors import (
+    BrokerBusy,
+    InternalError,
+    InvalidRequest,
+    IpcPoolError,
+    PeerRefused,
+    ProtocolError,
+    QuotaExceeded,
+)
+from .fdguard import FdGuard
+from .growables import GrowableTable
+from .handoff import Handoffs
+from .registry import Registry
+from .session import Session
+from .sessions import Sessions
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING = 1024   # connections that sent no hello yet
+
+
+class ControlChannel:
+    def __init__(self, *, listener: socket.socket, config: Config, sessions: Sessions, guard: FdGuard,
+                 registry: Registry, handoffs: Handoffs, growables: GrowableTable, backend_name: str,
+                 endpoint: str, watch: Callable[[int], None], unwatch: Callable[[int], None]):
+        self.listener = listener
+        self.config = config
+        self.sessions = sessions
+        self.guard = guard
+        self.registry = registry
+        self.handoffs = handoffs
+        self.growables = growables
+        self.backend_name = backend_name
+        self.endpoint = endpoint   # of the message channel, told in the hello's reply
+        self._watch = watch
+        self._unwatch = unwatch
+        self._accept_paused_until = 0.0   # out of FDs: stop accepting for a moment
+
+    # -- connections ------------------------------------------------------------------------------
+    def accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:   # EMFILE and friends: log, stop accepting a moment, keep serving
+                log.error("accept failed: %s", exc)
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._pause_accept()
+                return
+            if len(self.sessions.pending) >= MAX_PENDING or self.guard.room() < self.guard.reserve() // 2:
+                _reply_and_drop(conn, BrokerBusy(
+                    "the broker is near its limit of open files and takes no new session now; "
+                    "retry later, or ask the operator to raise its LimitNOFILE"))
+                continue
+            conn.setblocking(False)
+            self.sessions.await_hello(conn)
+
+    def _pause_accept(self) -> None:
+        if self._accept_paused_until == 0.0:
+            self._unwatch(self.listener.fileno())
+        self._accept_paused_until = time.monotonic() + 0.1
+
+    def resume_accept(self) -> None:
+        """Accept again once a pause (out of files) is over."""
+        if self._accept_paused_until and time.monotonic() >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self._watch(self.listener.fileno())
+
+    # -- the hello --------------------------------------------------------------------------------
+    def on_hello(self, fd: int) -> None:
+        conn = self.sessions.take_pending(fd)
+        try:
+            got = fdpass.recv(conn, max_fds=0)
+            if got is None:
+                conn.close()
+                return
+            msg, _fds = got
+            op, fields = protocol.validate(msg, protocol.CONTROL)
+            if op != "hello":
+                raise ProtocolError(f"expected hello, got {op}")
+            if fields["version"] != protocol.PROTOCOL_VERSION:
+                raise ProtocolError(
+                    f"protocol version {fields['version']} is not served here (broker speaks "
+                    f"{protocol.PROTOCOL_VERSION}); upgrade the client or the broker"
+                )
+            cred = fdpass.peer_cred(conn)
+            self._admit(conn, cred)
+            pidfd = fdpass.peer_pidfd(conn, cred.pid)
+        except BlockingIOError:
+            self.sessions.await_hello(conn)
+            return
+        except IpcPoolError as exc:
+            log.warning("control hello rejected: %s", exc)
+            _reply_and_drop(conn, exc)
+            return
+        except OSError as exc:
+            log.warning("control hello failed: %s", exc)
+            conn.close()
+            return
+        except Exception as exc:   # a bug of ours: drop this peer, keep serving
+            log.exception("internal error handling a hello")
+            _reply_and_drop(conn, InternalError.of(exc))
+            return
+        session = self.sessions.open(conn, cred, pidfd)
+        self.guard.session_opened()
+        self.send(session, protocol.ok_reply(
+            0, token=session.token, session=session.sid, backend=self.backend_name,
+            endpoint=self.endpoint, version=protocol.PROTOCOL_VERSION, pools=sorted(self.registry.pools),
+        ))
+
+    def _admit(self, conn: socket.socket, cred: fdpass.PeerCred) -> None:
+        """Refuse a peer whose uid and groups are not allowed, whose uid has its cap of sessions,
+        or when the broker has no room for one more session."""
+        groups = fdpass.peer_groups(conn)
+        if not self.config.allowed(cred.uid, cred.gid, groups):
+            log.warning("refused pid %d uid %d gid %d groups %s: not allowed",
+                        cred.pid, cred.uid, cred.gid, list(groups[:16]))
+            raise PeerRefused(
+                f"uid {cred.uid} (gid {cred.gid}, {len(groups)} supplementary group(s)) is not "
+                "allowed to use this broker; ask the operator to add it to a group listed under "
+                "[access] in the broker's config (then log in again), or to list its uid"
+            )
+        cap = self.config.sessions_per_uid
+        if cap and self.sessions.by_uid[cred.uid] >= cap:
+            log.warning("refused pid %d uid %d: %d sessions, its limit", cred.pid, cred.uid, cap)
+            raise QuotaExceeded(
+                f"uid {cred.uid} has {self.sessions.by_uid[cred.uid]} sessions, its limit "
+                "(sessions_per_uid in the broker's [limits]); close some clients first"
+            )
+        if self.guard.room() < self.guard.reserve() or not self.guard.zmq_open:
+            log.warning("refused pid %d uid %d: near the limit of %d open files", cred.pid, cred.uid,
+                        self.guard.fd_limit)
+            raise BrokerBusy(
+                f"the broker is near its limit of {self.guard.fd_limit} open files and takes no new "
+                "session now; retry later, or ask the operator to raise its LimitNOFILE"
+            )
+
+    # -- an open session's control messages ------------------------------------------------------
+    def send(self, session: Session, msg: dict, fds: tuple[int, ...] = ()) -> None:
+        try:
+            fdpass.send(session.conn, msg, fds)
+        except OSError as exc:
+            log.info("session %d: control send failed (%s)", session.sid, exc)
+
+    def on_message(self, session: Session) -> None:
+        try:
+            got = fdpass.recv(session.conn, max_fds=0)
+        except (BlockingIOError, InterruptedError):
+            return
+        except IpcPoolError as exc:
+            log.warning("session %d: bad control message: %s; disconnecting", session.sid, exc)
+            self.send(session, protocol.error_reply(0, exc))
+            self.sessions.orphan(session)
+            return
+        except OSError:
+            got = None
+        if got is None:
+            self.sessions.orphan(session)
+            return
+        msg, _ = got
+        rid = protocol.request_id(msg)
+        try:
+            op, fields = protocol.validate(msg, protocol.CONTROL)
+            if op == "pool_fd":   # the pool, and its seal board beside it
+                pool = self.registry.pool(fields["pool"])
+                board = self.handoffs.board(pool.spec.name)
+                self.send(session, protocol.ok_reply(rid, info=pool.pool_info()), (pool.fd, board.fd))
+            elif op == "chunk_fds":
+                reply, fds = self._chunk_fds(session, fields)
+                self.send(session, protocol.ok_reply(rid, **reply), tuple(fds))
+            else:
+                raise ProtocolError(f"{op} is not valid once the session is open")
+        except IpcPoolError as exc:
+            self.send(session, protocol.error_reply(rid, exc))
+        except Exception as exc:   # a bug of ours: keep serving everyone else
+            log.exception("session %d: internal error handling a control message", session.sid)
+            self.send(session, protocol.error_reply(rid, InternalError.of(exc)))
+
+    def _chunk_fds(self, session: Session, f: dict) -> tuple[dict, list[int]]:
+        """At most FD_BATCH chunk FDs from chunk ``first``, with the sizes of the chunks they map."""
+        first = f["first"]
+        if "growable" in f:
+            g, fds = self.growables.fds(session, f["growable"], first)
+            chunks, one_file = g.memory.chunks, g.memory.one_file
+        elif "alloc" in f:
+            alloc = self.registry.held_by(session, f["alloc"])
+            chunks, one_file = alloc.export.chunks, False
+            if not 0 <= first < len(chunks):
+                raise InvalidRequest(f"allocation {alloc.aid} has {len(chunks)} chunks, not chunk {first}")
+            fds = alloc.pool.chunk_fds(alloc.handle)[first:]
+        else:
+            raise InvalidRequest("chunk_fds names a growable buffer or an allocation")
+        if one_file:   # one file holds every chunk at its offset
+            return {"chunks": list(chunks[first:])}, fds[:1]
+        fds = fds[: protocol.FD_BATCH]
+        return {"chunks": list(chunks[first : first + len(fds)])}, fds
+
+
+def _reply_and_drop(conn: socket.socket, exc: IpcPoolError) -> None:
+    try:
+        fdpass.send(conn, protocol.error_reply(0, exc))
+    except OSError:
+        pass
+    conn.close()

@@ -1,0 +1,78 @@
+"""What the broker tells sessions besides the answer to their own request.
+
+A seal settles the gets waiting for it and tells its pending readers and the watchers of its
+prefix; an object that will never be sealed fails its waiting gets and tells its pending readers;
+a growable buffer that grew tells its other holders; a wait that timed out is answered.
+
+Each message goes out through ``send`` the moment it is made, before the request that caused it
+goes on: the readers of a seal hear of it before the seal's durable record is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .. import protocol
+from ..errors import WaitTimeout
+from .objects import NamedObject, ObjectTable, abort_error
+from .replies import credit, lease_fields, pending_fields, ready_event
+from .session import Session
+
+# A message to the session of a token, on the message channel (the server's ROUTER).
+Send = Callable[[bytes, dict], None]
+
+
+class Notices:
+    def __init__(self, objects: ObjectTable, sessions: dict[bytes, Session], send: Send):
+        self.objects = objects
+        self.sessions = sessions   # token -> open session (a message to any other is not sent)
+        self.send = send
+
+    def pending(self, obj: NamedObject) -> None:
+        """An object created with a seal-board word: the gets already waiting for it get a
+        *pending* lease now, and watch the board from then on."""
+        for w in self.objects.take_waiters(obj.name):
+            if w.session.token in self.sessions:
+                self.objects.lease_pending(w.session, obj.name)
+                self.send(w.session.token, protocol.ok_reply(w.rid, **pending_fields(obj, w.session)))
+
+    def sealed(self, obj: NamedObject) -> None:
+        """A seal settles the gets waiting for it, tells pending readers (who may have seen it on
+        the board already) and the watchers of its prefix."""
+        if obj.pending:   # each with a credit for the free of its lease, kept off the pending answer's path
+            note = {"notify": "sealed", "alloc": obj.alloc.aid, "event": ready_event(obj), "pool": obj.alloc.pool.spec.name}
+            for reader in obj.pending:
+                if reader.token in self.sessions:
+                    self.send(reader.token, {**note, **credit(obj.alloc.pool, reader)})
+            obj.pending = []
+        for w in self.objects.take_waiters(obj.name):
+            if w.session.token in self.sessions:
+                self.objects.lease(w.session, obj.name)
+                fields = {**lease_fields(obj), **credit(obj.alloc.pool, w.session)}
+                self.send(w.session.token, protocol.ok_reply(w.rid, **fields))
+        info = obj.info()
+        for watch in self.objects.watchers(obj.name):
+            self.send(watch.session.token, {"notify": "sealed", "watch": watch.wid, "object": info})
+
+    def aborted(self, obj: NamedObject, waiters: list) -> None:
+        """An object that will never be sealed: its waiting gets fail, its pending readers are told
+        (each still frees its lease, as for any)."""
+        for w in waiters:
+            self.send(w.session.token, protocol.error_reply(w.rid, abort_error(obj.name)))
+        for reader in obj.pending:
+            if reader.token in self.sessions:
+                self.send(reader.token, {"notify": "aborted", "alloc": obj.alloc.aid, "name": obj.name})
+        obj.pending = []
+
+    def grown(self, g, others: list[Session]) -> None:
+        """A growable buffer grew: its other holders map the new chunks."""
+        if others:
+            note = {"notify": "grown", "growable": g.name, "gen": g.gen, "size": g.memory.size}
+            for other in others:
+                self.send(other.token, note)
+
+    def timed_out(self, now: float) -> None:
+        """Gets whose wait for a seal ran out by ``now`` are answered so."""
+        for name, w in self.objects.expired(now):
+            self.send(w.session.token, protocol.error_reply(
+                w.rid, WaitTimeout(f"object {name!r} was not sealed within the timeout")))
