@@ -77,7 +77,7 @@ def cmd_broker(args) -> int:
 
 
 def cmd_stats(args) -> int:
-    from .client import connect
+    from ._client.client import connect
 
     with connect(args.socket_dir) as client:
         if args.json:
@@ -107,7 +107,7 @@ def cmd_stats(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from .client import connect
+    from ._client.client import connect
 
     with connect(args.socket_dir) as client:
         s = client.stats()
@@ -127,7 +127,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_trim(args) -> int:
-    from .client import connect
+    from ._client.client import connect
 
     with connect(args.socket_dir) as client:
         before = client.stats()["pools"].get(args.pool, {}).get("reserved", 0)
@@ -138,7 +138,7 @@ def cmd_trim(args) -> int:
 
 
 def cmd_ls(args) -> int:
-    from .client import connect
+    from ._client.client import connect
 
     with connect(args.socket_dir) as client:
         objects = client.list(args.prefix)
@@ -166,7 +166,7 @@ def cmd_ls(args) -> int:
 
 
 def cmd_rm(args) -> int:
-    from .client import connect
+    from ._client.client import connect
 
     failed = 0
     with connect(args.socket_dir) as client:
@@ -188,7 +188,7 @@ def cmd_rm(args) -> int:
 def cmd_load(args) -> int:
     from pathlib import Path
 
-    from .client import connect
+    from ._client.client import connect
     from .loader import load, read_header
 
     read_header(Path(args.file))    # a missing or broken file is refused before the broker is asked
