@@ -112,7 +112,7 @@ class CudaClientPool(ClientPool):
                         raise InvalidRequest("a slab range lies outside its slab")
                     return self._range(export)
                 buf = Buffer.from_ipc_descriptor(
-                    self._mr, buffer_descriptor(export.data, export.size), stream=s
+                    self._mr, buffer_descriptor(bytes(export.data), export.size), stream=s
                 )
         except Exception as exc:
             if not is_cuda_error(exc):
@@ -137,7 +137,7 @@ class CudaClientPool(ClientPool):
                             raise InvalidRequest("a slab range lies outside its slab")
                         out.append(self._range(e))
                     else:
-                        desc = buffer_descriptor(e.data, e.size)
+                        desc = buffer_descriptor(bytes(e.data), e.size)
                         out.append(CudaMemory(Buffer.from_ipc_descriptor(self._mr, desc, stream=s), e.size, self.device))
         except Exception as exc:
             if not is_cuda_error(exc):
@@ -201,7 +201,7 @@ class CudaClientPool(ClientPool):
         """A slab of the broker's, imported once (slabs live as long as the pool)."""
         slab = self._slabs.get(data)
         if slab is None:
-            desc = buffer_descriptor(data, self.slab_size)
+            desc = buffer_descriptor(bytes(data), self.slab_size)
             # Never freed through this import while the pool lives; closed with the pool.
             buf = Buffer.from_ipc_descriptor(self._mr, desc, stream=LEGACY_DEFAULT_STREAM)
             slab = self._slabs[data] = CudaMemory(buf, self.slab_size, self.device, whole=False)

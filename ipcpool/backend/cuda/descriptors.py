@@ -32,19 +32,20 @@ def export_pointer(buf: Any) -> bytes:
     return ctypes.string_at(data.getPtr(), HANDLE_BYTES)
 
 
-def buffer_descriptor(data: bytes, size: int) -> Any:
-    """What ``Buffer.from_ipc_descriptor`` imports, from a pointer's export data. (The bindings
-    route, cuMemPoolImportPointer and ``Buffer.from_handle``, would drop cuda.core's hold on the
-    imported pool while the pointer lives, so the import stays with cuda.core.)"""
-    return IPCBufferDescriptor._init(bytes(data), size)
-
-
 def event_handle(event: Event) -> bytes:
     """The 64-byte IPC handle of a cuda.core IPC event. cuda.core fetched it (cuIpcGetEventHandle)
     when it made the event; asking the driver again would add a call to every record."""
     return bytes(event.ipc_descriptor.__reduce__()[1][0])
 
 
-def event_descriptor(handle: bytes) -> Any:
-    """What ``Event.from_ipc_descriptor`` opens, from a 64-byte IPC event handle."""
-    return IPCEventDescriptor._init(bytes(handle), False)
+# What ``Buffer.from_ipc_descriptor`` imports, from (pointer export data, size), and what
+# ``Event.from_ipc_descriptor`` opens, from (an event's 64-byte handle, False): the constructors
+# themselves, bound here once, so the import paths cost what they did. Both paths are the hand-off
+# path, and the bindings route changes them: for a pointer, cuMemPoolImportPointer with
+# ``Buffer.from_handle(ptr, size, mr)`` bypasses the handle cuda.core gives an imported pointer
+# (it holds the imported pool until the pointer is freed; ``from_handle`` documents no such hold);
+# for an event, cuIpcOpenEventHandle needs a handle struct built in Python on every open (~0.7 µs
+# more, measured) and a wrapper in place of cuda.core's Event. Neither is done without a GPU to
+# test it on.
+buffer_descriptor = IPCBufferDescriptor._init
+event_descriptor = IPCEventDescriptor._init

@@ -102,7 +102,7 @@ def record_into(stream: Any, handle: bytes) -> None:
 def open_ipc(handle: bytes) -> Event:
     if len(handle) != HANDLE_BYTES:
         raise InvalidRequest(f"an IPC event handle is {HANDLE_BYTES} bytes, got {len(handle)}")
-    return Event.from_ipc_descriptor(event_descriptor(handle))
+    return Event.from_ipc_descriptor(event_descriptor(bytes(handle), False))
 
 
 class Graveyard:
