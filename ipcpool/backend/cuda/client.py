@@ -38,7 +38,7 @@ class CudaClientGrowable(ClientGrowable):
     def close(self) -> None:
         # cuMemUnmap does not wait for the GPU: let this device's work finish first.
         with OnDevice(self.device):
-            drv.check(drv.cu.cuCtxSynchronize(), "cuCtxSynchronize")
+            drv.synchronize_context()
             self._mapping.close()
 
 

@@ -117,3 +117,8 @@ def copy_from_host(dst_ptr: int, src: memoryview, stream_handle: int) -> None:
 def stream_context(stream_handle: int) -> Any:
     """The context a stream belongs to (an event recorded on it must be made in that context)."""
     return check(cu.cuStreamGetCtx(cu.CUstream(stream_handle)), "cuStreamGetCtx")
+
+
+def synchronize_context() -> None:
+    """Wait until all work of the current context has finished."""
+    check(cu.cuCtxSynchronize(), "cuCtxSynchronize")

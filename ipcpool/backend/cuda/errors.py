@@ -1,9 +1,9 @@
 """CUDA failures as ipcpool errors: one map, used by every module of this backend.
 
-Two kinds of failure reach us: a ``(CUresult, ...)`` tuple from cuda.bindings (``check`` reads the
-code) and the ``CUDAError`` that cuda.core raises, whose message starts with the error's name
-(``translate`` reads the name there). Both go through ``_CLASSES``; anything not in it is the root
-``IpcPoolError``. The message keeps the driver's name for the error, so nothing is lost.
+Two kinds of failure reach us: a ``(CUresult, ...)`` tuple from cuda.bindings (``check`` looks the
+code up) and the ``CUDAError`` that cuda.core raises, which carries no code, only a message that
+names the error (``translate`` finds the name there). Both go through ``_CLASSES``; anything not in
+it is the root ``IpcPoolError``. The message keeps the driver's name for the error.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from cuda.bindings import driver as cu
 
 from ...errors import BackendUnavailable, IpcPoolError, OutOfMemory
 
-# Driver error names (without the CUDA_ERROR_ prefix) that mean something an ipcpool user can act
-# on; every other failure is the root class.
-_CLASSES: dict[str, type[IpcPoolError]] = {
-    "OUT_OF_MEMORY": OutOfMemory,
+# Driver errors that mean something an ipcpool user can act on; every other failure is the root.
+_CLASSES: dict[Any, type[IpcPoolError]] = {
+    cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY: OutOfMemory,
 }
+# The same, by the part of the name cuda.core's messages carry ("OUT_OF_MEMORY").
+_BY_NAME = {code.name.removeprefix("CUDA_ERROR_"): cls for code, cls in _CLASSES.items()}
 
 
 def is_cuda_error(exc: BaseException) -> bool:
@@ -31,17 +32,11 @@ def is_cuda_error(exc: BaseException) -> bool:
     return cls.__name__ == "CUDAError" and cls.__module__.startswith("cuda.")
 
 
-def _class_for(text: str) -> type[IpcPoolError]:
-    for name, cls in _CLASSES.items():
-        if name in text:
-            return cls
-    return IpcPoolError
-
-
 def translate(exc: Exception, what: str) -> IpcPoolError:
     """A cuda.core ``CUDAError`` as an ipcpool error (raise it ``from exc``)."""
     text = str(exc)
-    return _class_for(text)(f"{what}: {text}")
+    cls = next((c for name, c in _BY_NAME.items() if name in text), IpcPoolError)
+    return cls(f"{what}: {text}")
 
 
 @contextmanager
@@ -69,8 +64,7 @@ def check(result: tuple, what: str) -> Any:
     """Unpack a cuda.bindings ``(CUresult, *values)`` tuple, raising an ipcpool error on failure."""
     err = result[0]
     if err != cu.CUresult.CUDA_SUCCESS:
-        name = error_name(err)
-        raise _class_for(name)(f"{what} failed: {name}")
+        raise _CLASSES.get(err, IpcPoolError)(f"{what} failed: {error_name(err)}")
     if len(result) == 1:
         return None
     if len(result) == 2:
