@@ -56,7 +56,7 @@ class SessionContext:
 
 class BrokerPool(ABC):
     spec: PoolSpec
-    # An adopted pool that keeps the memory restored objects live in but cannot allocate (CUDA: an
+    # A restored pool that keeps the memory restored objects live in but cannot allocate (CUDA: an
     # imported pool). The registry then creates a fresh pool of the same spec for new memory.
     read_only = False
 
@@ -158,7 +158,7 @@ class BrokerPool(ABC):
         return []
 
     def restore(self, row: dict[str, Any], fds: list[int]) -> tuple[object, Export]:
-        """Re-adopt an allocation that lived in this pool before a broker restart: ``row`` has the
+        """Restore an allocation that lived in this pool before a broker restart: ``row`` has the
         export's fields as ``durable`` stored them, ``fds`` its chunk FDs (owned; closed on error)."""
         for fd in fds:
             os.close(fd)
@@ -183,12 +183,13 @@ class BrokerPool(ABC):
 
 class BrokerBackend(ABC):
     name: str
-    durable = False   # pools can be handed to systemd's FD store and re-adopted after a restart
+    durable = False   # pools can be handed to systemd's FD store and restored after a restart
     _own_context: SessionContext | None = None   # see ``broker_context``
 
     def adopt_pool(self, spec: PoolSpec, fd: int, info: dict[str, Any]) -> BrokerPool:
-        """A pool from the FD a previous broker stored (takes ownership of ``fd``), with the
-        ``pool_info`` it recorded."""
+        """Restore a pool from the FD a previous broker stored (takes ownership of ``fd``), with
+        the ``pool_info`` it recorded. (Seam methods keep the name ``adopt_*``; inside the backends
+        this meaning is called restoring.)"""
         raise BackendUnavailable(f"the {self.name} backend cannot re-adopt pools")
 
     @abstractmethod
@@ -200,7 +201,7 @@ class BrokerBackend(ABC):
         raise BackendUnavailable(f"the {self.name} backend has no growable buffers")
 
     def adopt_growable(self, spec: PoolSpec, info: dict[str, Any], chunks: list[int], fds: list[int]) -> BrokerGrowable:
-        """A growable a previous broker stored (takes ownership of ``fds``)."""
+        """Restore a growable a previous broker stored (takes ownership of ``fds``)."""
         raise BackendUnavailable(f"the {self.name} backend cannot re-adopt growable buffers")
 
     @abstractmethod

@@ -210,7 +210,7 @@ class CudaClientPool(ClientPool):
     def release(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> bytes:
         if not isinstance(memory, CudaMemory):
             raise InvalidRequest(f"not CUDA memory: {type(memory).__name__}")
-        buf = memory._take()
+        buf = memory.detach()
         if memory.mapping is not None:
             # Unmapping does not wait for the GPU: finish the caller's work on it first. The
             # memory is idle then, so the broker needs no done event.

@@ -102,7 +102,9 @@ class CudaMemory(ImportedMemory):
                     raise   # ours (IpcPoolError) and anything else pass unchanged
                 raise translate(exc, "copying host bytes to the GPU") from exc
 
-    def _take(self) -> Buffer | None:
+    def detach(self) -> Buffer | None:
+        """Mark the memory released and hand over its Buffer (None for a slab range): the pool
+        frees or unmaps it."""
         if self._released:
             raise ClosedError("memory was already released")
         self._released = True
