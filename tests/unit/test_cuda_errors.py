@@ -7,7 +7,7 @@ from ipcpool.errors import IpcPoolError, OutOfMemory
 errors = pytest.importorskip("ipcpool.backend.cuda.errors", exc_type=ImportError)
 cu = pytest.importorskip("cuda.bindings.driver")
 
-# What cuda.core raises, as it looks from outside: a class named CUDAError in a cuda.* module.
+# What cuda.core raises, as it looks from outside: a class named CUDAError in a cuda.core module.
 CUDAError = type("CUDAError", (Exception,), {"__module__": "cuda.core._utils.cuda_utils"})
 
 

@@ -29,7 +29,7 @@ def is_cuda_error(exc: BaseException) -> bool:
     it as ``CUDAError`` in a private module and exports it from no public one, so it is recognised
     here, and only here, by its name and package instead of by importing it."""
     cls = type(exc)
-    return cls.__name__ == "CUDAError" and cls.__module__.startswith("cuda.")
+    return cls.__name__ == "CUDAError" and cls.__module__.startswith("cuda.core.")
 
 
 def translate(exc: Exception, what: str) -> IpcPoolError:
