@@ -243,7 +243,7 @@ def main() -> int:
     d.p.wait()
     statuses = []
     while time.perf_counter() - t_kill < 8:
-        waits = [w for _, a in backend._pending for w in a.waits]
+        waits = [w for a, _, _ in backend._frees._pending for w in a.waits]
         if not waits:
             statuses.append("settled")
             break

@@ -140,6 +140,7 @@ if has smoke "quick check full"; then
   SMOKE_RC=$?
 fi
 if has vmm "vmm check full"; then
+  # the probe's three processes run the roles in scripts/probe_durable_roles.py
   timeout 200 python3 scripts/probe_durable.py --out "$OUT/durable_probe.json" 2>&1 | tee "$OUT/durable_probe.log"
   timeout 300 python3 bench/vmm_grow.py --out-dir "$OUT" 2>&1 | tee "$OUT/vmm_grow.log"
 fi

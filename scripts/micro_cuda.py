@@ -31,9 +31,9 @@ def main() -> None:
     import torch
     from cuda.core import Device
 
-    from ipcpool.backend import cuda as cb
-    from ipcpool.backend import cuda_driver as drv
-    from ipcpool.backend.cuda_events import record_ipc
+    from ipcpool.backend.cuda import context as cb
+    from ipcpool.backend.cuda import driver as drv
+    from ipcpool.backend.cuda.events import record_ipc
 
     dev = Device(0)
     dev.set_current()
@@ -43,10 +43,10 @@ def main() -> None:
     timeit("Device(0).set_current()", lambda: Device(0).set_current())
 
     def on_device():
-        with cb._OnDevice(0):
+        with cb.OnDevice(0):
             pass
 
-    timeit("_OnDevice enter+exit", on_device)
+    timeit("OnDevice enter+exit", on_device)
     timeit("record fresh IPC event", lambda: record_ipc(core_stream)[0].close())
     x = torch.ones(16, device="cuda")
     timeit("tensor[0].item() (nothing to wait for)", lambda: x[0].item())

@@ -17,64 +17,29 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import BackendUnavailable, InvalidRequest
+from .records import REUSE_POLICIES, Export, PoolSpec, PoolStats
 
-# Three reuse policies of a CUDA mempool; the host backend accepts and ignores them.
-REUSE_POLICIES = ("follow_event_dependencies", "allow_opportunistic", "allow_internal_dependencies")
+__all__ = [
+    "REUSE_POLICIES",
+    "BrokerBackend",
+    "BrokerGrowable",
+    "BrokerPool",
+    "ClientBackend",
+    "ClientGrowable",
+    "ClientPool",
+    "Export",
+    "ImportedMemory",
+    "PoolSpec",
+    "PoolStats",
+    "SessionContext",
+]
 
-
-@dataclass(frozen=True)
-class PoolSpec:
-    """A pool as configured. ``max_size`` 0 means the backend's default."""
-
-    name: str
-    max_size: int = 0
-    release_threshold: int | None = None  # None: keep what was reserved until an explicit trim
-    device: int = 0
-    reuse: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(REUSE_POLICIES, True))
-    peer_access: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class PoolStats:
-    reserved: int
-    used: int
-    reserved_high: int
-    used_high: int
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "reserved": self.reserved,
-            "used": self.used,
-            "reserved_high": self.reserved_high,
-            "used_high": self.used_high,
-        }
-
-
-@dataclass(slots=True)   # made a thousand at a time by a batch attach: kept cheap
-class Export:
-    """One allocation as it travels to a client.
-
-    ``offset`` locates the memory in what ``data`` names: the pool's mapping on the host, a slab
-    when ``sub`` is set (CUDA: a larger allocation the client imports once). ``data`` is the
-    64-byte pointer export data (empty on the host); ``ready_event`` the 64-byte IPC handle of an
-    event recorded after the allocation (empty where there is nothing to wait for).
-    """
-
-    size: int
-    offset: int = 0
-    data: bytes = b""
-    ready_event: bytes = b""
-    sub: bool = False
-    chunks: tuple[int, ...] = ()   # CUDA VMM: the sizes of the physical chunks whose FDs the
-                                   # client fetches over the control socket and maps in order
-
-
-class SessionContext(ABC):
-    """Per-session broker state of the backend (a CUDA stream and the events opened for it)."""
+class SessionContext:
+    """Per-session broker state of the backend (a CUDA stream and the events opened for it). A
+    backend with no per-session state (the host) uses this class as it is."""
 
     def peer_progressed(self) -> None:
         """A new message from this session arrived, so the client has acted on every earlier
@@ -85,13 +50,13 @@ class SessionContext(ABC):
         """The session's process has exited (pidfd), so its GPU work is over: events it named but
         never completed must no longer hold frees back. Call before releasing its memory."""
 
-    @abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what the session holds; idempotent."""
 
 
 class BrokerPool(ABC):
     spec: PoolSpec
-    # An adopted pool that keeps the memory restored objects live in but cannot allocate (CUDA: an
+    # A restored pool that keeps the memory restored objects live in but cannot allocate (CUDA: an
     # imported pool). The registry then creates a fresh pool of the same spec for new memory.
     read_only = False
 
@@ -193,7 +158,7 @@ class BrokerPool(ABC):
         return []
 
     def restore(self, row: dict[str, Any], fds: list[int]) -> tuple[object, Export]:
-        """Re-adopt an allocation that lived in this pool before a broker restart: ``row`` has the
+        """Restore an allocation that lived in this pool before a broker restart: ``row`` has the
         export's fields as ``durable`` stored them, ``fds`` its chunk FDs (owned; closed on error)."""
         for fd in fds:
             os.close(fd)
@@ -218,11 +183,13 @@ class BrokerPool(ABC):
 
 class BrokerBackend(ABC):
     name: str
-    durable = False   # pools can be handed to systemd's FD store and re-adopted after a restart
+    durable = False   # pools can be handed to systemd's FD store and restored after a restart
+    _own_context: SessionContext | None = None   # see ``broker_context``
 
     def adopt_pool(self, spec: PoolSpec, fd: int, info: dict[str, Any]) -> BrokerPool:
-        """A pool from the FD a previous broker stored (takes ownership of ``fd``), with the
-        ``pool_info`` it recorded."""
+        """Restore a pool from the FD a previous broker stored (takes ownership of ``fd``), with
+        the ``pool_info`` it recorded. (Seam methods keep the name ``adopt_*``; inside the backends
+        this meaning is called restoring.)"""
         raise BackendUnavailable(f"the {self.name} backend cannot re-adopt pools")
 
     @abstractmethod
@@ -234,7 +201,7 @@ class BrokerBackend(ABC):
         raise BackendUnavailable(f"the {self.name} backend has no growable buffers")
 
     def adopt_growable(self, spec: PoolSpec, info: dict[str, Any], chunks: list[int], fds: list[int]) -> BrokerGrowable:
-        """A growable a previous broker stored (takes ownership of ``fds``)."""
+        """Restore a growable a previous broker stored (takes ownership of ``fds``)."""
         raise BackendUnavailable(f"the {self.name} backend cannot re-adopt growable buffers")
 
     @abstractmethod
@@ -256,7 +223,7 @@ class BrokerBackend(ABC):
     def broker_context(self) -> SessionContext:
         """A context of the broker's own, for work no live session orders (a named object deleted
         after its last reader left). Its stream never waits on a client's event (R3)."""
-        if getattr(self, "_own_context", None) is None:
+        if self._own_context is None:
             self._own_context = self.open_session()
         return self._own_context
 

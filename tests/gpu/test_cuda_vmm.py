@@ -130,7 +130,7 @@ def test_compression_is_requested_and_what_was_obtained_is_reported(cuda_broker)
     import cupy
     from cuda.bindings import driver as cu
 
-    from ipcpool.backend.cuda_vmm import compression_supported
+    from ipcpool.backend.cuda.vmm import compression_supported
     from tests.gpu.kernels import pattern
 
     with ipcpool.connect(cuda_broker.socket_dir) as c:

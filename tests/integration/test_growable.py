@@ -8,7 +8,7 @@ import time
 import pytest
 
 import ipcpool
-from ipcpool.backend.host_growable import PAGE, reserve, unmap
+from ipcpool.backend.host.growable import PAGE, reserve, unmap
 from tests.conftest import SPAWN
 
 MiB = 1 << 20

@@ -3,7 +3,7 @@ GPU suite exercises the real ones)."""
 
 import pytest
 
-cuda = pytest.importorskip("ipcpool.backend.cuda", exc_type=ImportError)
+cuda = pytest.importorskip("ipcpool.backend.cuda.context", exc_type=ImportError)
 
 
 class FakeDriver:
@@ -38,14 +38,14 @@ def drv(monkeypatch):
     d = FakeDriver(current=7)   # the caller's own context
     monkeypatch.setattr(cuda, "drv", d)
     monkeypatch.setattr(cuda, "Device", lambda ordinal: FakeDevice(ordinal, d))
-    monkeypatch.setattr(cuda._OnDevice, "_primary", {})
+    monkeypatch.setattr(cuda.OnDevice, "_primary", {})
     FakeDevice.retained = []
     return d
 
 
 def test_on_device_retains_once_and_gives_the_caller_its_context_back(drv):
     for _ in range(3):
-        with cuda._OnDevice(1):
+        with cuda.OnDevice(1):
             assert drv.current == 101
         assert drv.current == 7
     assert FakeDevice.retained == [1]          # retained once, then switched to by handle
@@ -56,8 +56,8 @@ def test_on_stream_uses_the_streams_context_and_leaves_default_streams_alone(drv
         def __init__(self, handle):
             self.handle = handle
 
-    with cuda._OnStream(S(1)):                 # the legacy default stream: no switch
+    with cuda.OnStream(S(1)):                 # the legacy default stream: no switch
         assert drv.current == 7
-    with cuda._OnDevice(0), cuda._OnStream(S(42)):
+    with cuda.OnDevice(0), cuda.OnStream(S(42)):
         assert drv.current == 542
     assert drv.current == 7

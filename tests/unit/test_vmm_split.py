@@ -2,7 +2,7 @@
 
 import pytest
 
-from ipcpool.backend.cuda_vmm import round_up, split
+from ipcpool.backend.cuda.vmm import round_up, split
 
 MiB, GiB = 1 << 20, 1 << 30
 

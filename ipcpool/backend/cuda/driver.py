@@ -12,7 +12,8 @@ from typing import Any
 
 from cuda.bindings import driver as cu
 
-from ..errors import IpcPoolError, OutOfMemory
+from ...errors import IpcPoolError
+from .errors import check, error_name
 
 UINT64_MAX = (1 << 64) - 1
 
@@ -29,30 +30,6 @@ _U64_ATTRS = {
     "used": _ATTR.CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
     "used_high": _ATTR.CU_MEMPOOL_ATTR_USED_MEM_HIGH,
 }
-
-
-def error_name(err: Any) -> str:
-    try:
-        res, name = cu.cuGetErrorName(err)
-        if res == cu.CUresult.CUDA_SUCCESS:
-            return name.decode() if isinstance(name, bytes) else str(name)
-    except Exception:  # naming an error must never hide the error itself
-        pass
-    return str(err)
-
-
-def check(result: tuple, what: str) -> Any:
-    """Unpack a cuda.bindings ``(CUresult, *values)`` tuple, raising an ipcpool error on failure."""
-    err = result[0]
-    if err != cu.CUresult.CUDA_SUCCESS:
-        name = error_name(err)
-        cls = OutOfMemory if err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY else IpcPoolError
-        raise cls(f"{what} failed: {name}")
-    if len(result) == 1:
-        return None
-    if len(result) == 2:
-        return result[1]
-    return result[1:]
 
 
 def pool_handle(mr: Any) -> Any:
@@ -140,3 +117,8 @@ def copy_from_host(dst_ptr: int, src: memoryview, stream_handle: int) -> None:
 def stream_context(stream_handle: int) -> Any:
     """The context a stream belongs to (an event recorded on it must be made in that context)."""
     return check(cu.cuStreamGetCtx(cu.CUstream(stream_handle)), "cuStreamGetCtx")
+
+
+def synchronize_context() -> None:
+    """Wait until all work of the current context has finished."""
+    check(cu.cuCtxSynchronize(), "cuCtxSynchronize")

@@ -21,8 +21,8 @@ from typing import Any
 
 from cuda.bindings import driver as cu
 
-from ..errors import BackendUnavailable, InvalidRequest
-from .cuda_driver import check
+from ...errors import BackendUnavailable, InvalidRequest
+from .errors import check
 
 POSIX_FD = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 _GENERIC = cu.CUmemAllocationCompType.CU_MEM_ALLOCATION_COMP_GENERIC
@@ -83,7 +83,7 @@ class Chunk:
         self.size = size
 
     @classmethod
-    def adopt(cls, fd: int, size: int) -> Chunk:
+    def restore(cls, fd: int, size: int) -> Chunk:
         """A chunk from an FD a previous broker stored (takes ownership of ``fd``)."""
         self = cls.__new__(cls)
         try:
@@ -115,7 +115,7 @@ def create_chunks(device: int, sizes: list[int], compression: bool) -> list[Chun
     return chunks
 
 
-def adopt_chunks(fds: list[int], sizes: list[int]) -> list[Chunk]:
+def restore_chunks(fds: list[int], sizes: list[int]) -> list[Chunk]:
     """Chunks a previous broker stored (takes ownership of every FD, also on failure)."""
     if len(fds) != len(sizes):
         for fd in fds:
@@ -124,9 +124,9 @@ def adopt_chunks(fds: list[int], sizes: list[int]) -> list[Chunk]:
     chunks: list[Chunk] = []
     try:
         for fd, size in zip(fds, sizes):
-            chunks.append(Chunk.adopt(fd, size))
+            chunks.append(Chunk.restore(fd, size))
     except BaseException:
-        for fd in fds[len(chunks) + 1:]:   # Chunk.adopt closed the one it failed on
+        for fd in fds[len(chunks) + 1:]:   # Chunk.restore closed the one it failed on
             os.close(fd)
         for c in chunks:
             c.close()

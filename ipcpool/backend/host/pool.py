@@ -12,22 +12,9 @@ import mmap
 import os
 from typing import Any
 
-from ..errors import BackendUnavailable, InvalidRequest
-from .allocator import RangeAllocator
-from .base import (
-    BrokerBackend,
-    BrokerGrowable,
-    BrokerPool,
-    ClientBackend,
-    ClientGrowable,
-    ClientPool,
-    Export,
-    ImportedMemory,
-    PoolSpec,
-    PoolStats,
-    SessionContext,
-)
-from .host_growable import HostClientGrowable, HostGrowable
+from ...errors import InvalidRequest
+from ..allocator import RangeAllocator
+from ..base import BrokerPool, Export, PoolSpec, PoolStats, SessionContext
 
 DEFAULT_MAX_SIZE = 8 << 30
 ALIGNMENT = 256
@@ -45,11 +32,6 @@ def punch_hole(fd: int, offset: int, length: int) -> None:
         raise OSError(err, f"fallocate(PUNCH_HOLE): {os.strerror(err)}")
 
 
-class _HostSession(SessionContext):
-    def close(self) -> None:
-        pass
-
-
 class _Carved:
     """A range of an arena: freeing it hands it back to the arena, not to the pool."""
 
@@ -62,7 +44,7 @@ class _Carved:
 
 class HostPool(BrokerPool):
     def __init__(self, spec: PoolSpec, fd: int | None = None):
-        """A new pool, or (``fd``) the memfd of one a previous broker left in systemd's store."""
+        """A new pool, or (``fd``) the memfd of one a previous broker left in systemd's store (restored)."""
         self.spec = spec
         size = spec.max_size or DEFAULT_MAX_SIZE
         if fd is None:
@@ -182,94 +164,3 @@ class HostPool(BrokerPool):
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-class HostBrokerBackend(BrokerBackend):
-    name = "host"
-    durable = True
-
-    def create_pool(self, spec: PoolSpec) -> BrokerPool:
-        return HostPool(spec)
-
-    def adopt_pool(self, spec: PoolSpec, fd: int, info: dict[str, Any]) -> BrokerPool:
-        return HostPool(spec, fd)
-
-    def open_session(self) -> SessionContext:
-        return _HostSession()
-
-    def create_growable(self, spec: PoolSpec, nbytes: int, compression: bool) -> BrokerGrowable:
-        return HostGrowable(nbytes)   # compression is a GPU property: reported as not obtained
-
-    def adopt_growable(self, spec: PoolSpec, info: dict[str, Any], chunks: list[int], fds: list[int]) -> BrokerGrowable:
-        if len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            raise InvalidRequest(f"a stored host growable has one memfd, got {len(fds)}")
-        return HostGrowable(0, fds[0], chunks)
-
-
-class _Mapping:
-    """A shared mapping of one pool. Buffers keep it alive: it is unmapped when the last goes."""
-
-    def __init__(self, fd: int, size: int):
-        self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        probe = ctypes.c_ubyte.from_buffer(self.mm)  # a short-lived export, just for the address
-        self.address = ctypes.addressof(probe)
-        del probe
-        self.view = memoryview(self.mm)
-
-
-class HostMemory(ImportedMemory):
-    def __init__(self, mapping: _Mapping, offset: int, size: int):
-        self._mapping = mapping
-        self.offset = offset
-        self.size = size
-        self.view = mapping.view[offset : offset + size]
-
-    @property
-    def ptr(self) -> int:
-        return self._mapping.address + self.offset
-
-
-class HostClientPool(ClientPool):
-    def __init__(self, info: dict[str, Any], fd: int):
-        try:
-            size = info["size"]
-            if os.fstat(fd).st_size < size:
-                raise InvalidRequest(f"pool {info.get('name')!r}: FD smaller than announced size")
-            self._mapping = _Mapping(fd, size)
-        finally:
-            os.close(fd)  # the mapping keeps the memory; the FD is no longer needed
-        self.size = size
-
-    def import_allocation(self, export: Export, stream: Any = None, fds: list[int] = ()) -> ImportedMemory:
-        for fd in fds:
-            os.close(fd)
-        if export.offset + export.size > self.size:
-            raise InvalidRequest("allocation lies outside the pool")
-        return HostMemory(self._mapping, export.offset, export.size)
-
-    def release(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> bytes:
-        return b""
-
-    def carved(self, arena: ImportedMemory, offset: int, nbytes: int) -> ImportedMemory:
-        if not isinstance(arena, HostMemory) or offset + nbytes > arena.size:
-            raise InvalidRequest("a carved range lies outside its arena")
-        return HostMemory(arena._mapping, arena.offset + offset, nbytes)
-
-    def close(self) -> None:
-        # Buffers still alive keep the mapping (and thus their memory) valid; see _Mapping.
-        self._mapping = None
-
-
-class HostClientBackend(ClientBackend):
-    name = "host"
-
-    def import_pool(self, info: dict[str, Any], fd: int) -> ClientPool:
-        try:
-            return HostClientPool(info, fd)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise BackendUnavailable(f"cannot map host pool {info.get('name')!r}: {exc}") from exc
-
-    def import_growable(self, info: dict[str, Any]) -> ClientGrowable:
-        return HostClientGrowable()

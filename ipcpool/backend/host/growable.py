@@ -14,8 +14,8 @@ import mmap
 import os
 from typing import Any
 
-from ..errors import InvalidRequest, OutOfMemory
-from .base import BrokerGrowable, ClientGrowable
+from ...errors import InvalidRequest, OutOfMemory
+from ..base import BrokerGrowable, ClientGrowable
 
 PAGE = mmap.PAGESIZE
 PROT_NONE = 0
@@ -65,7 +65,7 @@ class HostGrowable(BrokerGrowable):
         self.fd = os.memfd_create("ipcpool:growable", os.MFD_CLOEXEC) if fd is None else fd
         self.chunks: list[int] = []
         try:
-            if chunks is not None:   # adopted: the file already holds them
+            if chunks is not None:   # restored: the file already holds them
                 if os.fstat(self.fd).st_size < sum(chunks):
                     raise InvalidRequest("a stored growable's memfd is smaller than its chunks")
                 self.chunks = list(chunks)

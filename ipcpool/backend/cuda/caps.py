@@ -9,7 +9,7 @@ from typing import Any
 
 from cuda.bindings import driver as cu
 
-from .cuda_driver import check
+from .errors import check
 
 _A = cu.CUdevice_attribute
 

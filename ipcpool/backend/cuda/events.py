@@ -30,14 +30,10 @@ from cuda.bindings.driver import (
 )
 from cuda.core import Event, EventOptions
 
-from ..errors import InvalidRequest
-from .cuda_driver import check
-from ..protocol import HANDLE_BYTES
-
-try:  # private constructors: the only way to rebuild a descriptor from wire bytes in cuda.core 1.2
-    from cuda.core._event import IPCEventDescriptor
-except ImportError:  # pragma: no cover - layout of other cuda.core versions
-    from cuda.core._memory._ipc import IPCEventDescriptor  # type: ignore[no-redef]
+from ...errors import InvalidRequest
+from ...protocol import HANDLE_BYTES
+from .descriptors import event_descriptor, event_handle
+from .errors import check
 
 _IPC = EventOptions(ipc_enabled=True)
 _PLAIN = EventOptions()
@@ -46,8 +42,7 @@ _PLAIN = EventOptions()
 def record_ipc(stream: Any) -> tuple[Event, bytes]:
     """Record a fresh IPC event on ``stream``; return it and its 64-byte handle."""
     event = stream.record(options=_IPC)
-    reserved = event.ipc_descriptor.__reduce__()[1][0]
-    return event, bytes(reserved)
+    return event, event_handle(event)
 
 
 class UnrecordedEvent:
@@ -107,7 +102,7 @@ def record_into(stream: Any, handle: bytes) -> None:
 def open_ipc(handle: bytes) -> Event:
     if len(handle) != HANDLE_BYTES:
         raise InvalidRequest(f"an IPC event handle is {HANDLE_BYTES} bytes, got {len(handle)}")
-    return Event.from_ipc_descriptor(IPCEventDescriptor._init(bytes(handle), False))
+    return Event.from_ipc_descriptor(event_descriptor(bytes(handle), False))
 
 
 class Graveyard:

@@ -1,0 +1,134 @@
+"""The CUDA client backend: imports pools and growables, turns what a caller passes as a stream
+into a cuda.core Stream, and keeps its done events alive until the broker has opened them (R4)."""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from typing import Any
+
+from cuda.core import LEGACY_DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM, Device, Stream
+
+from ...errors import BackendUnavailable, InvalidRequest
+from ..base import ClientBackend, ClientGrowable, ClientPool
+from . import driver as drv
+from . import vmm
+from .client_pool import CudaClientPool
+from .context import OnDevice, check_device
+from .errors import usable
+
+
+class CudaClientGrowable(ClientGrowable):
+    """A growable buffer mapped here: a ``vmm.Mapping`` with room to grow in place."""
+
+    def __init__(self, device: int, gran: int):
+        check_device(device)
+        self.device = device
+        self._mapping = vmm.Mapping(device, gran, headroom=2)
+
+    ptr = property(lambda self: self._mapping.ptr)
+    size = property(lambda self: self._mapping.size)
+    reserved = property(lambda self: self._mapping.reserved)
+
+    def extend(self, chunks: list[int], fds: list[int]) -> bool:
+        with OnDevice(self.device):
+            return self._mapping.extend(chunks, fds)
+
+    def close(self) -> None:
+        # cuMemUnmap does not wait for the GPU: let this device's work finish first.
+        with OnDevice(self.device):
+            drv.synchronize_context()
+            self._mapping.close()
+
+
+class CudaClientBackend(ClientBackend):
+    name = "cuda"
+    array_module = "cupy"
+    on_gpu = True
+
+    def __init__(self) -> None:
+        with usable(), OnDevice(0):
+            pass
+        self._replies = 0
+        # How long a reader polls a pending seal event on the host before a stream wait (R1).
+        self.event_spin_s = int(os.environ.get("IPCPOOL_EVENT_SPIN_US", "2000")) / 1e6
+        self._foreign: dict[int, Stream] = {}
+        # Done events we recorded, with the reply count when recorded. One is destroyed once the
+        # broker has certainly opened it (two replies later: a reply means the broker read every
+        # earlier message) and it has completed.
+        self._done: collections.deque[tuple[int, Any]] = collections.deque()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def import_pool(self, info: dict[str, Any], fd: int) -> ClientPool:
+        try:
+            return CudaClientPool(self, info, fd)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendUnavailable(f"bad pool info for {info.get('name')!r}: {exc}") from exc
+
+    def import_growable(self, info: dict[str, Any]) -> ClientGrowable:
+        try:
+            return CudaClientGrowable(int(info["device"]), int(info["granularity"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendUnavailable(f"bad growable info {info!r}: {exc}") from exc
+
+    # -- streams
+    def stream(self, obj: Any, device: int) -> Stream:
+        """Normalise what a caller may pass as a stream to a cuda.core Stream.
+
+        None is CUDA's legacy default stream (what torch and cupy use unless told otherwise), so
+        that code which never names a stream is still ordered after the ready event.
+        """
+        if obj is None:
+            return LEGACY_DEFAULT_STREAM
+        if isinstance(obj, Stream):
+            return obj
+        if isinstance(obj, int) and not isinstance(obj, bool):
+            if obj in (0, 1):
+                return LEGACY_DEFAULT_STREAM
+            if obj == 2:
+                return PER_THREAD_DEFAULT_STREAM
+            return Stream.from_handle(obj)
+        if hasattr(obj, "__cuda_stream__"):
+            _, handle = obj.__cuda_stream__()
+            if handle in (0, 1):
+                return LEGACY_DEFAULT_STREAM
+            if handle == 2:
+                return PER_THREAD_DEFAULT_STREAM
+            # A non-owning wrapper per foreign stream, kept: a handle reused by a later stream
+            # is that stream, so the wrapper stays right.
+            wrapped = self._foreign.get(handle)
+            if wrapped is None:
+                if len(self._foreign) >= 256:
+                    self._foreign.pop(next(iter(self._foreign)))
+                wrapped = self._foreign[handle] = Device(device).create_stream(obj)
+            return wrapped
+        for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy Stream
+            handle = getattr(obj, attr, None)
+            if isinstance(handle, int):
+                return self.stream(handle, device)
+        raise InvalidRequest(f"cannot use {type(obj).__name__} as a CUDA stream")
+
+    # -- done events (R4)
+    def keep_done(self, event: Any) -> None:
+        with self._lock:
+            self._done.append((self._replies, event))
+
+    def broker_progressed(self) -> None:
+        with self._lock:
+            self._replies += 1
+            while self._done and self._done[0][0] + 2 <= self._replies and self._done[0][1].is_done:
+                self._done.popleft()[1].close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            # Our frees must have run before the events go: the broker may still be about to open
+            # them (if it cannot, it frees at once, which is safe only after our frees completed).
+            while self._done:
+                _, event = self._done.popleft()
+                event.sync()
+                event.close()

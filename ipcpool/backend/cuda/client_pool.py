@@ -1,0 +1,245 @@
+"""A pool imported by a client: allocations imported from their export data, the caller's stream
+ordered after each ready event (R1), and released with a done event for the broker (R2).
+
+A pool is imported once from its FD; each allocation is imported from its 64-byte export data and
+the caller's stream waits on its ready event. Releasing frees the import on the caller's stream
+and records a fresh done event there for the broker to wait on. Slab ranges need neither: the
+slab is imported once and a range is addressed by its offset.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Protocol
+
+from cuda.core import LEGACY_DEFAULT_STREAM, Buffer, DeviceMemoryResource, Stream
+
+from ...errors import BackendUnavailable, ClosedError, InvalidRequest
+from ...protocol import HANDLE_BYTES
+from ..base import ClientPool, Export, ImportedMemory
+from . import driver as drv
+from . import vmm
+from .context import OnDevice, OnStream, check_device
+from .descriptors import buffer_descriptor
+from .errors import is_cuda_error, translate
+from .events import open_ipc, record_into, record_ipc
+from .memory import CudaMemory, StreamSource
+
+
+class ClientServices(StreamSource, Protocol):
+    """What an imported pool needs of the client backend (``client.CudaClientBackend``)."""
+
+    event_spin_s: float   # how long a reader polls a pending event before a stream wait (R1)
+
+    def keep_done(self, event: Any) -> None:
+        """Keep a done event of ours alive until the broker has certainly opened it (R4)."""
+
+
+def order_after_event(stream: Stream, handle: bytes, spin_s: float) -> None:
+    """R1 on the host first: a stream wait on another process's IPC event costs ~270 µs on the GPU
+    even when the event has completed (H100, driver 580), a query ~1 µs. So query; while pending,
+    spin up to ``spin_s``; only then let ``stream`` wait, so correctness never depends on timing.
+    The event is opened in the stream's context (a caller's stream may be on a peer device)."""
+    with OnStream(stream):
+        event = open_ipc(handle)
+        try:
+            if event.is_done:
+                return
+            until = time.perf_counter() + spin_s
+            while time.perf_counter() < until:
+                if event.is_done:
+                    return
+            stream.wait(event)   # bound now, to the latest record (R4)
+        finally:
+            event.close()
+
+
+class CudaClientPool(ClientPool):
+    seal_event = True
+
+    def __init__(self, backend: ClientServices, info: dict[str, Any], fd: int):
+        self._backend = backend
+        try:
+            self.name = str(info.get("name", "?"))
+            self.device = int(info["device"])
+            peers = [int(p) for p in info.get("peer_access", ())]
+            check_device(self.device)
+            try:
+                with OnDevice(self.device):
+                    self._mr = DeviceMemoryResource.from_allocation_handle(self.device, fd)
+            except Exception as exc:
+                if not is_cuda_error(exc):
+                    raise
+                raise BackendUnavailable(f"cannot import pool {self.name!r}: {exc}") from exc
+        finally:
+            os.close(fd)  # the imported pool holds its own reference
+        try:
+            # Access is per process: an importer on another device must grant itself access on its
+            # imported pool, or copies fail (DESIGN.md). Grant every listed peer present here.
+            count = drv.device_count()
+            local_peers = [p for p in peers if p != self.device and p < count]
+            if local_peers:
+                drv.set_access(drv.pool_handle(self._mr), local_peers)
+        except BaseException:
+            self._mr.close()
+            raise
+        self.slab_size = int(info.get("slab_size", 0))
+        self._slabs: dict[bytes, CudaMemory] = {}
+        self._closed = False
+
+    def import_allocation(self, export: Export, stream: Any = None, fds: list[int] = ()) -> ImportedMemory:
+        if self._closed:
+            for fd in fds:
+                os.close(fd)
+            raise ClosedError(f"pool {self.name!r} is closed")
+        if export.chunks:
+            return self._map_chunks(export, stream, list(fds))
+        if export.sub and not export.ready_event and export.data in self._slabs:
+            # A range of a slab imported already, nothing to wait for: no driver call at all.
+            if export.offset + export.size > self.slab_size:
+                raise InvalidRequest("a slab range lies outside its slab")
+            return self._range(export)
+        if len(export.data) != HANDLE_BYTES:
+            raise InvalidRequest(f"pointer export data is {HANDLE_BYTES} bytes, got {len(export.data)}")
+        try:
+            with OnDevice(self.device):
+                s = self._backend.stream(stream, self.device)
+                if export.ready_event:   # R1: before any use of the memory on s
+                    order_after_event(s, export.ready_event, self._backend.event_spin_s)
+                if export.sub:
+                    if export.offset + export.size > self.slab_size:
+                        raise InvalidRequest("a slab range lies outside its slab")
+                    return self._range(export)
+                buf = Buffer.from_ipc_descriptor(
+                    self._mr, buffer_descriptor(bytes(export.data), export.size), stream=s
+                )
+        except Exception as exc:
+            if not is_cuda_error(exc):
+                raise
+            raise translate(exc, f"importing {export.size} bytes from pool {self.name!r}") from exc
+        return CudaMemory(buf, export.size, self.device)
+
+    def import_many(self, exports: list[Export], stream: Any = None) -> list[ImportedMemory]:
+        if self._closed:
+            raise ClosedError(f"pool {self.name!r} is closed")
+        out: list[ImportedMemory] = []
+        try:
+            with OnDevice(self.device):
+                s = self._backend.stream(stream, self.device)
+                for handle in dict.fromkeys(e.ready_event for e in exports if e.ready_event):
+                    order_after_event(s, handle, self._backend.event_spin_s)   # R1, once per distinct event
+                for e in exports:
+                    if len(e.data) != HANDLE_BYTES:
+                        raise InvalidRequest(f"pointer export data is {HANDLE_BYTES} bytes, got {len(e.data)}")
+                    if e.sub:
+                        if e.offset + e.size > self.slab_size:
+                            raise InvalidRequest("a slab range lies outside its slab")
+                        out.append(self._range(e))
+                    else:
+                        desc = buffer_descriptor(bytes(e.data), e.size)
+                        out.append(CudaMemory(Buffer.from_ipc_descriptor(self._mr, desc, stream=s), e.size, self.device))
+        except Exception as exc:
+            if not is_cuda_error(exc):
+                raise
+            for mem in out:   # nothing half-imported stays behind
+                self.release(mem, stream)
+            raise translate(exc, f"importing {len(exports)} allocations from pool {self.name!r}") from exc
+        return out
+
+    def _map_chunks(self, export: Export, stream: Any, fds: list[int]) -> ImportedMemory:
+        """Memory above the import limit: its VMM chunks mapped into one range of ours."""
+        try:
+            with OnDevice(self.device):
+                mapping = vmm.Mapping(self.device, vmm.granularity(self.device))
+                mapping.extend(list(export.chunks), fds)
+                fds = []
+                try:
+                    s = self._backend.stream(stream, self.device)
+                    if export.ready_event:   # a sealed object's writer: R1 as for any lease
+                        order_after_event(s, export.ready_event, self._backend.event_spin_s)
+                    view = Buffer.from_handle(mapping.ptr, export.size)
+                except BaseException:
+                    mapping.close()
+                    raise
+        except Exception as exc:
+            if not is_cuda_error(exc):
+                raise
+            raise translate(exc, f"mapping {export.size} bytes of pool {self.name!r}") from exc
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return CudaMemory(view, export.size, self.device, mapping=mapping)
+
+    def order_after(self, event: bytes, stream: Any = None) -> None:
+        if not event:
+            return
+        try:
+            with OnDevice(self.device):
+                order_after_event(self._backend.stream(stream, self.device), event, self._backend.event_spin_s)
+        except Exception as exc:
+            if not is_cuda_error(exc):
+                raise
+            raise translate(exc, f"ordering after a seal of pool {self.name!r}") from exc
+
+    def carved(self, arena: ImportedMemory, offset: int, nbytes: int) -> ImportedMemory:
+        if not isinstance(arena, CudaMemory) or arena.slab() is None:
+            raise InvalidRequest("an arena is a range of a slab")
+        if offset + nbytes > arena.size:
+            raise InvalidRequest("a carved range lies outside its arena")
+        return CudaMemory(None, nbytes, self.device, whole=False, base=(arena.slab()[0], arena.slab()[1] + offset))
+
+    def idle_marker(self, stream: Any = None) -> Any:
+        with OnDevice(self.device):
+            return self._backend.stream(stream, self.device).record()
+
+    def _range(self, export: Export) -> CudaMemory:
+        """A range of a slab: a view into the slab's one import (no pointer import of its own)."""
+        return CudaMemory(None, export.size, self.device, whole=False, base=(self._slab(export.data), export.offset))
+
+    def _slab(self, data: bytes) -> CudaMemory:
+        """A slab of the broker's, imported once (slabs live as long as the pool)."""
+        slab = self._slabs.get(data)
+        if slab is None:
+            desc = buffer_descriptor(bytes(data), self.slab_size)
+            # Never freed through this import while the pool lives; closed with the pool.
+            buf = Buffer.from_ipc_descriptor(self._mr, desc, stream=LEGACY_DEFAULT_STREAM)
+            slab = self._slabs[data] = CudaMemory(buf, self.slab_size, self.device, whole=False)
+        return slab
+
+    def release(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> bytes:
+        if not isinstance(memory, CudaMemory):
+            raise InvalidRequest(f"not CUDA memory: {type(memory).__name__}")
+        buf = memory.detach()
+        if memory.mapping is not None:
+            # Unmapping does not wait for the GPU: finish the caller's work on it first. The
+            # memory is idle then, so the broker needs no done event.
+            with OnDevice(self.device):
+                self._backend.stream(stream, self.device).sync()
+                memory.mapping.close()
+            return b""
+        try:
+            with OnDevice(self.device):
+                s = self._backend.stream(stream, self.device)
+                if memory.whole:
+                    buf.close(stream=s)          # cudaFreeAsync of the import, after work on s
+                if credit:   # R2 on the broker's own event: it lives as long as the broker needs
+                    record_into(s, credit)
+                    return credit
+                with OnStream(s):
+                    event, handle = record_ipc(s)   # R2: the broker frees (or reuses) after this
+        except Exception as exc:
+            if not is_cuda_error(exc):
+                raise
+            raise translate(exc, f"releasing memory of pool {self.name!r}") from exc
+        self._backend.keep_done(event)
+        return handle
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for slab in self._slabs.values():
+            slab.buffer.close(stream=LEGACY_DEFAULT_STREAM)
+        self._slabs.clear()
+        self._mr.close()

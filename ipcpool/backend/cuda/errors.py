@@ -1,0 +1,72 @@
+"""CUDA failures as ipcpool errors: one map, used by every module of this backend.
+
+Two kinds of failure reach us: a ``(CUresult, ...)`` tuple from cuda.bindings (``check`` looks the
+code up) and the ``CUDAError`` that cuda.core raises, which carries no code, only a message that
+names the error (``translate`` finds the name there). Both go through ``_CLASSES``; anything not in
+it is the root ``IpcPoolError``. The message keeps the driver's name for the error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from cuda.bindings import driver as cu
+
+from ...errors import BackendUnavailable, IpcPoolError, OutOfMemory
+
+# Driver errors that mean something an ipcpool user can act on; every other failure is the root.
+_CLASSES: dict[Any, type[IpcPoolError]] = {
+    cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY: OutOfMemory,
+}
+# The same, by the part of the name cuda.core's messages carry ("OUT_OF_MEMORY").
+_BY_NAME = {code.name.removeprefix("CUDA_ERROR_"): cls for code, cls in _CLASSES.items()}
+
+
+def is_cuda_error(exc: BaseException) -> bool:
+    """True for the exception cuda.core raises when a driver call fails. cuda.core (1.2) defines
+    it as ``CUDAError`` in a private module and exports it from no public one, so it is recognised
+    here, and only here, by its name and package instead of by importing it."""
+    cls = type(exc)
+    return cls.__name__ == "CUDAError" and cls.__module__.startswith("cuda.core.")
+
+
+def translate(exc: Exception, what: str) -> IpcPoolError:
+    """A cuda.core ``CUDAError`` as an ipcpool error (raise it ``from exc``)."""
+    text = str(exc)
+    cls = next((c for name, c in _BY_NAME.items() if name in text), IpcPoolError)
+    return cls(f"{what}: {text}")
+
+
+@contextmanager
+def usable() -> Iterator[None]:
+    """Setting a device current failed: CUDA cannot be used here at all."""
+    try:
+        yield
+    except Exception as exc:
+        if not (is_cuda_error(exc) or isinstance(exc, (RuntimeError, OSError))):
+            raise
+        raise BackendUnavailable(f"CUDA is not usable here: {exc}") from exc
+
+
+def error_name(err: Any) -> str:
+    try:
+        res, name = cu.cuGetErrorName(err)
+        if res == cu.CUresult.CUDA_SUCCESS:
+            return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # naming an error must never hide the error itself
+        pass
+    return str(err)
+
+
+def check(result: tuple, what: str) -> Any:
+    """Unpack a cuda.bindings ``(CUresult, *values)`` tuple, raising an ipcpool error on failure."""
+    err = result[0]
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise _CLASSES.get(err, IpcPoolError)(f"{what} failed: {error_name(err)}")
+    if len(result) == 1:
+        return None
+    if len(result) == 2:
+        return result[1]
+    return result[1:]

@@ -1,0 +1,372 @@
+"""A CUDA pool on the broker: a cuda.core ``DeviceMemoryResource`` with IPC enabled (pinned device
+memory on the configured device, POSIX-FD handle type), its release threshold, reuse policies and
+peer access set through the driver. Small allocations are ranges of slabs, large ones pool
+allocations with a ready event each, and those above the import limit VMM chunks. Frees wait on
+every importer's done event without blocking the host (R2): the backend runs them once settled.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from cuda.core import DeviceMemoryResource, DeviceMemoryResourceOptions, Stream
+
+from ...errors import BackendUnavailable, ClosedError, InvalidRequest, OutOfMemory
+from ..base import REUSE_POLICIES, BrokerPool, Export, PoolSpec, PoolStats, SessionContext
+from . import driver as drv
+from . import vmm
+from .allocation import Allocation, as_alloc
+from .context import OnDevice, check_device, make_current
+from .descriptors import export_pointer
+from .errors import is_cuda_error, translate
+from .events import record_ipc, wait_for
+from .limits import IMPORT_LIMIT, VMM_CHUNK
+from .ordering import DoneWait
+from .session import as_session
+from .slabs import Slabs
+
+
+class PoolServices(Protocol):
+    """What a pool needs of the broker backend: its streams, its free queue and its sweeps."""
+
+    def sweep(self) -> None: ...
+
+    def reaper(self, device: int) -> Stream:
+        """The backend's own stream on ``device`` (frees run there; it never waits on a client)."""
+
+    def retire(self, stream: Stream, *events: Any) -> None:
+        """Close ``events`` once ``stream`` has passed this point (R4)."""
+
+    def defer_free(self, alloc: Allocation, free_now: Callable[[Allocation], None], owner: str) -> None:
+        """Call ``free_now(alloc)`` once every done event of ``alloc`` has settled (R2)."""
+
+    def watch_seal(self, alloc: Allocation) -> None:
+        """Note when the seal of ``alloc`` completes, off any request."""
+
+    def query_streams(self) -> None: ...
+
+
+class CudaPool(BrokerPool):
+    def __init__(self, backend: PoolServices, spec: PoolSpec):
+        self.spec = spec
+        self._backend = backend
+        self.device = spec.device
+        unknown = set(spec.reuse) - set(REUSE_POLICIES)
+        if unknown:
+            raise InvalidRequest(f"pool {spec.name!r}: unknown reuse policies {sorted(unknown)}")
+        check_device(self.device)
+        peers = sorted({p for p in spec.peer_access if p != self.device})
+        for peer in peers:
+            check_device(peer)
+            if not drv.can_access_peer(peer, self.device):
+                raise BackendUnavailable(
+                    f"pool {spec.name!r}: device {peer} cannot access memory on device {self.device} "
+                    f"(cuDeviceCanAccessPeer says no); remove it from peer_access"
+                )
+        make_current(self.device)
+        try:
+            self._mr = DeviceMemoryResource(
+                self.device, DeviceMemoryResourceOptions(ipc_enabled=True, max_size=spec.max_size)
+            )
+        except Exception as exc:
+            if not is_cuda_error(exc):
+                raise
+            raise translate(exc, f"creating pool {spec.name!r} on device {self.device}") from exc
+        try:  # roll back the pool if any property cannot be set
+            self._pool = drv.pool_handle(self._mr)
+            threshold = drv.UINT64_MAX if spec.release_threshold is None else spec.release_threshold
+            drv.set_u64(self._pool, "release_threshold", threshold)
+            for policy in REUSE_POLICIES:
+                drv.set_reuse(self._pool, policy, spec.reuse.get(policy, True))
+            if peers:
+                drv.set_access(self._pool, peers)
+            self._fd = int(self._mr.allocation_handle)
+        except BaseException:
+            self._mr.close()
+            raise
+        self._peers = peers
+        self._closed = False
+        device = self.device
+        self._slabs = Slabs(spec.name, self._mr, spec.max_size, lambda: backend.reaper(device))
+        self.slab_size = self._slabs.size
+        self.slab_item_max = self._slabs.item_max
+        self._used_high = 0
+        self._vmm_bytes = 0   # VMM memory of allocations above the import limit
+
+    # -- export
+    @property
+    def fd(self) -> int:
+        if self._closed:
+            raise ClosedError(f"pool {self.spec.name!r} is closed")
+        return self._fd
+
+    def pool_info(self) -> dict[str, Any]:
+        return {
+            "name": self.spec.name,
+            "device": self.device,
+            "max_size": self.spec.max_size,
+            "peer_access": list(self._peers),
+            "handle_type": "posix_fd",
+            "vmm_above": IMPORT_LIMIT,   # larger allocations come as VMM chunks
+            "slab_size": self.slab_size,
+        }
+
+    # -- allocation
+    def allocate(self, nbytes: int, session: SessionContext) -> tuple[object, Export]:
+        if self._closed:
+            raise ClosedError(f"pool {self.spec.name!r} is closed")
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            raise InvalidRequest(f"allocation size must be a positive integer, got {nbytes!r}")
+        sess = as_session(session)
+        self._backend.sweep()  # frees whose importers are done give their memory back first
+        if nbytes > IMPORT_LIMIT:
+            return self._allocate_vmm(nbytes)
+        if nbytes <= self.slab_item_max:
+            return self._carve(nbytes)
+        stream = sess.stream(self.device)
+        try:
+            buf = self._mr.allocate(nbytes, stream=stream)
+        except Exception as exc:
+            if not is_cuda_error(exc):
+                raise
+            raise translate(exc, f"pool {self.spec.name!r} cannot allocate {nbytes} bytes") from exc
+        try:
+            data = export_pointer(buf)  # exported once, here
+            ready, ready_handle = record_ipc(stream)
+        except BaseException:
+            buf.close(stream=stream)
+            raise
+        sess.graveyard.sweep()
+        return Allocation(buf, nbytes, ready), Export(size=nbytes, offset=0, data=data, ready_event=ready_handle)
+
+    @property
+    def arena_limit(self) -> int:
+        return self.slab_item_max   # arenas are slab ranges, so carving one needs no driver call
+
+    def carve(self, handle: object, export: Export, offset: int, nbytes: int,
+              on_idle: Callable[[], None]) -> tuple[object, Export]:
+        arena = as_alloc(handle)
+        if arena.slab is None or arena.freed:
+            raise InvalidRequest("only a live slab range can be carved")
+        alloc = Allocation(None, nbytes, None, arena.slab, arena.offset + offset)
+        alloc.on_idle = on_idle
+        return alloc, Export(size=nbytes, offset=arena.offset + offset, data=arena.slab.data, sub=True)
+
+    def _allocate_vmm(self, nbytes: int) -> tuple[object, Export]:
+        """Memory a pool pointer import could not carry (see IMPORT_LIMIT): VMM chunks whose FDs
+        the client maps into one range. cuMemCreate is synchronous: no ready event is needed."""
+        if self.spec.max_size and self._vmm_bytes + nbytes > self.spec.max_size:
+            raise OutOfMemory(f"pool {self.spec.name!r}: {nbytes} bytes more would pass its max_size")
+        with OnDevice(self.device):
+            vmm.check_supported(self.device)
+            sizes = vmm.split(nbytes, vmm.granularity(self.device), VMM_CHUNK)
+            chunks = vmm.create_chunks(self.device, sizes, False)
+        self._vmm_bytes += sum(sizes)
+        export = Export(size=nbytes, chunks=tuple(sizes))
+        return Allocation(None, nbytes, None, chunks=chunks), export
+
+    def chunk_fds(self, handle: object) -> list[int]:
+        return [c.fd for c in as_alloc(handle).chunks or ()]
+
+    def restore(self, row: dict[str, Any], fds: list[int]) -> tuple[object, Export]:
+        """A VMM-backed object a previous broker stored: its chunks, restored from their FDs, are
+        ours again (and freed like any). Pool memory is restored by ``RestoredCudaPool`` instead."""
+        sizes = [int(n) for n in row.get("chunks") or ()]
+        if not sizes:
+            for fd in fds:
+                os.close(fd)
+            raise InvalidRequest(f"pool {self.spec.name!r} restores VMM chunks only")
+        with OnDevice(self.device):
+            chunks = vmm.restore_chunks(fds, sizes)
+        self._vmm_bytes += sum(sizes)
+        return Allocation(None, row["size"], None, chunks=chunks), Export(size=row["size"], chunks=tuple(sizes))
+
+    def _carve(self, nbytes: int) -> tuple[object, Export]:
+        slab, offset = self._slabs.take(nbytes)
+        self._used_high = max(self._used_high, self._used())
+        export = Export(size=nbytes, offset=offset, data=slab.data, sub=True)
+        return Allocation(None, nbytes, None, slab, offset), export
+
+    def _used(self) -> int:
+        """Bytes handed out: the driver's count, with each slab counted by its ranges in use."""
+        return drv.get_u64(self._pool, "used") - self._slabs.reserved + self._slabs.used + self._vmm_bytes
+
+    def reexport(self, handle: object, export: Export, session: SessionContext) -> Export:
+        """Another session opens this allocation: its stream follows the allocation (the first
+        ready event, a local wait here), then a fresh ready event is recorded there for it."""
+        alloc = as_alloc(handle)
+        if alloc.freed:
+            raise InvalidRequest("allocation was freed")
+        if alloc.slab is not None or alloc.chunks is not None:
+            return export   # idle on the GPU when handed out (a slab range; new VMM chunks)
+        stream = as_session(session).stream(self.device)
+        stream.wait(alloc.ready)
+        event, ready_handle = record_ipc(stream)
+        alloc.extra.append(event)  # alive until the free has run, like the first ready event
+        return Export(size=export.size, offset=export.offset, data=export.data, ready_event=ready_handle)
+
+    def add_release(self, handle: object, session: SessionContext, done_event: bytes) -> None:
+        alloc = as_alloc(handle)
+        if done_event:
+            alloc.waits.append(DoneWait(done_event, as_session(session), self.device))  # now (R4)
+        self._backend.sweep()
+
+    def seal(self, handle: object, session: SessionContext, done_event: bytes) -> bytes:
+        """The writer is done at ``done_event``: the free follows it, and readers get a broker event
+        recorded once, after a wait on it on the writer's session stream (its own stream: R3)."""
+        alloc = as_alloc(handle)
+        sess = as_session(session)
+        credit = sess.credits.get(done_event) if done_event else None
+        if credit is not None and alloc.ready is None:
+            # Recorded by the writer on one of our events: readers wait on that very event (one
+            # GPU hop), and so does the free. Kept until the free has run, like any seal event.
+            alloc.waits.append(DoneWait(done_event, sess, self.device, keep=True))
+            alloc.extra.append(credit)
+            alloc.sealed = credit
+            self._backend.watch_seal(alloc)
+            return done_event
+        stream = sess.stream(self.device)
+        if alloc.ready is not None:
+            stream.wait(alloc.ready)
+        if credit is not None:
+            wait_for(stream, credit)   # our own event: a local wait (the DoneWait below only queries it)
+        if done_event:
+            alloc.waits.append(DoneWait(done_event, sess, self.device))  # the wait, on stream
+        event, sealed = record_ipc(stream)
+        alloc.extra.append(event)
+        alloc.sealed = event
+        self._backend.watch_seal(alloc)   # its completion is noted later, off any request
+        return sealed
+
+    def credit(self, session: SessionContext) -> bytes:
+        return as_session(session).issue_credit(self.device)
+
+    def check_promise(self, session: SessionContext, handle: bytes) -> None:
+        if handle not in as_session(session).credits:
+            raise InvalidRequest("create: seal_credit is not an unused credit of this session")
+
+    def seal_done(self, handle: object) -> bool:
+        alloc = as_alloc(handle)
+        if not alloc.seal_done and alloc.sealed is not None and not alloc.freed and alloc.sealed.is_done:
+            alloc.seal_done = True   # one query (~1 µs); then never again
+        return alloc.seal_done or alloc.sealed is None
+
+    def shrink(self, handle: object, keep: list[tuple[int, int]]) -> int:
+        alloc = as_alloc(handle)
+        if alloc.slab is None or alloc.freed or alloc.on_idle is not None or alloc.parts is not None:
+            return 0
+        ranges = alloc.slab.ranges
+        given = ranges.free(alloc.offset)
+        alloc.parts = {alloc.offset + off: ranges.reserve(alloc.offset + off, size) for off, size in keep}
+        given -= sum(alloc.parts.values())
+        self._slabs.used -= given
+        return given
+
+    def free_part(self, handle: object, offset: int) -> None:
+        alloc = as_alloc(handle)
+        size = alloc.parts.pop(alloc.offset + offset, None) if alloc.parts else None
+        if size is not None:   # idle: every importer's done event completed (R2)
+            alloc.slab.ranges.free(alloc.offset + offset)
+            self._slabs.used -= size
+
+    def join_seals(self, handles: list[object], session: SessionContext) -> bytes:
+        sess = as_session(session)
+        stream = sess.stream(self.device)
+        for handle in handles:
+            alloc = as_alloc(handle)
+            if alloc.sealed is not None and not alloc.seal_done:
+                if alloc.sealed.is_done:
+                    alloc.seal_done = True      # never waited on again (a thousand-object attach)
+                else:
+                    wait_for(stream, alloc.sealed)   # our own events: a local wait, nothing to open
+        event, joined = record_ipc(stream)
+        sess.hand_out(event)
+        return joined
+
+    def free(self, handle: object, session: SessionContext, done_event: bytes = b"") -> None:
+        """R2 without host synchronisation: the session's stream waits on the done event now, and
+        the memory is freed on the backend's own stream once the marker after that wait (and after
+        every ``add_release`` wait) has completed, as seen by polling at each later call into the
+        backend, or once the client's process is gone (``peer_gone``). See ``DoneWait``."""
+        alloc = as_alloc(handle)
+        if alloc.freed:
+            raise InvalidRequest("allocation freed twice")
+        alloc.freed = True
+        if done_event:
+            alloc.waits.append(DoneWait(done_event, as_session(session), self.device))
+        self._backend.defer_free(alloc, self._free_now, self.spec.name)
+
+    def _free_now(self, alloc: Allocation) -> None:
+        """Every importer is done: free on the backend's stream, after the allocation itself."""
+        stream = self._backend.reaper(self.device)
+        if alloc.slab is not None:   # every importer's done marker completed: the range is idle
+            if alloc.on_idle is not None:
+                alloc.on_idle()      # back to its arena (the arena's own range stays taken)
+            elif alloc.parts is not None:   # a shrunk arena: what it still keeps
+                for offset, size in alloc.parts.items():
+                    alloc.slab.ranges.free(offset)
+                    self._slabs.used -= size
+                alloc.parts = {}
+            else:
+                alloc.slab.ranges.free(alloc.offset)
+                self._slabs.used -= alloc.slab.ranges.rounded(alloc.size)
+            if alloc.extra:
+                self._backend.retire(stream, *alloc.extra)
+            alloc.extra = []
+            return
+        if alloc.chunks is not None:   # every importer has unmapped (after its work) or is gone
+            with OnDevice(self.device):
+                for chunk in alloc.chunks:
+                    chunk.close()
+            self._vmm_bytes -= sum(c.size for c in alloc.chunks)
+            alloc.chunks = []
+            self._backend.retire(stream, *alloc.extra)
+            alloc.extra = []
+            return
+        stream.wait(alloc.ready)  # (no wait on alloc.extra: a seal event may never complete)
+        alloc.buffer.close(stream=stream)
+        self._backend.retire(stream, alloc.ready, *alloc.extra)
+        alloc.extra = []
+
+    # -- statistics and policy
+    def stats(self) -> PoolStats:
+        self._backend.sweep()
+        p = self._pool
+        used = self._used()
+        self._used_high = max(self._used_high, used)
+        return PoolStats(
+            reserved=drv.get_u64(p, "reserved") + self._vmm_bytes,
+            used=used,
+            reserved_high=drv.get_u64(p, "reserved_high"),
+            used_high=self._used_high,   # ours: the driver's counts whole slabs
+        )
+
+    def reuse_policies(self) -> dict[str, bool]:
+        return {policy: drv.get_reuse(self._pool, policy) for policy in REUSE_POLICIES}
+
+    def release_threshold(self) -> int:
+        return drv.get_u64(self._pool, "release_threshold")
+
+    def reset_high(self) -> None:
+        drv.set_u64(self._pool, "reserved_high", 0)
+        drv.set_u64(self._pool, "used_high", 0)
+        self._used_high = self._used()
+
+    def trim(self, keep: int) -> None:
+        # Let the driver learn which stream-ordered frees have completed (non-blocking), then trim.
+        # Memory that an importer still has mapped is not released (seen on an H200, driver
+        # 580.159: nothing while a client kept the pool imported, everything once they had left).
+        self._backend.query_streams()
+        drv.trim_to(self._pool, max(0, int(keep)))
+
+    def set_release_threshold(self, nbytes: int) -> None:
+        drv.set_u64(self._pool, "release_threshold", int(nbytes))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._slabs.close()
+        self._mr.close()  # also closes the exported FD; memory still in use is released later
