@@ -5,7 +5,8 @@ gets it and reads one element. p50/p99 over N hand-offs, side by side with the p
     python bench/handoff.py --backend cuda   # vs torch.multiprocessing and cuda.core IPC buffers
 
 Every run also times the floor: the same hand-off written by hand with everything set up once
-(memory imported once, events recycled, the host polling the event, a notice over AF_UNIX).
+(memory imported once, events recycled, the host polling the event, a notice over AF_UNIX). The
+floor and the peers live in bench/handoff_peers.py; this module has the ipcpool pair and the run.
 
 Latency is from the producer's first call to the consumer holding the element (CLOCK_MONOTONIC is
 one clock for every process). Writes bench/results/handoff_<backend>.json and .png.
@@ -23,9 +24,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import broker, machine, percentiles, save  # noqa: E402
+from bench.handoff_peers import (  # noqa: E402
+    SIZE, core_consumer, core_producer, floor_consumer, floor_producer, shm_consumer, shm_producer,
+    torch_consumer, torch_producer)
 from ipcpool.progress import Progress  # noqa: E402
 
-SIZE = 1 << 20
 WARMUP = 50
 CTX = mp.get_context("spawn")
 
@@ -136,215 +139,6 @@ def _report_steps(who: str, names: tuple[str, ...], steps: list[tuple[int, ...]]
     print(f"  {who} step p50: " + ", ".join(cols), file=sys.stderr, flush=True)
 
 
-# -- the floor: the same hand-off done by hand, everything set up once ------------------------------
-# Both processes share one memory region imported once (CUDA: an IPC pool allocation of SLOTS slots;
-# host: one memfd mapping) and a duplex AF_UNIX socketpair. CUDA: SLOTS IPC events are made once by
-# the producer, opened once by the consumer, and re-recorded in turn (event k again only after
-# hand-off k was acknowledged); the consumer polls cuEventQuery on the host, never a stream wait.
-SLOTS = 16
-
-
-def _floor_producer(_, backend, n, go, link, acks, pipe):
-    import mmap
-    from multiprocessing import reduction
-
-    if backend == "host":
-        fd = os.memfd_create("floor")
-        os.ftruncate(fd, SLOTS * SIZE)
-        mem = mmap.mmap(fd, SLOTS * SIZE)
-        reduction.send_handle(pipe, fd, pipe.recv())   # the consumer's pid came first
-        fill = bytes(SIZE)
-        for i in range(n):
-            go.get()
-            t0 = time.perf_counter_ns()
-            k = i % SLOTS
-            mem[k * SIZE : (k + 1) * SIZE] = fill
-            mem[k * SIZE] = i % 251
-            pipe.send_bytes(bytes((k,)))
-            link.put((t0, t0))
-            pipe.recv_bytes()   # the consumer's one-byte ack
-        return
-    import torch
-    from cuda.bindings import driver as cu
-    from cuda.core import Device, DeviceMemoryResource, DeviceMemoryResourceOptions
-
-    dev = Device(0)
-    dev.set_current()
-    stream = dev.create_stream()
-    mr = DeviceMemoryResource(dev, DeviceMemoryResourceOptions(ipc_enabled=True, max_size=1 << 30))
-    buf = mr.allocate(SLOTS * SIZE, stream=stream)
-    stream.sync()
-    flags = int(cu.CUevent_flags.CU_EVENT_INTERPROCESS) | int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
-    events = [cu.cuEventCreate(flags)[1] for _ in range(SLOTS)]
-    handles = [bytes(cu.cuIpcGetEventHandle(e)[1].reserved) for e in events]
-    link.put((mr, buf, handles))
-    torch.cuda.set_stream(torch.cuda.ExternalStream(int(stream.handle)))
-    whole = torch.from_dlpack(buf).view(torch.uint8)
-    views = [whole[k * SIZE : (k + 1) * SIZE] for k in range(SLOTS)]
-    h = int(stream.handle)
-    pipe.recv_bytes()   # the consumer has opened everything
-    for i in range(n):
-        go.get()
-        t0 = time.perf_counter_ns()
-        k = i % SLOTS
-        views[k].fill_(i % 251)
-        cu.cuEventRecord(events[k], h)
-        pipe.send_bytes(k.to_bytes(8, "little") + i.to_bytes(8, "little"))   # a 16-byte notice
-        link.put((t0, t0))
-        pipe.recv_bytes()
-    buf.close(stream)
-
-
-def _floor_consumer(_, backend, n, go, link, acks, out, pipe):
-    import mmap
-    from multiprocessing import reduction
-
-    if backend == "host":
-        pipe.send(os.getpid())
-        fd = reduction.recv_handle(pipe)
-        mem = mmap.mmap(fd, SLOTS * SIZE)
-        for i in range(n):
-            go.put(True)
-            while not pipe.poll(0):   # spinning, as the ipcpool client does for a while
-                pass
-            k = pipe.recv_bytes()[0]
-            value = mem[k * SIZE]
-            t1 = time.perf_counter_ns()
-            assert value == i % 251, (value, i)
-            t0, _ = link.get()
-            out.put(t1 - t0)
-            pipe.send_bytes(b"a")
-        return
-    import torch
-    from cuda.bindings import driver as cu
-    from cuda.core import Device
-
-    Device(0).set_current()
-    stream = Device(0).create_stream()
-    torch.cuda.set_stream(torch.cuda.ExternalStream(int(stream.handle)))
-    _mr, buf, handles = link.get()
-    whole = torch.from_dlpack(buf).view(torch.uint8)
-    views = [whole[k * SIZE : (k + 1) * SIZE] for k in range(SLOTS)]
-    events = []
-    for raw in handles:
-        handle = cu.CUipcEventHandle()
-        handle.reserved = raw
-        events.append(cu.cuIpcOpenEventHandle(handle)[1])
-    pipe.send_bytes(b"r")
-    not_ready = cu.CUresult.CUDA_ERROR_NOT_READY
-    for i in range(n):
-        go.put(True)
-        while not pipe.poll(0):
-            pass
-        k = int.from_bytes(pipe.recv_bytes()[:8], "little")
-        while cu.cuEventQuery(events[k])[0] == not_ready:   # the host sees the fill complete
-            pass
-        value = int(views[k][0].item())
-        t1 = time.perf_counter_ns()
-        assert value == i % 251, (value, i)
-        t0, _ = link.get()
-        out.put(t1 - t0)
-        pipe.send_bytes(b"a")
-    del views, whole
-    buf.close()
-
-
-# -- multiprocessing.shared_memory (host peer) ------------------------------------------------------
-def _shm_producer(_, __, n, go, link, acks):
-    from multiprocessing import shared_memory
-
-    fill = bytes(SIZE)
-    for i in range(n):
-        go.get()
-        t0 = time.perf_counter_ns()
-        shm = shared_memory.SharedMemory(create=True, size=SIZE)
-        shm.buf[:] = fill
-        shm.buf[0] = i % 251
-        link.put((t0, shm.name))
-        acks.get()
-        shm.close()
-        shm.unlink()
-
-
-def _shm_consumer(_, __, n, go, link, acks, out):
-    from multiprocessing import shared_memory
-
-    for i in range(n):
-        go.put(True)
-        t0, name = link.get()
-        shm = shared_memory.SharedMemory(name=name)
-        value = shm.buf[0]
-        t1 = time.perf_counter_ns()
-        assert value == i % 251
-        shm.close()
-        out.put(t1 - t0)
-        acks.put(True)
-
-
-# -- torch.multiprocessing (CUDA tensors through a Queue) -------------------------------------------
-def _torch_producer(_, __, n, go, link, acks):
-    import torch
-
-    for i in range(n):
-        go.get()
-        t0 = time.perf_counter_ns()
-        t = torch.empty(SIZE, dtype=torch.uint8, device="cuda").fill_(i % 251)
-        link.put((t0, t))
-        acks.get()
-        del t
-
-
-def _torch_consumer(_, __, n, go, link, acks, out):
-    for i in range(n):
-        go.put(True)
-        t0, t = link.get()
-        value = int(t[0].item())
-        t1 = time.perf_counter_ns()
-        assert value == i % 251
-        del t
-        out.put(t1 - t0)
-        acks.put(True)
-
-
-# -- cuda.core: an IPC-enabled memory resource, Buffers pickled through a Queue ----------------------
-def _core_producer(_, __, n, go, link, acks):
-    import torch
-    from cuda.core import Device, DeviceMemoryResource, DeviceMemoryResourceOptions
-
-    dev = Device(0)
-    dev.set_current()
-    stream = dev.create_stream()
-    mr = DeviceMemoryResource(dev, DeviceMemoryResourceOptions(ipc_enabled=True, max_size=1 << 30))
-    link.put(mr)          # the pool travels once
-    torch.cuda.set_stream(torch.cuda.ExternalStream(int(stream.handle)))
-    for i in range(n):
-        go.get()
-        t0 = time.perf_counter_ns()
-        buf = mr.allocate(SIZE, stream=stream)
-        torch.from_dlpack(buf).view(torch.uint8).fill_(i % 251)
-        stream.sync()     # this path has no IPC event: the producer synchronises before handing off
-        link.put((t0, buf))
-        acks.get()
-        buf.close(stream)
-
-
-def _core_consumer(_, __, n, go, link, acks, out):
-    import torch
-    from cuda.core import Device
-
-    Device(0).set_current()
-    link.get()            # the memory resource, imported once
-    for i in range(n):
-        go.put(True)
-        t0, buf = link.get()
-        value = int(torch.from_dlpack(buf).view(torch.uint8)[0].item())
-        t1 = time.perf_counter_ns()
-        assert value == i % 251
-        buf.close()
-        out.put(t1 - t0)
-        acks.put(True)
-
-
 def run_pair(label, producer, consumer, n, socket_dir=None, backend=None, pipe=False) -> dict:
     # SimpleQueues: no feeder thread in the timed processes to contend for their GIL. ``pipe``: the
     # pair also gets the two ends of one AF_UNIX socketpair (the floor's notice).
@@ -418,13 +212,13 @@ def main() -> None:
             peers["ipcpool, no busy polling"] = run_pair(
                 "ipcpool, no busy polling", _ipc_producer, _ipc_consumer, n, socket_dir, args.backend)
         del os.environ["IPCPOOL_CLIENT_SPIN_US"]
-    peers["floor"] = run_pair("floor", _floor_producer, _floor_consumer, n, None, args.backend, pipe=True)
+    peers["floor"] = run_pair("floor", floor_producer, floor_consumer, n, None, args.backend, pipe=True)
     if args.backend == "host":
-        peers["shared_memory"] = run_pair("multiprocessing.shared_memory", _shm_producer, _shm_consumer, n)
+        peers["shared_memory"] = run_pair("multiprocessing.shared_memory", shm_producer, shm_consumer, n)
     else:
-        peers["torch.multiprocessing"] = run_pair("torch.multiprocessing", _torch_producer, _torch_consumer, n)
+        peers["torch.multiprocessing"] = run_pair("torch.multiprocessing", torch_producer, torch_consumer, n)
         if "cuda.core" not in skip:
-            peers["cuda.core"] = run_pair("cuda.core IPC buffers", _core_producer, _core_consumer, n)
+            peers["cuda.core"] = run_pair("cuda.core IPC buffers", core_producer, core_consumer, n)
     peer = "shared_memory" if args.backend == "host" else "torch.multiprocessing"
     for row in peers.values():   # each line against the floor and the usual peer
         row["x_floor"] = row["p50_us"] / peers["floor"]["p50_us"]

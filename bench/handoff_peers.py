@@ -1,0 +1,223 @@
+"""The lines bench/handoff.py times ipcpool against, each a producer/consumer pair run in two
+spawned processes: the floor (the same hand-off written by hand, for host and CUDA),
+multiprocessing.shared_memory (host), torch.multiprocessing and cuda.core IPC buffers (CUDA).
+
+Each pair takes the runner's queues (go, link, acks; the consumer also out, the latency in ns).
+SIZE is the object every line hands off, ipcpool's pair in bench/handoff.py included.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+SIZE = 1 << 20
+
+
+# -- the floor: the same hand-off done by hand, everything set up once ------------------------------
+# Both processes share one memory region imported once (CUDA: an IPC pool allocation of SLOTS slots;
+# host: one memfd mapping) and a duplex AF_UNIX socketpair. CUDA: SLOTS IPC events are made once by
+# the producer, opened once by the consumer, and re-recorded in turn (event k again only after
+# hand-off k was acknowledged); the consumer polls cuEventQuery on the host, never a stream wait.
+SLOTS = 16
+
+
+def floor_producer(_, backend, n, go, link, acks, pipe):
+    import mmap
+    from multiprocessing import reduction
+
+    if backend == "host":
+        fd = os.memfd_create("floor")
+        os.ftruncate(fd, SLOTS * SIZE)
+        mem = mmap.mmap(fd, SLOTS * SIZE)
+        reduction.send_handle(pipe, fd, pipe.recv())   # the consumer's pid came first
+        fill = bytes(SIZE)
+        for i in range(n):
+            go.get()
+            t0 = time.perf_counter_ns()
+            k = i % SLOTS
+            mem[k * SIZE : (k + 1) * SIZE] = fill
+            mem[k * SIZE] = i % 251
+            pipe.send_bytes(bytes((k,)))
+            link.put((t0, t0))
+            pipe.recv_bytes()   # the consumer's one-byte ack
+        return
+    import torch
+    from cuda.bindings import driver as cu
+    from cuda.core import Device, DeviceMemoryResource, DeviceMemoryResourceOptions
+
+    dev = Device(0)
+    dev.set_current()
+    stream = dev.create_stream()
+    mr = DeviceMemoryResource(dev, DeviceMemoryResourceOptions(ipc_enabled=True, max_size=1 << 30))
+    buf = mr.allocate(SLOTS * SIZE, stream=stream)
+    stream.sync()
+    flags = int(cu.CUevent_flags.CU_EVENT_INTERPROCESS) | int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+    events = [cu.cuEventCreate(flags)[1] for _ in range(SLOTS)]
+    handles = [bytes(cu.cuIpcGetEventHandle(e)[1].reserved) for e in events]
+    link.put((mr, buf, handles))
+    torch.cuda.set_stream(torch.cuda.ExternalStream(int(stream.handle)))
+    whole = torch.from_dlpack(buf).view(torch.uint8)
+    views = [whole[k * SIZE : (k + 1) * SIZE] for k in range(SLOTS)]
+    h = int(stream.handle)
+    pipe.recv_bytes()   # the consumer has opened everything
+    for i in range(n):
+        go.get()
+        t0 = time.perf_counter_ns()
+        k = i % SLOTS
+        views[k].fill_(i % 251)
+        cu.cuEventRecord(events[k], h)
+        pipe.send_bytes(k.to_bytes(8, "little") + i.to_bytes(8, "little"))   # a 16-byte notice
+        link.put((t0, t0))
+        pipe.recv_bytes()
+    buf.close(stream)
+
+
+def floor_consumer(_, backend, n, go, link, acks, out, pipe):
+    import mmap
+    from multiprocessing import reduction
+
+    if backend == "host":
+        pipe.send(os.getpid())
+        fd = reduction.recv_handle(pipe)
+        mem = mmap.mmap(fd, SLOTS * SIZE)
+        for i in range(n):
+            go.put(True)
+            while not pipe.poll(0):   # spinning, as the ipcpool client does for a while
+                pass
+            k = pipe.recv_bytes()[0]
+            value = mem[k * SIZE]
+            t1 = time.perf_counter_ns()
+            assert value == i % 251, (value, i)
+            t0, _ = link.get()
+            out.put(t1 - t0)
+            pipe.send_bytes(b"a")
+        return
+    import torch
+    from cuda.bindings import driver as cu
+    from cuda.core import Device
+
+    Device(0).set_current()
+    stream = Device(0).create_stream()
+    torch.cuda.set_stream(torch.cuda.ExternalStream(int(stream.handle)))
+    _mr, buf, handles = link.get()
+    whole = torch.from_dlpack(buf).view(torch.uint8)
+    views = [whole[k * SIZE : (k + 1) * SIZE] for k in range(SLOTS)]
+    events = []
+    for raw in handles:
+        handle = cu.CUipcEventHandle()
+        handle.reserved = raw
+        events.append(cu.cuIpcOpenEventHandle(handle)[1])
+    pipe.send_bytes(b"r")
+    not_ready = cu.CUresult.CUDA_ERROR_NOT_READY
+    for i in range(n):
+        go.put(True)
+        while not pipe.poll(0):
+            pass
+        k = int.from_bytes(pipe.recv_bytes()[:8], "little")
+        while cu.cuEventQuery(events[k])[0] == not_ready:   # the host sees the fill complete
+            pass
+        value = int(views[k][0].item())
+        t1 = time.perf_counter_ns()
+        assert value == i % 251, (value, i)
+        t0, _ = link.get()
+        out.put(t1 - t0)
+        pipe.send_bytes(b"a")
+    del views, whole
+    buf.close()
+
+
+# -- multiprocessing.shared_memory (host peer) ------------------------------------------------------
+def shm_producer(_, __, n, go, link, acks):
+    from multiprocessing import shared_memory
+
+    fill = bytes(SIZE)
+    for i in range(n):
+        go.get()
+        t0 = time.perf_counter_ns()
+        shm = shared_memory.SharedMemory(create=True, size=SIZE)
+        shm.buf[:] = fill
+        shm.buf[0] = i % 251
+        link.put((t0, shm.name))
+        acks.get()
+        shm.close()
+        shm.unlink()
+
+
+def shm_consumer(_, __, n, go, link, acks, out):
+    from multiprocessing import shared_memory
+
+    for i in range(n):
+        go.put(True)
+        t0, name = link.get()
+        shm = shared_memory.SharedMemory(name=name)
+        value = shm.buf[0]
+        t1 = time.perf_counter_ns()
+        assert value == i % 251
+        shm.close()
+        out.put(t1 - t0)
+        acks.put(True)
+
+
+# -- torch.multiprocessing (CUDA tensors through a Queue) -------------------------------------------
+def torch_producer(_, __, n, go, link, acks):
+    import torch
+
+    for i in range(n):
+        go.get()
+        t0 = time.perf_counter_ns()
+        t = torch.empty(SIZE, dtype=torch.uint8, device="cuda").fill_(i % 251)
+        link.put((t0, t))
+        acks.get()
+        del t
+
+
+def torch_consumer(_, __, n, go, link, acks, out):
+    for i in range(n):
+        go.put(True)
+        t0, t = link.get()
+        value = int(t[0].item())
+        t1 = time.perf_counter_ns()
+        assert value == i % 251
+        del t
+        out.put(t1 - t0)
+        acks.put(True)
+
+
+# -- cuda.core: an IPC-enabled memory resource, Buffers pickled through a Queue ----------------------
+def core_producer(_, __, n, go, link, acks):
+    import torch
+    from cuda.core import Device, DeviceMemoryResource, DeviceMemoryResourceOptions
+
+    dev = Device(0)
+    dev.set_current()
+    stream = dev.create_stream()
+    mr = DeviceMemoryResource(dev, DeviceMemoryResourceOptions(ipc_enabled=True, max_size=1 << 30))
+    link.put(mr)          # the pool travels once
+    torch.cuda.set_stream(torch.cuda.ExternalStream(int(stream.handle)))
+    for i in range(n):
+        go.get()
+        t0 = time.perf_counter_ns()
+        buf = mr.allocate(SIZE, stream=stream)
+        torch.from_dlpack(buf).view(torch.uint8).fill_(i % 251)
+        stream.sync()     # this path has no IPC event: the producer synchronises before handing off
+        link.put((t0, buf))
+        acks.get()
+        buf.close(stream)
+
+
+def core_consumer(_, __, n, go, link, acks, out):
+    import torch
+    from cuda.core import Device
+
+    Device(0).set_current()
+    link.get()            # the memory resource, imported once
+    for i in range(n):
+        go.put(True)
+        t0, buf = link.get()
+        value = int(torch.from_dlpack(buf).view(torch.uint8)[0].item())
+        t1 = time.perf_counter_ns()
+        assert value == i % 251
+        buf.close()
+        out.put(t1 - t0)
+        acks.put(True)
