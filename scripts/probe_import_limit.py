@@ -41,7 +41,7 @@ def child(fd: int, size: int, data_hex: str) -> int:
     mr = DeviceMemoryResource.from_allocation_handle(dev, fd)
     os.close(fd)
     print("pool imported", flush=True)
-    buf = import_pointer(mr, bytes.fromhex(data_hex), size, stream)
+    buf = import_pointer(mr, bytes.fromhex(data_hex), size)
     print("pointer imported", hex(int(buf.handle)), flush=True)
     buf.fill(7, stream=stream)
     stream.sync()

@@ -111,7 +111,7 @@ class CudaClientPool(ClientPool):
                     if export.offset + export.size > self.slab_size:
                         raise InvalidRequest("a slab range lies outside its slab")
                     return self._range(export)
-                buf = import_pointer(self._mr, export.data, export.size, s)
+                buf = import_pointer(self._mr, export.data, export.size)
         except Exception as exc:
             if not is_cuda_error(exc):
                 raise
@@ -135,7 +135,7 @@ class CudaClientPool(ClientPool):
                             raise InvalidRequest("a slab range lies outside its slab")
                         out.append(self._range(e))
                     else:
-                        out.append(CudaMemory(import_pointer(self._mr, e.data, e.size, s), e.size, self.device))
+                        out.append(CudaMemory(import_pointer(self._mr, e.data, e.size), e.size, self.device))
         except Exception as exc:
             if not is_cuda_error(exc):
                 raise
@@ -199,7 +199,7 @@ class CudaClientPool(ClientPool):
         slab = self._slabs.get(data)
         if slab is None:
             # Never freed through this import while the pool lives; closed with the pool.
-            buf = import_pointer(self._mr, data, self.slab_size, LEGACY_DEFAULT_STREAM)
+            buf = import_pointer(self._mr, data, self.slab_size)
             slab = self._slabs[data] = CudaMemory(buf, self.slab_size, self.device, whole=False)
         return slab
 

@@ -37,12 +37,13 @@ def export_pointer(buf: Any) -> bytes:
     return ctypes.string_at(data.getPtr(), HANDLE_BYTES)
 
 
-def import_pointer(mr: Any, data: bytes, size: int, stream: Any) -> Buffer:
+def import_pointer(mr: Any, data: bytes, size: int) -> Buffer:
     """A peer's pool allocation in ``mr`` (the imported pool), as ``Buffer.from_ipc_descriptor``
-    imports it; closing the Buffer frees the import on ``stream`` (or the stream given to close)."""
+    imports it. Close the Buffer with the stream to free the import on (``close(stream=...)``):
+    every release here does; one that is only collected is freed on the default stream."""
     export = _struct(cu.CUmemPoolPtrExportData, data, "pointer export data")
-    ptr = check(cu.cuMemPoolImportPointer(int(mr.handle), export), "cuMemPoolImportPointer")
-    return Buffer.from_handle(int(ptr), size, mr=mr, stream=stream)
+    ptr = check(cu.cuMemPoolImportPointer(mr.handle, export), "cuMemPoolImportPointer")
+    return Buffer.from_handle(int(ptr), size, mr=mr)
 
 
 def event_handle(event: Any) -> bytes:
