@@ -15,13 +15,14 @@ from typing import Any
 
 from cuda.core import Stream
 
+from ...errors import IpcPoolError
 from ..base import BrokerBackend, BrokerGrowable, BrokerPool, PoolSpec, SessionContext
 from ..mps import mps_warnings
 from . import driver as drv
 from . import vmm
 from .allocation import Allocation
 from .context import OnDevice, make_current
-from .errors import usable
+from .errors import is_cuda_error, translate, usable
 from .events import Graveyard
 from .growable import CudaGrowable
 from .ordering import DeferredFrees, SealWatch
@@ -38,6 +39,9 @@ class CudaBrokerBackend(BrokerBackend):
 
     def startup_warnings(self) -> list[str]:
         return mps_warnings()   # under MPS a crash is not isolated to its process
+
+    def foreign_error(self, exc: Exception) -> IpcPoolError | None:
+        return translate(exc, "CUDA") if is_cuda_error(exc) else None
 
     def __init__(self) -> None:
         with usable():
