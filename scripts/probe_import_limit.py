@@ -17,6 +17,9 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # ipcpool from this checkout
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -28,8 +31,9 @@ FIXED = [
 
 def child(fd: int, size: int, data_hex: str) -> int:
     from cuda.bindings import driver as cu
-    from cuda.core import Buffer, Device, DeviceMemoryResource
-    from cuda.core._memory._ipc import IPCBufferDescriptor
+    from cuda.core import Device, DeviceMemoryResource
+
+    from ipcpool.backend.cuda.descriptors import import_pointer
 
     dev = Device(0)
     dev.set_current()
@@ -37,7 +41,7 @@ def child(fd: int, size: int, data_hex: str) -> int:
     mr = DeviceMemoryResource.from_allocation_handle(dev, fd)
     os.close(fd)
     print("pool imported", flush=True)
-    buf = Buffer.from_ipc_descriptor(mr, IPCBufferDescriptor._init(bytes.fromhex(data_hex), size), stream=stream)
+    buf = import_pointer(mr, bytes.fromhex(data_hex), size)
     print("pointer imported", hex(int(buf.handle)), flush=True)
     buf.fill(7, stream=stream)
     stream.sync()
@@ -56,6 +60,8 @@ def child(fd: int, size: int, data_hex: str) -> int:
 def try_size(size: int, timeout: float, pad: int = 0) -> dict:
     from cuda.core import Device, DeviceMemoryResource, DeviceMemoryResourceOptions
 
+    from ipcpool.backend.cuda.descriptors import export_pointer
+
     dev = Device(0)
     dev.set_current()
     stream = dev.create_stream()
@@ -65,7 +71,7 @@ def try_size(size: int, timeout: float, pad: int = 0) -> dict:
         padding = mr.allocate(pad, stream=stream) if pad else None   # the allocation at an offset
         buf = mr.allocate(size, stream=stream)
         stream.sync()
-        data = bytes(buf.ipc_descriptor.__reduce__()[1][0])
+        data = export_pointer(buf)
         fd = int(mr.allocation_handle)
         try:
             p = subprocess.run(

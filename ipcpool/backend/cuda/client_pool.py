@@ -21,9 +21,9 @@ from ..base import ClientPool, Export, ImportedMemory
 from . import driver as drv
 from . import vmm
 from .context import OnDevice, OnStream, check_device
-from .descriptors import buffer_descriptor
+from .descriptors import import_pointer
 from .errors import is_cuda_error, translate
-from .events import open_ipc, record_into, record_ipc
+from .events import open_ipc, record_into, record_ipc, wait_for
 from .memory import CudaMemory, StreamSource
 
 
@@ -50,7 +50,7 @@ def order_after_event(stream: Stream, handle: bytes, spin_s: float) -> None:
             while time.perf_counter() < until:
                 if event.is_done:
                     return
-            stream.wait(event)   # bound now, to the latest record (R4)
+            wait_for(stream, event)   # bound now, to the latest record (R4)
         finally:
             event.close()
 
@@ -111,9 +111,7 @@ class CudaClientPool(ClientPool):
                     if export.offset + export.size > self.slab_size:
                         raise InvalidRequest("a slab range lies outside its slab")
                     return self._range(export)
-                buf = Buffer.from_ipc_descriptor(
-                    self._mr, buffer_descriptor(bytes(export.data), export.size), stream=s
-                )
+                buf = import_pointer(self._mr, export.data, export.size)
         except Exception as exc:
             if not is_cuda_error(exc):
                 raise
@@ -137,8 +135,7 @@ class CudaClientPool(ClientPool):
                             raise InvalidRequest("a slab range lies outside its slab")
                         out.append(self._range(e))
                     else:
-                        desc = buffer_descriptor(bytes(e.data), e.size)
-                        out.append(CudaMemory(Buffer.from_ipc_descriptor(self._mr, desc, stream=s), e.size, self.device))
+                        out.append(CudaMemory(import_pointer(self._mr, e.data, e.size), e.size, self.device))
         except Exception as exc:
             if not is_cuda_error(exc):
                 raise
@@ -201,9 +198,8 @@ class CudaClientPool(ClientPool):
         """A slab of the broker's, imported once (slabs live as long as the pool)."""
         slab = self._slabs.get(data)
         if slab is None:
-            desc = buffer_descriptor(bytes(data), self.slab_size)
             # Never freed through this import while the pool lives; closed with the pool.
-            buf = Buffer.from_ipc_descriptor(self._mr, desc, stream=LEGACY_DEFAULT_STREAM)
+            buf = import_pointer(self._mr, data, self.slab_size)
             slab = self._slabs[data] = CudaMemory(buf, self.slab_size, self.device, whole=False)
         return slab
 

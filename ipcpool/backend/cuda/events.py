@@ -15,7 +15,6 @@ Lifetimes:
 from __future__ import annotations
 
 import collections
-import ctypes
 from typing import Any
 
 from cuda.bindings.driver import (
@@ -25,66 +24,77 @@ from cuda.bindings.driver import (
     cuEventDestroy,
     cuEventQuery,
     cuEventRecord,
-    cuIpcGetEventHandle,
+    cuEventSynchronize,
     cuStreamWaitEvent,
 )
 from cuda.core import Event, EventOptions
 
-from ...errors import InvalidRequest
-from ...protocol import HANDLE_BYTES
-from .descriptors import event_descriptor, event_handle
+from .descriptors import event_handle, open_event
 from .errors import check
 
-_IPC = EventOptions(ipc_enabled=True)
 _PLAIN = EventOptions()
+_IPC_FLAGS = int(CUevent_flags.CU_EVENT_INTERPROCESS) | int(CUevent_flags.CU_EVENT_DISABLE_TIMING)
 
 
-def record_ipc(stream: Any) -> tuple[Event, bytes]:
-    """Record a fresh IPC event on ``stream``; return it and its 64-byte handle."""
-    event = stream.record(options=_IPC)
-    return event, event_handle(event)
+class DriverEvent:
+    """An event held as a driver CUevent (``handle``): cuda.core gives an IPC event's handle out
+    only through a private descriptor, so interprocess events are made and opened with the driver
+    API. Offers what the backend uses of an event: ``is_done``, ``sync``, ``close``."""
 
+    __slots__ = ("handle",)
 
-class UnrecordedEvent:
-    """An IPC event made with the driver API, never recorded here: a peer records it (a credit,
-    see ``BrokerPool.credit``). cuda.core makes IPC events only by recording them, which would
-    put a command of ours on the GPU, and with it a switch to our context there, for each one.
-    Offers what the broker uses of a cuda.core Event: ``is_done``, ``close``, and ``wait_on``."""
-
-    __slots__ = ("_event", "ipc_handle")
-
-    def __init__(self) -> None:
-        flags = int(CUevent_flags.CU_EVENT_INTERPROCESS) | int(CUevent_flags.CU_EVENT_DISABLE_TIMING)
-        self._event = check(cuEventCreate(flags), "cuEventCreate")
-        try:
-            handle = check(cuIpcGetEventHandle(self._event), "cuIpcGetEventHandle")
-            self.ipc_handle = ctypes.string_at(handle.getPtr(), HANDLE_BYTES)
-        except BaseException:
-            cuEventDestroy(self._event)
-            raise
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
 
     @property
     def is_done(self) -> bool:
-        (err,) = cuEventQuery(self._event)
+        (err,) = cuEventQuery(self.handle)
         if err == CUresult.CUDA_ERROR_NOT_READY:
             return False
         check((err,), "cuEventQuery")
         return True
 
-    def wait_on(self, stream: Any) -> None:
-        """Make ``stream`` (a cuda.core Stream) wait for the latest record of this event."""
-        check(cuStreamWaitEvent(stream.handle, self._event, 0), "cuStreamWaitEvent")
+    def sync(self) -> None:
+        check(cuEventSynchronize(self.handle), "cuEventSynchronize")
 
     def close(self) -> None:
-        if self._event is not None:
-            cuEventDestroy(self._event)
-            self._event = None
+        if self.handle is not None:
+            cuEventDestroy(self.handle)
+            self.handle = None
+
+
+class IpcEvent(DriverEvent):
+    """An interprocess event of ours and its 64-byte handle (``ipc_handle``). Recorded here once
+    (``record_ipc``), or never: a credit (see ``BrokerPool.credit``) is recorded by a peer, so that
+    no command of ours, and with it no switch to our context on the GPU, is needed per credit."""
+
+    __slots__ = ("ipc_handle",)
+
+    def __init__(self) -> None:
+        super().__init__(check(cuEventCreate(_IPC_FLAGS), "cuEventCreate"))
+        try:
+            self.ipc_handle = event_handle(self.handle)
+        except BaseException:
+            self.close()
+            raise
+
+
+def record_ipc(stream: Any) -> tuple[IpcEvent, bytes]:
+    """Record a fresh IPC event on ``stream``; return it and its 64-byte handle."""
+    event = IpcEvent()
+    try:
+        check(cuEventRecord(event.handle, stream.handle), "cuEventRecord")
+    except BaseException:
+        event.close()
+        raise
+    return event, event.ipc_handle
 
 
 def wait_for(stream: Any, event: Any) -> None:
-    """``stream.wait(event)`` for a cuda.core Event or an ``UnrecordedEvent`` alike."""
-    if isinstance(event, UnrecordedEvent):
-        event.wait_on(stream)
+    """Make ``stream`` (a cuda.core Stream) wait for the latest record of ``event`` (a
+    ``DriverEvent`` or a cuda.core Event); the wait binds now (R4)."""
+    if isinstance(event, DriverEvent):
+        check(cuStreamWaitEvent(stream.handle, event.handle, 0), "cuStreamWaitEvent")
     else:
         stream.wait(event)
 
@@ -99,10 +109,9 @@ def record_into(stream: Any, handle: bytes) -> None:
         event.close()
 
 
-def open_ipc(handle: bytes) -> Event:
-    if len(handle) != HANDLE_BYTES:
-        raise InvalidRequest(f"an IPC event handle is {HANDLE_BYTES} bytes, got {len(handle)}")
-    return Event.from_ipc_descriptor(event_descriptor(bytes(handle), False))
+def open_ipc(handle: bytes) -> DriverEvent:
+    """A peer's IPC event, opened in the current context; close it once its wait is enqueued."""
+    return DriverEvent(open_event(handle))
 
 
 class Graveyard:

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from .context import make_current
 from .errors import is_cuda_error
-from .events import open_ipc
+from .events import open_ipc, wait_for
 from .session import CudaSession
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class DoneWait:
                 self.stream = stream = make_current(device).create_stream()
             else:
                 stream = session.stream(device)
-            stream.wait(event)   # bound now, to the record the client made before its message (R4)
+            wait_for(stream, event)   # bound now, to the record the client made before its message (R4)
             self.marker = stream.record()
         finally:
             event.close()

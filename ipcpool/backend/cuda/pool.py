@@ -202,7 +202,7 @@ class CudaPool(BrokerPool):
         if alloc.slab is not None or alloc.chunks is not None:
             return export   # idle on the GPU when handed out (a slab range; new VMM chunks)
         stream = as_session(session).stream(self.device)
-        stream.wait(alloc.ready)
+        wait_for(stream, alloc.ready)
         event, ready_handle = record_ipc(stream)
         alloc.extra.append(event)  # alive until the free has run, like the first ready event
         return Export(size=export.size, offset=export.offset, data=export.data, ready_event=ready_handle)
@@ -229,7 +229,7 @@ class CudaPool(BrokerPool):
             return done_event
         stream = sess.stream(self.device)
         if alloc.ready is not None:
-            stream.wait(alloc.ready)
+            wait_for(stream, alloc.ready)
         if credit is not None:
             wait_for(stream, credit)   # our own event: a local wait (the DoneWait below only queries it)
         if done_event:
@@ -325,7 +325,7 @@ class CudaPool(BrokerPool):
             self._backend.retire(stream, *alloc.extra)
             alloc.extra = []
             return
-        stream.wait(alloc.ready)  # (no wait on alloc.extra: a seal event may never complete)
+        wait_for(stream, alloc.ready)  # (no wait on alloc.extra: a seal event may never complete)
         alloc.buffer.close(stream=stream)
         self._backend.retire(stream, alloc.ready, *alloc.extra)
         alloc.extra = []

@@ -10,7 +10,7 @@ from cuda.core import Stream
 from ...errors import ClosedError, InvalidRequest
 from ..base import SessionContext
 from .context import OnDevice, make_current
-from .events import Graveyard, UnrecordedEvent
+from .events import Graveyard, IpcEvent
 
 MAX_CREDITS = 64   # events of ours a session may hold unused (see CudaSession.issue_credit)
 
@@ -57,7 +57,7 @@ class CudaSession(SessionContext):
         if self.closed or len(self.credits) >= MAX_CREDITS:
             return b""
         with OnDevice(device):
-            event = UnrecordedEvent()   # no GPU work of ours per credit (see the class)
+            event = IpcEvent()   # never recorded here: no GPU work of ours per credit (see the class)
         self.credits[event.ipc_handle] = event
         return event.ipc_handle
 
