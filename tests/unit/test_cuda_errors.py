@@ -26,3 +26,15 @@ def test_a_cuda_core_error_is_classified_by_the_name_in_its_message():
     got = errors.translate(oom, "pool 'p' cannot allocate 8 bytes")
     assert type(got) is OutOfMemory and str(got) == "pool 'p' cannot allocate 8 bytes: " + str(oom)
     assert type(errors.translate(CUDAError("CUDA_ERROR_INVALID_VALUE: bad"), "x")) is IpcPoolError
+
+
+def test_a_failed_bindings_call_counts_as_a_cuda_error_like_cuda_cores():
+    # Callers clean up, or note a peer gone, on a failed driver call whichever route made it.
+    with pytest.raises(OutOfMemory) as oom:
+        errors.check((cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY,), "cuMemPoolImportPointer")
+    with pytest.raises(IpcPoolError) as bad:
+        errors.check((cu.CUresult.CUDA_ERROR_INVALID_VALUE,), "cuIpcOpenEventHandle")
+    assert errors.is_cuda_error(oom.value) and errors.is_cuda_error(bad.value)
+    assert not errors.is_cuda_error(IpcPoolError("ours")) and not errors.is_cuda_error(OutOfMemory("ours"))
+    got = errors.translate(oom.value, "importing 8 bytes from pool 'p'")
+    assert type(got) is OutOfMemory and "cuMemPoolImportPointer failed" in str(got)

@@ -25,15 +25,21 @@ _BY_NAME = {code.name.removeprefix("CUDA_ERROR_"): cls for code, cls in _CLASSES
 
 
 def is_cuda_error(exc: BaseException) -> bool:
-    """True for the exception cuda.core raises when a driver call fails. cuda.core (1.2) defines
-    it as ``CUDAError`` in a private module and exports it from no public one, so it is recognised
-    here, and only here, by its name and package instead of by importing it."""
+    """True when a driver call failed: the exception cuda.core raises, or the one ``check`` raises
+    for a cuda.bindings result (it carries the driver's code as ``cuda_result``). Callers that
+    act on a failed driver call (cleanup, a missing peer event) must see both alike.
+
+    cuda.core (1.2) defines its exception as ``CUDAError`` in a private module and exports it from
+    no public one, so it is recognised here, and only here, by its name and package instead of by
+    importing it."""
+    if getattr(exc, "cuda_result", None) is not None:
+        return True
     cls = type(exc)
     return cls.__name__ == "CUDAError" and cls.__module__.startswith("cuda.core.")
 
 
 def translate(exc: Exception, what: str) -> IpcPoolError:
-    """A cuda.core ``CUDAError`` as an ipcpool error (raise it ``from exc``)."""
+    """A failed driver call (see ``is_cuda_error``) as an ipcpool error (raise it ``from exc``)."""
     text = str(exc)
     cls = next((c for name, c in _BY_NAME.items() if name in text), IpcPoolError)
     return cls(f"{what}: {text}")
@@ -64,7 +70,9 @@ def check(result: tuple, what: str) -> Any:
     """Unpack a cuda.bindings ``(CUresult, *values)`` tuple, raising an ipcpool error on failure."""
     err = result[0]
     if err != cu.CUresult.CUDA_SUCCESS:
-        raise _CLASSES.get(err, IpcPoolError)(f"{what} failed: {error_name(err)}")
+        exc = _CLASSES.get(err, IpcPoolError)(f"{what} failed: {error_name(err)}")
+        exc.cuda_result = err   # a failed driver call (``is_cuda_error``), not a bug of ours
+        raise exc
     if len(result) == 1:
         return None
     if len(result) == 2:
