@@ -121,6 +121,11 @@ class CudaClientPool(ClientPool):
     def import_many(self, exports: list[Export], stream: Any = None) -> list[ImportedMemory]:
         if self._closed:
             raise ClosedError(f"pool {self.name!r} is closed")
+        for e in exports:   # all checked before any import: a bad one must not strand the others
+            if len(e.data) != HANDLE_BYTES:
+                raise InvalidRequest(f"pointer export data is {HANDLE_BYTES} bytes, got {len(e.data)}")
+            if e.sub and e.offset + e.size > self.slab_size:
+                raise InvalidRequest("a slab range lies outside its slab")
         out: list[ImportedMemory] = []
         try:
             with OnDevice(self.device):
@@ -128,11 +133,7 @@ class CudaClientPool(ClientPool):
                 for handle in dict.fromkeys(e.ready_event for e in exports if e.ready_event):
                     order_after_event(s, handle, self._backend.event_spin_s)   # R1, once per distinct event
                 for e in exports:
-                    if len(e.data) != HANDLE_BYTES:
-                        raise InvalidRequest(f"pointer export data is {HANDLE_BYTES} bytes, got {len(e.data)}")
                     if e.sub:
-                        if e.offset + e.size > self.slab_size:
-                            raise InvalidRequest("a slab range lies outside its slab")
                         out.append(self._range(e))
                     else:
                         out.append(CudaMemory(import_pointer(self._mr, e.data, e.size), e.size, self.device))
@@ -222,8 +223,7 @@ class CudaClientPool(ClientPool):
                 if credit:   # R2 on the broker's own event: it lives as long as the broker needs
                     record_into(s, credit)
                     return credit
-                with OnStream(s):
-                    event, handle = record_ipc(s)   # R2: the broker frees (or reuses) after this
+                event, handle = record_ipc(s)   # R2: the broker frees (or reuses) after this
         except Exception as exc:
             if not is_cuda_error(exc):
                 raise

@@ -29,6 +29,7 @@ from cuda.bindings.driver import (
 )
 from cuda.core import Event, EventOptions
 
+from .context import OnStream
 from .descriptors import event_handle, open_event
 from .errors import check
 
@@ -80,13 +81,16 @@ class IpcEvent(DriverEvent):
 
 
 def record_ipc(stream: Any) -> tuple[IpcEvent, bytes]:
-    """Record a fresh IPC event on ``stream``; return it and its 64-byte handle."""
-    event = IpcEvent()
-    try:
-        check(cuEventRecord(event.handle, stream.handle), "cuEventRecord")
-    except BaseException:
-        event.close()
-        raise
+    """Record a fresh IPC event on ``stream``; return it and its 64-byte handle. The event is made
+    in the stream's context: cuEventRecord refuses an event and a stream of different contexts
+    (CUDA_ERROR_INVALID_HANDLE), and the current context may be another device's."""
+    with OnStream(stream):
+        event = IpcEvent()
+        try:
+            check(cuEventRecord(event.handle, stream.handle), "cuEventRecord")
+        except BaseException:
+            event.close()
+            raise
     return event, event.ipc_handle
 
 
@@ -101,12 +105,14 @@ def wait_for(stream: Any, event: Any) -> None:
 
 def record_into(stream: Any, handle: bytes) -> None:
     """Record a peer's IPC event on ``stream`` (it behaves as a local event once opened); close
-    our import at once: a recorded event is released only after the record has completed."""
-    event = open_ipc(handle)
-    try:
-        check(cuEventRecord(event.handle, stream.handle), "cuEventRecord on a peer's event")
-    finally:
-        event.close()
+    our import at once: a recorded event is released only after the record has completed. Opened
+    in the stream's context, as ``record_ipc`` makes its event (the stream may be a peer device's)."""
+    with OnStream(stream):
+        event = open_ipc(handle)
+        try:
+            check(cuEventRecord(event.handle, stream.handle), "cuEventRecord on a peer's event")
+        finally:
+            event.close()
 
 
 def open_ipc(handle: bytes) -> DriverEvent:
