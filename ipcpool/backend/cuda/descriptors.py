@@ -30,11 +30,15 @@ def _struct(kind: Any, data: bytes, what: str) -> Any:
     return out
 
 
+def _bytes(struct: Any) -> bytes:
+    """The 64 bytes of a driver struct (export data, an event handle), as the wire carries them."""
+    return ctypes.string_at(struct.getPtr(), HANDLE_BYTES)
+
+
 def export_pointer(buf: Any) -> bytes:
     """The pointer export data of a pool allocation (a cuda.core Buffer): the one driver call
     ``Buffer.ipc_descriptor`` makes, without the descriptor object."""
-    data = check(cu.cuMemPoolExportPointer(cu.CUdeviceptr(int(buf.handle))), "cuMemPoolExportPointer")
-    return ctypes.string_at(data.getPtr(), HANDLE_BYTES)
+    return _bytes(check(cu.cuMemPoolExportPointer(cu.CUdeviceptr(int(buf.handle))), "cuMemPoolExportPointer"))
 
 
 def import_pointer(mr: Any, data: bytes, size: int) -> Buffer:
@@ -48,8 +52,7 @@ def import_pointer(mr: Any, data: bytes, size: int) -> Buffer:
 
 def event_handle(event: Any) -> bytes:
     """The 64-byte IPC handle of an interprocess event (a driver CUevent)."""
-    handle = check(cu.cuIpcGetEventHandle(event), "cuIpcGetEventHandle")
-    return ctypes.string_at(handle.getPtr(), HANDLE_BYTES)
+    return _bytes(check(cu.cuIpcGetEventHandle(event), "cuIpcGetEventHandle"))
 
 
 def open_event(handle: bytes) -> Any:
