@@ -235,7 +235,10 @@ class CudaClientPool(ClientPool):
         if self._closed:
             return
         self._closed = True
-        for slab in self._slabs.values():
-            slab.buffer.close(stream=LEGACY_DEFAULT_STREAM)
+        # The legacy default stream is the current context's: make it the pool device's, as every
+        # other free of an import here is (the caller's thread may have another device's, or none).
+        with OnDevice(self.device):
+            for slab in self._slabs.values():
+                slab.buffer.close(stream=LEGACY_DEFAULT_STREAM)
         self._slabs.clear()
         self._mr.close()
