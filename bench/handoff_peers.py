@@ -8,6 +8,7 @@ SIZE is the object every line hands off, ipcpool's pair in bench/handoff.py incl
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 
@@ -54,7 +55,11 @@ def floor_producer(_, backend, n, go, link, acks, pipe):
     stream.sync()
     flags = int(cu.CUevent_flags.CU_EVENT_INTERPROCESS) | int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
     events = [cu.cuEventCreate(flags)[1] for _ in range(SLOTS)]
-    handles = [bytes(cu.cuIpcGetEventHandle(e)[1].reserved) for e in events]
+    # 64 bytes read through the C struct: cuda-bindings 13.4 gives CUipcEventHandle no .reserved
+    handles = []
+    for e in events:
+        handle = cu.cuIpcGetEventHandle(e)[1]
+        handles.append(ctypes.string_at(handle.getPtr(), 64))
     link.put((mr, buf, handles))
     torch.cuda.set_stream(torch.cuda.ExternalStream(int(stream.handle)))
     whole = torch.from_dlpack(buf).view(torch.uint8)
@@ -106,7 +111,7 @@ def floor_consumer(_, backend, n, go, link, acks, out, pipe):
     events = []
     for raw in handles:
         handle = cu.CUipcEventHandle()
-        handle.reserved = raw
+        ctypes.memmove(handle.getPtr(), raw, 64)
         events.append(cu.cuIpcOpenEventHandle(handle)[1])
     pipe.send_bytes(b"r")
     not_ready = cu.CUresult.CUDA_ERROR_NOT_READY
