@@ -1,6 +1,6 @@
 """The hand-off on a GPU: a reader answered before the seal (pending) of a writer that dies gets
 ObjectAborted; garbage on one pool's seal board harms neither the broker, nor a reader, nor the
-other pool's hand-offs."""
+other pool's hand-offs; pools on two devices hand out memory in turn."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 import ipcpool
 from tests.conftest import SPAWN, run_together
+from tests.gpu.conftest import device_count
 
 pytestmark = pytest.mark.gpu
 
@@ -115,3 +116,33 @@ def test_garbage_on_one_pools_board_stays_there(start_broker):
     assert len(got["seen"]) == 3   # the garbled pool: its reader may read early, never crashes
     with ipcpool.connect(b.socket_dir) as c:
         assert sorted(o["name"] for o in c.list()) == ["d/1", "o/1", "o/2"]   # the broker serves on
+
+
+@pytest.mark.skipif(device_count() < 2, reason="needs two GPUs")
+def test_pools_on_two_devices_hand_out_memory_in_turn(start_broker):
+    """The broker's current device is the last one it switched to, while a session's stream on the
+    other device is kept: every ready event must still be made in its stream's context (8 MiB is
+    above these pools' slab ranges, so each allocation gets one)."""
+    import cupy
+
+    config = ('[[pools]]\nname = "zero"\ndevice = 0\nmax_size = "256M"\n\n'
+              '[[pools]]\nname = "one"\ndevice = 1\nmax_size = "256M"\n')
+    b = start_broker(backend="cuda", config_text=config)
+    with ipcpool.connect(b.socket_dir) as c:
+        held = []
+        for k, (pool, dev) in enumerate([("zero", 0), ("one", 1), ("zero", 0), ("one", 1), ("zero", 0)]):
+            with cupy.cuda.Device(dev):
+                stream = cupy.cuda.Stream(non_blocking=True)
+                buf = c.allocate(8 * MiB, pool=pool, stream=stream)
+                assert buf.device == dev
+                arr = cupy.ndarray((buf.size,), cupy.uint8, cupy.cuda.MemoryPointer(
+                    cupy.cuda.UnownedMemory(buf.ptr, buf.size, buf, device_id=dev), 0))
+                with stream:
+                    arr[:] = k + 1
+                    ok = bool((arr == k + 1).all())
+                stream.synchronize()
+                assert ok, (pool, k)
+                del arr
+                held.append((buf, stream))
+        for buf, stream in held:
+            buf.free(stream=stream)
