@@ -17,6 +17,7 @@ from cuda.core import Stream
 
 from ..base import BrokerBackend, BrokerGrowable, BrokerPool, PoolSpec, SessionContext
 from ..mps import mps_warnings
+from ..stock import ChunkStock
 from . import driver as drv
 from . import vmm
 from .allocation import Allocation
@@ -24,6 +25,7 @@ from .context import OnDevice, make_current
 from .errors import usable
 from .events import Graveyard
 from .growable import CudaGrowable
+from .limits import VMM_CHUNK
 from .ordering import DeferredFrees, SealWatch
 from .pool import CudaPool
 from .restored import RestoredCudaPool
@@ -58,10 +60,27 @@ class CudaBrokerBackend(BrokerBackend):
     def adopt_pool(self, spec: PoolSpec, fd: int, info: dict[str, Any]) -> BrokerPool:
         return RestoredCudaPool(spec, fd, info)
 
-    def create_growable(self, spec: PoolSpec, nbytes: int, compression: bool) -> BrokerGrowable:
+    def create_growable(self, spec: PoolSpec, nbytes: int, compression: bool,
+                        stock: ChunkStock | None = None) -> BrokerGrowable:
         g = CudaGrowable(spec.device, compression)
-        g.grow(nbytes)
+        g.grow(nbytes, stock)
         return g
+
+    def chunk_stock(self, spec: PoolSpec, target: int) -> ChunkStock | None:
+        device = spec.device
+        with OnDevice(device):
+            vmm.check_supported(device)
+            gran = vmm.granularity(device, False)   # stocked chunks are never compressible
+
+        def make(size: int) -> vmm.Chunk:
+            with OnDevice(device):
+                return vmm.Chunk(device, size, False)
+
+        def release(chunk: vmm.Chunk) -> None:
+            with OnDevice(device):
+                chunk.close()
+
+        return ChunkStock(target, gran, make, VMM_CHUNK, release)
 
     def adopt_growable(self, spec: PoolSpec, info: dict[str, Any], chunks: list[int], fds: list[int]) -> BrokerGrowable:
         with OnDevice(spec.device):
