@@ -96,7 +96,11 @@ class GrowableTable:
         """A stock of ``target`` bytes for each pool that can use one, filled now (at start)."""
         for name, pool in self.registry.pools.items():
             if target and not pool.read_only:
-                stock = self.registry.backend.chunk_stock(pool.spec, target)
+                try:
+                    stock = self.registry.backend.chunk_stock(pool.spec, target)
+                except IpcPoolError as exc:   # e.g. a device without VMM: no growth there, no stock
+                    log.warning("pool %r keeps no growth stock: %s", name, exc)
+                    continue
                 if stock is not None and stock.sizes:
                     self.stocks[name] = stock
         while self.refill_stock():

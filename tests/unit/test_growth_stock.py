@@ -235,3 +235,22 @@ def test_the_stock_counts_against_max_size_and_yields_to_buffers(table):
     while table.refill_stock():
         pass
     assert stock.bytes == 14 * MiB
+
+
+def test_a_pool_whose_device_cannot_stock_chunks_starts_without_a_stock():
+    from ipcpool.backend.host.broker import HostBrokerBackend
+    from ipcpool.broker.growables import GrowableTable
+    from ipcpool.broker.registry import Registry
+    from ipcpool.config import Config
+    from ipcpool.errors import BackendUnavailable
+
+    class NoVmm(HostBrokerBackend):
+        def chunk_stock(self, spec, target):
+            raise BackendUnavailable("CUDA device 0 has no virtual memory management")
+
+    registry = Registry(Config(), NoVmm())
+    registry.create_pools()
+    t = GrowableTable(registry)
+    t.open_stocks(256 * MiB)
+    assert t.stocks == {} and not t.stock_wanted() and "stock_bytes" not in str(t.stats())
+    registry.close()
