@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import broker, machine, percentiles, save  # noqa: E402
 from bench.handoff_peers import (  # noqa: E402
-    SIZE, core_consumer, core_producer, floor_consumer, floor_producer, shm_consumer, shm_producer,
-    torch_consumer, torch_producer)
+    SIZE, core_consumer, core_producer, devices, floor_consumer, floor_producer, read_first, shm_consumer,
+    shm_producer, torch_consumer, torch_producer)
 from ipcpool.progress import Progress  # noqa: E402
 
 WARMUP = 50
@@ -43,9 +43,10 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
 
     stream = None
     with ipcpool.connect(socket_dir) as c:
-        if backend == "cuda":
+        if backend.startswith("cuda"):
             import torch
 
+            torch.cuda.set_device(devices(backend)[0])
             stream = torch.cuda.Stream()
             torch.cuda.set_stream(stream)   # the worker's stream for all its work, set once
         fill = bytes(SIZE)
@@ -65,7 +66,7 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
             t0 = time.perf_counter_ns()
             buf = c.create(f"h/{i}", SIZE, stream=stream)
             t1 = time.perf_counter_ns()
-            if backend == "cuda":
+            if stream is not None:
                 x = buf.tensor()   # (bytes: no dtype in the metadata)
                 t_view = time.perf_counter_ns()
                 x.fill_(i % 251)
@@ -90,9 +91,11 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
 
     stream = None
     with ipcpool.connect(socket_dir) as c:
-        if backend == "cuda":
+        if backend.startswith("cuda"):
             import torch
 
+            consumer = devices(backend)[1]
+            torch.cuda.set_device(consumer)   # its stream, and the reads, on the consumer's GPU
             stream = torch.cuda.Stream()
             torch.cuda.set_stream(stream)
         steps = []
@@ -109,10 +112,10 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             answered[0] = 0
             lease = c.get(f"h/{i}", stream=stream, timeout=60)
             t_got = time.perf_counter_ns()
-            if backend == "cuda":
+            if stream is not None:
                 x = lease.tensor()
                 t_view = time.perf_counter_ns()
-                value = int(x[0].item())
+                value = read_first(x, consumer)
             else:
                 x = lease.view
                 t_view = time.perf_counter_ns()
@@ -192,9 +195,26 @@ def main() -> None:
     parser.add_argument("--no-spin-too", action="store_true",
                         help="also run ipcpool with busy polling off, for the difference it makes")
     parser.add_argument("--skip", default="", help="comma-separated lines to leave out (e.g. cuda.core)")
+    parser.add_argument("--devices", default=None, metavar="P,C",
+                        help="CUDA: the producer on GPU P, the consumer on GPU C reading it through "
+                             "peer access (ipcpool and torch.multiprocessing; the floor and cuda.core "
+                             "lines are same-GPU only and left out)")
     parser.add_argument("--out-dir", type=Path, default=None, help="where the JSON and PNG go (default bench/results)")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
+    tag = args.backend   # what the pairs are told: "cuda:P,C" puts the two on GPUs P and C
+    pool = '[[pools]]\nname = "default"\nmax_size = "4G"\n'
+    if args.devices:
+        if args.backend != "cuda":
+            parser.error("--devices is for --backend cuda")
+        tag = f"cuda:{args.devices}"
+        try:
+            producer, consumer = devices(tag)
+        except ValueError:
+            parser.error(f"--devices takes two GPU numbers, P,C; got {args.devices!r}")
+        pool += f"device = {producer}\n" + (f"peer_access = [{consumer}]\n" if consumer != producer else "")
+        if consumer != producer:
+            skip |= {"floor", "cuda.core"}
     n = args.handoffs + WARMUP
     results = {"benchmark": "handoff", "backend": args.backend, "machine": machine(), "handoffs": args.handoffs,
                "object_bytes": SIZE, "peers": {}}
@@ -202,33 +222,35 @@ def main() -> None:
         from bench.common import gpu_device
 
         results["device"] = gpu_device()
+        results["devices"] = list(devices(tag))
     peers = results["peers"]
-    pool = '[[pools]]\nname = "default"\nmax_size = "4G"\n'
     with broker(args.backend, pool) as socket_dir:
-        peers["ipcpool"] = run_pair("ipcpool", _ipc_producer, _ipc_consumer, n, socket_dir, args.backend)
+        peers["ipcpool"] = run_pair("ipcpool", _ipc_producer, _ipc_consumer, n, socket_dir, tag)
     if args.no_spin_too:   # the same without busy polling (broker busy_poll_us = 0, clients' spin 0)
         os.environ["IPCPOOL_CLIENT_SPIN_US"] = "0"   # inherited by the spawned clients
         with broker(args.backend, "busy_poll_us = 0\n" + pool) as socket_dir:
             peers["ipcpool, no busy polling"] = run_pair(
-                "ipcpool, no busy polling", _ipc_producer, _ipc_consumer, n, socket_dir, args.backend)
+                "ipcpool, no busy polling", _ipc_producer, _ipc_consumer, n, socket_dir, tag)
         del os.environ["IPCPOOL_CLIENT_SPIN_US"]
-    peers["floor"] = run_pair("floor", floor_producer, floor_consumer, n, None, args.backend, pipe=True)
+    if "floor" not in skip:
+        peers["floor"] = run_pair("floor", floor_producer, floor_consumer, n, None, args.backend, pipe=True)
     if args.backend == "host":
         peers["shared_memory"] = run_pair("multiprocessing.shared_memory", shm_producer, shm_consumer, n)
     else:
-        peers["torch.multiprocessing"] = run_pair("torch.multiprocessing", torch_producer, torch_consumer, n)
+        peers["torch.multiprocessing"] = run_pair("torch.multiprocessing", torch_producer, torch_consumer, n, None, tag)
         if "cuda.core" not in skip:
             peers["cuda.core"] = run_pair("cuda.core IPC buffers", core_producer, core_consumer, n)
     peer = "shared_memory" if args.backend == "host" else "torch.multiprocessing"
     for row in peers.values():   # each line against the floor and the usual peer
-        row["x_floor"] = row["p50_us"] / peers["floor"]["p50_us"]
+        row["x_floor"] = row["p50_us"] / peers["floor"]["p50_us"] if "floor" in peers else None
         row[f"speedup_vs_{peer}"] = peers[peer]["p50_us"] / row["p50_us"]
     base = peers["ipcpool"]["p50_us"]
     results["speedup_p50"] = {k: v["p50_us"] / base for k, v in peers.items() if not k.startswith("ipcpool")}
     path = save(f"handoff_{args.backend}", results, plot, *([args.out_dir] if args.out_dir else []))
-    print(f"\n{'':<26}{'p50 µs':>9}{'p99 µs':>9}{'x floor':>9}{'vs ' + peer.split('.')[0]:>12}")
+    print(f"\n{'':<26}{'p50 µs':>9}{'p99 µs':>9}{'x floor':>9}{'  vs ' + peer.split('.')[0]:>14}")
     for k, v in peers.items():
-        print(f"{k:<26}{v['p50_us']:>9.1f}{v['p99_us']:>9.1f}{v['x_floor']:>9.2f}{v[f'speedup_vs_{peer}']:>11.2f}x")
+        x_floor = "-" if v["x_floor"] is None else f"{v['x_floor']:.2f}"
+        print(f"{k:<26}{v['p50_us']:>9.1f}{v['p99_us']:>9.1f}{x_floor:>9}{v[f'speedup_vs_{peer}']:>13.2f}x")
     print(f"-> {path}")
 
 

@@ -159,24 +159,45 @@ def shm_consumer(_, __, n, go, link, acks, out):
         acks.put(True)
 
 
+def devices(backend: str) -> tuple[int, int]:
+    """(the producer's device, the consumer's) of a CUDA run: "cuda" is (0, 0), "cuda:0,1" puts the
+    consumer on GPU 1, reading GPU 0's memory (peer access)."""
+    _, _, spec = backend.partition(":")
+    producer, consumer = (int(d) for d in spec.split(",")) if spec else (0, 0)
+    return producer, consumer
+
+
+def read_first(x, consumer: int) -> int:
+    """The first element of a tensor, read where the consumer runs: on another GPU, copied there
+    first (torch orders a copy between devices after both devices' current streams)."""
+    if x.device.index == consumer:
+        return int(x[0].item())
+    return int(x[:1].to(f"cuda:{consumer}").item())
+
+
 # -- torch.multiprocessing (CUDA tensors through a Queue) -------------------------------------------
-def torch_producer(_, __, n, go, link, acks):
+def torch_producer(_, backend, n, go, link, acks):
     import torch
 
+    device = f"cuda:{devices(backend)[0]}"
     for i in range(n):
         go.get()
         t0 = time.perf_counter_ns()
-        t = torch.empty(SIZE, dtype=torch.uint8, device="cuda").fill_(i % 251)
+        t = torch.empty(SIZE, dtype=torch.uint8, device=device).fill_(i % 251)
         link.put((t0, t))
         acks.get()
         del t
 
 
-def torch_consumer(_, __, n, go, link, acks, out):
+def torch_consumer(_, backend, n, go, link, acks, out):
+    import torch
+
+    consumer = devices(backend)[1]
+    torch.cuda.set_device(consumer)
     for i in range(n):
         go.put(True)
         t0, t = link.get()
-        value = int(t[0].item())
+        value = read_first(t, consumer)
         t1 = time.perf_counter_ns()
         assert value == i % 251
         del t

@@ -33,6 +33,9 @@ Options:
                    wheels (scripts/fetch_wheels.sh fills it on a machine with network access)
   --site DIR       where those wheels are installed, put first on PYTHONPATH (default: /tmp/site)
   -k EXPR          run only the GPU tests matching EXPR (pytest -k; default: $PYTEST_K)
+  --before DIR     also run the CUDA hand-off benchmark from the checkout in DIR (an earlier
+                   commit: `git archive REV | tar -x -C DIR`), then this checkout's, one after the
+                   other on this machine: a before/after comparison of one run (any MODE)
   --timeout S      fail a GPU test that runs longer than S seconds (pytest-timeout; default: 300)
   --keep-files     leave the results as loose files; by default they are packed into one archive,
                    DIR/results.tgz, to copy off the machine
@@ -40,7 +43,7 @@ Options:
 USAGE
 }
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu-out} WHEELS=.whl SITE=/tmp/site PYTEST_K=${PYTEST_K:-} TEST_TIMEOUT=300 ARCHIVE=1 MODE=full
+OUT=${OUT:-$PWD/gpu-out} WHEELS=.whl SITE=/tmp/site PYTEST_K=${PYTEST_K:-} TEST_TIMEOUT=300 ARCHIVE=1 MODE=full BEFORE=
 while [ $# -gt 0 ]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
@@ -48,6 +51,7 @@ while [ $# -gt 0 ]; do
     --wheels) WHEELS=$2; shift 2 ;;
     --site) SITE=$2; shift 2 ;;
     -k) PYTEST_K=$2; shift 2 ;;
+    --before) BEFORE=$(cd "$2" && pwd) || exit 2; shift 2 ;;
     --timeout) TEST_TIMEOUT=$2; shift 2 ;;
     --keep-files) ARCHIVE=0; shift ;;
     tests|quick|vmm|check|bench|full|mps) MODE=$1; shift ;;
@@ -145,6 +149,14 @@ if has vmm "vmm check full"; then
   timeout 300 python3 bench/vmm_grow.py --out-dir "$OUT" 2>&1 | tee "$OUT/vmm_grow.log"
 fi
 
+if [ -n "$BEFORE" ]; then   # before, then after: the same benchmark, the same machine, one run
+  for side in before after; do
+    dir=$PWD; [ $side = before ] && dir=$BEFORE
+    (cd "$dir" && PYTHONPATH=${SITE}:$dir timeout 240 python3 bench/handoff.py --backend cuda --handoffs 1000 \
+      --out-dir "$OUT/handoff_$side") > "$OUT/handoff_$side.log" 2>&1
+  done
+fi
+
 PROBE_RC=skipped BENCH_RC=skipped
 if [ "$MODE" = full ]; then
   timeout 330 python3 scripts/probe_import_limit.py --out "$OUT/import_limit.json" >> "$OUT/smoke.log" 2>&1
@@ -186,7 +198,10 @@ if p.exists():
     print(f"  import limit: largest ok {d['largest_ok']} B, smallest failure {d['smallest_failure']} B")
 PY
 sed -n '/^what /,$p' "$OUT/bench.log" 2>/dev/null
-for f in handoff_cuda handoff_host host_roundtrip; do sed -n '/p50 µs/,$p' "$OUT/$f.log" 2>/dev/null; done
+for f in handoff_before handoff_after handoff_cuda handoff_host host_roundtrip; do
+  [ -s "$OUT/$f.log" ] && echo "-- $f"
+  sed -n '/p50 µs/,$p' "$OUT/$f.log" 2>/dev/null
+done
 sed -n '/^method/,$p' "$OUT/hot_attach.log" 2>/dev/null
 cat "$OUT/micro.log" 2>/dev/null
 if [ "$ARCHIVE" = 1 ]; then   # one file to copy off the machine

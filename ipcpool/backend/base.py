@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import BackendUnavailable, InvalidRequest
+from ..errors import BackendUnavailable, InvalidRequest, IpcPoolError
 from .records import REUSE_POLICIES, Export, PoolSpec, PoolStats
 from .stock import ChunkStock
 
@@ -222,6 +222,11 @@ class BrokerBackend(ABC):
 
     def sweep(self) -> None:
         """Run the frees whose done events have completed; never blocks."""
+
+    def foreign_error(self, exc: Exception) -> IpcPoolError | None:
+        """``exc`` as an ipcpool error where it is this backend's own failure (a CUDA error from
+        the driver, say); None for anything else, which the broker reports as a bug of its own."""
+        return None
 
     def startup_warnings(self) -> list[str]:
         """What an operator must know about this machine before trusting the broker with work

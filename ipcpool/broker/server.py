@@ -361,6 +361,12 @@ class Broker:
             if self.metrics is not None:
                 self.metrics.error(exc)
             self.send(ident, protocol.error_reply(rid, exc))
-        except Exception as exc:   # a bug of ours: keep serving, tell the client
-            log.exception("internal error handling a request")
-            self.send(ident, protocol.error_reply(rid, InternalError.of(exc)))
+        except Exception as exc:   # the backend's own failure, else a bug of ours: keep serving
+            err = self.backend.foreign_error(exc)
+            if err is None:
+                log.exception("internal error handling a request")
+                err = InternalError.of(exc)
+            else:
+                log.error("request from %s failed in the %s backend: %s",
+                          f"session {session.sid}" if session else "unknown peer", self.backend.name, err)
+            self.send(ident, protocol.error_reply(rid, err))

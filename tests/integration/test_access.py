@@ -23,20 +23,22 @@ def open_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def as_nobody(socket_dir) -> str:
-    """Connect from a forked child that dropped to uid/gid nobody (the interpreter lives under a
-    private home, so a fresh exec as nobody could not even start Python)."""
+def _forked_as(socket_dir, uid: int, gid: int, groups: list[int], act) -> str:
+    """Connect from a forked child that dropped to ``uid``, primary ``gid`` and supplementary
+    ``groups`` (set in that order: setgroups, setgid, setuid, as ``usermod -aG`` and a new login
+    would leave them) and return what ``act(client)`` says, or the error. A fork, since the
+    interpreter lives under a private home: a fresh exec as another user could not start Python."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: never returns into pytest
         try:
             os.close(r)
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
             try:
                 with ipcpool.connect(socket_dir, timeout=10) as c:
-                    out = f"OK {c.stats()['sessions']}"
+                    out = act(c)
             except ipcpool.IpcPoolError as e:
                 out = f"{type(e).__name__} {e}"
             os.write(w, out.encode())
@@ -48,6 +50,11 @@ def as_nobody(socket_dir) -> str:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     return out
+
+
+def as_nobody(socket_dir) -> str:
+    """Connect as uid/gid nobody; "OK <sessions>" or the error."""
+    return _forked_as(socket_dir, NOBODY, NOBODY, [], lambda c: f"OK {c.stats()['sessions']}")
 
 
 @needs_root
@@ -83,32 +90,14 @@ def test_allow_listed_uid_is_served(start_broker, open_dir):
 
 
 def as_user(socket_dir, uid: int, gid: int, groups: list[int]) -> str:
-    """``as_nobody`` for any uid, primary gid and supplementary groups (set in that order in a
-    forked child: setgroups, setgid, setuid), as ``usermod -aG`` and a new login would leave them."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: never returns into pytest
-        try:
-            os.close(r)
-            os.setgroups(groups)
-            os.setgid(gid)
-            os.setuid(uid)
-            try:
-                with ipcpool.connect(socket_dir, timeout=10) as c:
-                    with c.allocate(4096) as buf:
-                        buf.view[:2] = b"hi"
-                        out = f"OK {c.stats()['sessions']} {os.getuid()} {sorted(os.getgroups())}"
-            except ipcpool.IpcPoolError as e:
-                out = f"{type(e).__name__} {e}"
-            os.write(w, out.encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        out = f.read().decode()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    return out
+    """Connect as ``uid`` with primary ``gid`` and ``groups``, allocate and write; "OK <sessions>
+    <uid> <groups>" or the error."""
+    def act(c) -> str:
+        with c.allocate(4096) as buf:
+            buf.view[:2] = b"hi"
+            return f"OK {c.stats()['sessions']} {os.getuid()} {sorted(os.getgroups())}"
+
+    return _forked_as(socket_dir, uid, gid, groups, act)
 
 
 GRANTED = 23456    # the group [access] lists ("ipcpool" on a real system)

@@ -4,6 +4,7 @@ their pool's max_size and show in its stats, and lists of any length reach the c
 import pytest
 
 import ipcpool
+from tests.integration.test_bad_input import raw_session  # noqa: F401 (a fixture)
 
 MiB = 1 << 20
 POOL_64M = '[[pools]]\nname = "default"\nmax_size = "64M"\n'
@@ -73,36 +74,23 @@ def test_lists_and_subscriptions_page_past_a_thousand_objects(broker):
     assert len(json.loads(out.stdout)["objects"]) == n + 1   # (the unsealed one went with its writer)
 
 
-def test_growables_list_in_pages(broker):
+def test_growables_list_in_pages(broker, raw_session):
     from ipcpool import protocol
-    from tests.integration.test_bad_input import control
-    from ipcpool import fdpass
-    import zmq
 
+    _, d = raw_session
     with ipcpool.connect(broker.socket_dir) as c:
         gs = [c.create_growable(f"gl/{i}", 4096) for i in range(5)]
         assert [g["name"] for g in c.list_growables("gl/")] == [f"gl/{i}" for i in range(5)]
-        with control(broker) as s:
-            fdpass.send(s, {"op": "hello", "version": protocol.PROTOCOL_VERSION})
-            hello, _ = fdpass.recv(s)
-            ctx = zmq.Context()
-            d = ctx.socket(zmq.DEALER)
-            d.setsockopt(zmq.IDENTITY, hello["token"])
-            d.setsockopt(zmq.RCVTIMEO, 5000)
-            d.setsockopt(zmq.LINGER, 0)
-            d.connect(hello["endpoint"])
-            names, after = [], ""
-            for rid in range(1, 10):
-                d.send(protocol.pack({"op": "list", "id": rid, "prefix": "gl/", "kind": "growables",
-                                      "limit": 2, "after": after}))
-                r = protocol.unpack(d.recv(), protocol.MAX_REPLY)
-                assert r["ok"] and r["objects"] == [] and len(r["growables"]) <= 2
-                names += [g["name"] for g in r["growables"]]
-                if not r["more"]:
-                    break
-                after = r["after"]
-            d.close()
-            ctx.term()
+        names, after = [], ""
+        for rid in range(1, 10):
+            d.send(protocol.pack({"op": "list", "id": rid, "prefix": "gl/", "kind": "growables",
+                                  "limit": 2, "after": after}))
+            r = protocol.unpack(d.recv(), protocol.MAX_REPLY)
+            assert r["ok"] and r["objects"] == [] and len(r["growables"]) <= 2
+            names += [g["name"] for g in r["growables"]]
+            if not r["more"]:
+                break
+            after = r["after"]
         assert names == [f"gl/{i}" for i in range(5)] and rid == 3
         for g in gs:
             g.close()

@@ -50,3 +50,29 @@ def test_a_handler_bug_is_an_internal_error(in_process_broker, caplog):
         del in_process_broker.handlers.op_stats   # mended: the same session is served again
         assert c.stats()["backend"] == "host"
     assert any(r.exc_info for r in caplog.records)   # the traceback is in the broker's log
+
+
+def test_a_backend_failure_is_the_backends_error_not_a_bug(in_process_broker, caplog):
+    """What the backend recognises as its own failure (CUDA: a driver error) reaches the client as
+    the error the backend maps it to, logged without a traceback; anything else stays a bug."""
+    class DriverFault(Exception):
+        pass
+
+    def failing(session, fields, rid):
+        raise DriverFault("CUDA_ERROR_OUT_OF_MEMORY")
+
+    def buggy(session, fields, rid):
+        raise KeyError("a bug")
+
+    backend = in_process_broker.backend
+    backend.foreign_error = lambda exc: ipcpool.OutOfMemory(f"CUDA: {exc}") if isinstance(exc, DriverFault) else None
+    in_process_broker.handlers.op_stats = failing
+    caplog.set_level(logging.INFO, logger="ipcpool")
+    with ipcpool.connect(in_process_broker.socket_dir, timeout=10, arena_bytes=0) as c:
+        with pytest.raises(ipcpool.OutOfMemory, match="CUDA: CUDA_ERROR_OUT_OF_MEMORY"):
+            c.stats()
+        in_process_broker.handlers.op_stats = buggy
+        with pytest.raises(InternalError):
+            c.stats()
+    failed = [r for r in caplog.records if "failed in the host backend" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is None

@@ -26,6 +26,8 @@ try:
     from .limits import IMPORT_LIMIT
     from .memory import CudaMemory
 except ImportError as _exc:  # pragma: no cover - depends on the installation (cuda.core's layout too)
+    if not (_exc.name or "").startswith("cuda"):
+        raise   # a module of ipcpool's own: a bug, not a missing dependency
     raise BackendUnavailable(f"the CUDA backend needs cuda-core and cuda-bindings: {_exc}") from _exc
 
 __all__ = [

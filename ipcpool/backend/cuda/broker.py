@@ -15,6 +15,7 @@ from typing import Any
 
 from cuda.core import Stream
 
+from ...errors import IpcPoolError
 from ..base import BrokerBackend, BrokerGrowable, BrokerPool, PoolSpec, SessionContext
 from ..mps import mps_warnings
 from ..stock import ChunkStock
@@ -22,7 +23,7 @@ from . import driver as drv
 from . import vmm
 from .allocation import Allocation
 from .context import OnDevice, make_current
-from .errors import usable
+from .errors import is_cuda_error, translate, usable
 from .events import Graveyard
 from .growable import CudaGrowable
 from .limits import VMM_CHUNK
@@ -40,6 +41,9 @@ class CudaBrokerBackend(BrokerBackend):
 
     def startup_warnings(self) -> list[str]:
         return mps_warnings()   # under MPS a crash is not isolated to its process
+
+    def foreign_error(self, exc: Exception) -> IpcPoolError | None:
+        return translate(exc, "CUDA") if is_cuda_error(exc) else None
 
     def __init__(self) -> None:
         with usable():

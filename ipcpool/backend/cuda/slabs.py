@@ -72,7 +72,12 @@ class Slabs:
                 raise
             raise translate(exc, f"pool {self._name!r} cannot reserve a {self.size}-byte slab") from exc
         stream.sync()   # rare (once per slab): afterwards no range of it ever needs a ready event
-        slab = Slab(buf, export_pointer(buf), self.size)
+        try:
+            data = export_pointer(buf)
+        except BaseException:
+            buf.close(stream=stream)   # not kept: give it back at once
+            raise
+        slab = Slab(buf, data, self.size)
         self._slabs.append(slab)
         return slab
 
