@@ -196,8 +196,11 @@ CONTROL: dict[str, dict[str, Field]] = {
     "grow_create": {**REQUESTS["grow_create"]},
     "grow_attach": {**REQUESTS["grow_attach"]},
     "grow": {**REQUESTS["grow"], "first": _u64(required=False)},
+    # The size and chunks a growable has now, with the FDs from ``first``: how a process whose
+    # backend cannot see a grow by itself (CUDA) follows one without waiting for its notice.
+    "grow_sync": {"name": _object_name(), "first": _u64(required=False)},
 }
-GROWABLE_CONTROL = frozenset({"grow_create", "grow_attach", "grow"})
+GROWABLE_CONTROL = frozenset({"grow_create", "grow_attach", "grow", "grow_sync"})
 FD_BATCH = 16   # FDs in one control reply at most
 
 

@@ -5,14 +5,18 @@ mapped there and the pointer stays; otherwise every chunk is mapped again at a n
 pointer moves. ``grow`` and ``sync`` return a ``Remap`` that says which happened. The old range
 stays mapped (same memory) until ``close``, so work already queued on the old pointer is safe.
 
-Growth by another process reaches this one as a notification; ``sync()`` (also run by ``view``
-and ``__cuda_array_interface__``) maps the new chunks before the next use.
+``sync()`` (also run by ``view`` and ``__cuda_array_interface__``) maps what other processes grew
+before the next use. It never depends on the broker's notice of a grow having arrived: the grower's
+reply comes on its control socket, the notice on ours, and the grower may tell this process to use
+the new bytes before the notice gets here. On the host the memfd this process holds is as long as
+the buffer, so sync reads its length; on CUDA sync asks the broker (one round trip, whose reply
+carries the FDs of the chunks this process lacks, if any).
 Ordering of reads and writes across processes is the caller's, as for any shared buffer.
 
 Round trips: create, attach and grow are each one request on the control socket, whose reply
 carries the FDs of the chunks this process lacks. Following another process's grow costs no request
 where the backend maps from what it already holds (host: the one memfd, now longer); on CUDA each
-new chunk is an FD of its own, fetched in one request per batch.
+new chunk is an FD of its own, and a sync is one request (more only past FD_BATCH new chunks).
 """
 
 from __future__ import annotations
@@ -247,7 +251,19 @@ class Growables:
     def sync(self, g: GrowableBuffer) -> Remap:
         with self._channel.lock:
             self._channel.drain()
-            return g._map_to(*g._announced, _Fetch(self._channel, g.name))
+            if g._mapping.follows:   # the host: the memfd it holds is as long as the buffer
+                return g._map_to(*g._announced, _Fetch(self._channel, g.name))
+            # CUDA: a notice is no proof of the size. Another process's grow may have been
+            # answered (on its control socket) before our notice of it arrives here, and that
+            # process may already have told ours to use the new bytes: ask the broker.
+            self._channel.check_open()
+            reply, fds = self._channel.control_call({"op": "grow_sync", "name": g.name, "first": g._chunks})
+            fetch = _Fetch(self._channel, g.name, reply.get("batch", []), fds)
+            try:
+                g._announce(reply["gen"], reply["size"], len(reply["chunks"]))
+                return g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
+            finally:
+                fetch.close()
 
     def detach(self, g: GrowableBuffer) -> None:
         with self._channel.lock:

@@ -279,6 +279,9 @@ class ClientGrowable(ABC):
     ptr: int
     size: int
     reserved: int   # bytes of address space reserved at ``ptr`` (room to grow in place)
+    # True: ``follow`` sees every grow the broker has answered, from what this process holds (the
+    # host's memfd), so a sync needs no request. False: a sync asks the broker (CUDA).
+    follows = False
 
     @abstractmethod
     def extend(self, chunks: list[int], fds: list[int]) -> bool:

@@ -127,3 +127,61 @@ def test_a_grow_right_after_a_free_sent_without_waiting_counts_the_free(start_br
             c.delete_growable("rt/room")
             g = c.create_growable("rt/room", 32 * MiB)
         g.close()
+
+
+def test_a_follower_maps_a_grow_whose_notice_has_not_reached_it(broker):
+    # The grower's reply comes on its control socket, the notice on the follower's message
+    # channel: the grower may tell the follower to use the new bytes before the notice arrives.
+    # Here no notice ever arrives before a sync: sync must map the buffer as it is anyway.
+    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as d:
+        g = c.create_growable("rt/late", 2 * MiB)
+        h = d.attach_growable("rt/late")
+        d._channel.on_grown = lambda note: None           # every notice is late: none is seen
+        for size in (4 * MiB, 16 * MiB, 64 * MiB):
+            g.grow(size)
+            g.view()[size - 1] = size // MiB
+            r = h.sync()
+            assert r.grown and h.size == size and h.view()[size - 1] == size // MiB
+        assert h._announced[0] == 0                        # it mapped all that without a notice
+        h.close()
+        g.close()
+
+
+def test_sync_asks_the_broker_where_the_backend_cannot_see_a_grow_by_itself(broker):
+    # CUDA's path, taken on the host: a mapping that cannot follow (each CUDA chunk is an FD of
+    # its own) syncs with one grow_sync round trip, whatever the notices said.
+    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as d:
+        g = c.create_growable("rt/ask", 2 * MiB)
+        h = d.attach_growable("rt/ask")
+        h._mapping.follows = False
+        d._channel.on_grown = lambda note: None
+        sent = count_requests(d)
+        g.grow(8 * MiB)
+        g.view()[8 * MiB - 1] = 9
+        r = h.sync()
+        assert sent == {"control:grow_sync": 1}
+        assert r.grown and h.size == 8 * MiB and h.view()[8 * MiB - 1] == 9
+        assert h._announced[:2] == (1, 8 * MiB)            # learnt from the reply
+        sent.clear()
+        assert h.sync().grown is False and sent == {"control:grow_sync": 1}   # every sync asks
+        # The reply carries the current size and the FDs of the chunks from ``first`` only.
+        reply, fds = d._channel.control_call({"op": "grow_sync", "name": "rt/ask", "first": 2})
+        assert (reply["size"], reply["gen"], reply["batch"], fds) == (8 * MiB, 1, [], [])
+        reply, fds = d._channel.control_call({"op": "grow_sync", "name": "rt/ask", "first": 1})
+        assert reply["batch"] == [6 * MiB] and len(fds) == 1
+        os.close(fds[0])
+        h.close()
+        g.close()
+
+
+def test_a_grow_to_no_more_than_the_size_tells_nobody(broker):
+    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as d:
+        g = c.create_growable("rt/same", 4 * MiB)
+        h = d.attach_growable("rt/same")
+        g.grow(2 * MiB)
+        g.grow(4 * MiB)
+        d.stats()                                           # anything sent before its reply is in
+        d._channel.drain()
+        assert h._announced[0] == 0 and g.generation == 0
+        h.close()
+        g.close()

@@ -106,6 +106,8 @@ class HostGrowable(BrokerGrowable):
 class HostClientGrowable(ClientGrowable):
     """A client's view: reserved ranges with the memfd mapped in. Old ranges stay until close."""
 
+    follows = True   # the memfd's length is the buffer's size: fstat sees every grow
+
     def __init__(self, headroom: int = 2):
         self.headroom = headroom
         self.ptr = 0
