@@ -66,7 +66,7 @@ class CudaBrokerBackend(BrokerBackend):
 
     def create_growable(self, spec: PoolSpec, nbytes: int, compression: bool,
                         stock: ChunkStock | None = None) -> BrokerGrowable:
-        g = CudaGrowable(spec.device, compression)
+        g = CudaGrowable(spec.device, compression, peers=spec.peer_access)
         g.grow(nbytes, stock)
         return g
 
@@ -89,7 +89,7 @@ class CudaBrokerBackend(BrokerBackend):
     def adopt_growable(self, spec: PoolSpec, info: dict[str, Any], chunks: list[int], fds: list[int]) -> BrokerGrowable:
         with OnDevice(spec.device):
             restored = vmm.restore_chunks(fds, chunks)
-        return CudaGrowable(spec.device, bool(info.get("compression")), restored)
+        return CudaGrowable(spec.device, bool(info.get("compression")), restored, peers=spec.peer_access)
 
     def open_session(self) -> SessionContext:
         session = CudaSession(self)

@@ -3,7 +3,9 @@
 Broker side, a ``Chunk`` is one ``cuMemCreate`` allocation (pinned device memory, POSIX-FD handle
 type, compressible where asked and offered) and its exported FD, kept for clients and systemd's FD
 store. Client side, a ``Mapping`` imports chunk FDs and maps them one after another into address
-space it reserved, granting its device read-write access. Growth maps new chunks right after the
+space it reserved, granting read-write access to its device and the peers it was given (one
+``cuMemSetAccess`` per batch of chunks, over the batch's whole range: the driver asks for a fully
+mapped range of whole allocations, not for one allocation). Growth maps new chunks right after the
 current ones: inside the reservation, or in a range reserved right after it where that is free
 (the fast path); otherwise every chunk is mapped again at a new, larger range (the slow path). The
 old range stays mapped until ``close``, so work in flight on the old pointer stays valid; the data
@@ -141,11 +143,26 @@ def split(nbytes: int, gran: int, most: int) -> list[int]:
     return [most] * (total // most) + ([total % most] if total % most else [])
 
 
-class Mapping:
-    """A client's contiguous mapping of chunks (imported from FDs) on one device."""
+def access_descs(devices: list[int]) -> list[Any]:
+    """Read-write access for each of ``devices`` (structs only: no driver call)."""
+    descs = []
+    for dev in devices:
+        desc = cu.CUmemAccessDesc()
+        desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = dev
+        desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        descs.append(desc)
+    return descs
 
-    def __init__(self, device: int, gran: int, headroom: int = 1):
+
+class Mapping:
+    """A client's contiguous mapping of chunks (imported from FDs) on one device, which ``peers``
+    (devices the caller has checked can access it: cuDeviceCanAccessPeer) may access too."""
+
+    def __init__(self, device: int, gran: int, headroom: int = 1, peers: tuple[int, ...] = ()):
         self.device = device
+        self.access = [device] + [p for p in dict.fromkeys(peers) if p != device]
+        self._descs = access_descs(self.access)
         self.gran = gran
         self.headroom = headroom    # reserve this many times the size: room to grow in place
         self.ptr = 0
@@ -189,8 +206,7 @@ class Mapping:
             moved = bool(self.ptr)
             old = self._handles
             self.ptr, self.size, self.reserved, self._handles = base, 0, length, []
-            self._map(old)
-            self._map(new)
+            self._map(old + new)   # one access call for the whole range
             return moved
         self._map(new)
         return False
@@ -220,11 +236,8 @@ class Mapping:
             self._mapped.append((at, size))
             self._handles.append((handle, size))
             at += size
-        desc = cu.CUmemAccessDesc()
-        desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        desc.location.id = self.device
-        desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-        check(cu.cuMemSetAccess(start, at - start, [desc], 1), "cuMemSetAccess")
+        # One call for every chunk of the batch: [start, at) is contiguous and all mapped now.
+        check(cu.cuMemSetAccess(start, at - start, self._descs, len(self._descs)), "cuMemSetAccess")
         self.size = at - self.ptr
 
     def close(self) -> None:
