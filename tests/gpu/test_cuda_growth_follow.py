@@ -81,6 +81,27 @@ def test_a_batch_of_chunks_is_granted_access_in_one_call(cuda_broker, monkeypatc
         g.close()
 
 
+def test_a_chunk_straddling_two_reservations_is_mapped_in_place_or_moved(cuda_broker):
+    """64 MiB mapped of a 128 MiB reservation, then a grow to 512 MiB: its first chunk crosses
+    into the range reserved right after. Where the driver refuses that mapping the buffer moves;
+    either way every byte is kept. The path taken is printed: it settles what the driver does."""
+    import cupy
+
+    with ipcpool.connect(cuda_broker.socket_dir) as c:
+        g = c.create_growable("follow/straddle", 64 * MiB)
+        assert g.reserved == 128 * MiB
+        as_cupy(g.ptr, g.size).fill(5)
+        cupy.cuda.Device().synchronize()
+        r = g.grow(512 * MiB)
+        print("a chunk across two reservations:", "moved" if r.moved else "mapped in place")
+        assert r.grown and g.size == 512 * MiB
+        arr = as_cupy(g.ptr, g.size)
+        assert int(cupy.count_nonzero(arr[: 64 * MiB] != 5)) == 0
+        arr.fill(6)
+        cupy.cuda.Device().synchronize()
+        g.close()
+
+
 @pytest.mark.skipif(device_count() < 2, reason="needs two GPUs")
 def test_a_growable_is_used_from_a_peer_device(cuda_broker):
     import cupy
