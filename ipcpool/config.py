@@ -34,6 +34,7 @@ class Config:
     sessions_per_uid: int = 4096   # sessions (open or waiting for their process to exit) per uid; 0: no cap
     waits_per_uid: int = 4096      # gets parked until a seal, per uid; 0: no cap
     watches_per_uid: int = 4096    # prefix watches (subscriptions), per uid; 0: no cap
+    growth_stock: int = 256 << 20  # bytes of chunks each pool keeps made for growable buffers (CUDA); 0: none
 
     def quota_for(self, uid: int) -> Quota:
         return self.quotas.get(uid, self.default_quota)
@@ -104,7 +105,10 @@ def _gid(value: Any, key: str) -> int:
 
 def parse(data: dict[str, Any]) -> Config:
     _known(data, {"socket_dir", "backend", "access", "pools", "quotas", "metrics_address", "busy_poll_us",
-                  "limits"}, "config")
+                  "limits", "growth"}, "config")
+    growth = _expect(data.get("growth", {}), dict, "growth")
+    _known(growth, {"stock"}, "growth")
+    growth_stock = _size(growth.get("stock", 256 << 20), "growth.stock")
     limits = _expect(data.get("limits", {}), dict, "limits")
     _known(limits, {"sessions_per_uid", "waits_per_uid", "watches_per_uid"}, "limits")
     caps = {}
@@ -167,6 +171,7 @@ def parse(data: dict[str, Any]) -> Config:
         default_quota=default_quota,
         metrics_address=metrics_address,
         busy_poll_us=busy_poll_us,
+        growth_stock=growth_stock,
         **caps,
     )
 

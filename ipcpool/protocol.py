@@ -191,7 +191,16 @@ CONTROL: dict[str, dict[str, Field]] = {
     "pool_fd": {"pool": _name()},
     # The chunk FDs of a growable buffer (from chunk ``first``) or of a VMM-backed allocation.
     "chunk_fds": {"growable": _object_name(required=False), "alloc": _u64(required=False), "first": _u64()},
+    # The growable buffer ops of the message channel, answered here with the FDs of the chunks from
+    # ``first`` (those the client has not mapped) in the same reply: one round trip each.
+    "grow_create": {**REQUESTS["grow_create"]},
+    "grow_attach": {**REQUESTS["grow_attach"]},
+    "grow": {**REQUESTS["grow"], "first": _u64(required=False)},
+    # The size and chunks a growable has now, with the FDs from ``first``: how a process whose
+    # backend cannot see a grow by itself (CUDA) follows one without waiting for its notice.
+    "grow_sync": {"name": _object_name(), "first": _u64(required=False)},
 }
+GROWABLE_CONTROL = frozenset({"grow_create", "grow_attach", "grow", "grow_sync"})
 FD_BATCH = 16   # FDs in one control reply at most
 
 

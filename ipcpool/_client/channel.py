@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -91,6 +92,9 @@ class Channel:
         self.get_spin_s = settings.get_spin_s
         self.lock = threading.RLock()
         self.closed = False
+        self._heard = False   # something came on the message channel: the broker's ROUTER knows us
+        self._last_sent = 0       # the id of the newest request on the message channel ...
+        self._last_answered = 0   # ... and of the newest one answered (all before it were read)
         self._next_id = 1
         self.async_errors: list[IpcPoolError] = []
         self.watches: dict[int, collections.deque] = {}   # watch id -> seals announced, not yet taken
@@ -100,6 +104,8 @@ class Channel:
         self.on_grown: Callable[[dict], None] = _ignore
         self.on_progress: Callable[[], None] = lambda: None  # any reply: the broker moved on (R4)
         self._control = self._open_control()
+        self._control_ready = select.poll()   # readable: a control reply to take (see _control_reply)
+        self._control_ready.register(self._control.fileno(), select.POLLIN)
         try:
             hello = self._hello()
             self.session: int = hello["session"]
@@ -186,7 +192,7 @@ class Channel:
                 fdpass.send(self._control, msg)
             except (ConnectionError, BrokenPipeError):
                 pass   # closed by the broker: the reply it sent first (why) may still be there to read
-            got = fdpass.recv(self._control)
+            got = self._control_reply()
         except (socket.timeout, TimeoutError) as exc:
             raise BrokerGone(f"the broker did not answer within {self.timeout:.0f} s") from exc
         except (ConnectionError, BrokenPipeError) as exc:
@@ -199,6 +205,25 @@ class Channel:
                 os.close(fd)
             raise error_from_wire(reply.get("code", 1), str(reply.get("error", "unknown error")))
         return reply, fds
+
+    def _control_reply(self) -> tuple[dict, list[int]] | None:
+        """The control socket's next message: polled without sleeping for ``spin_s`` first (a grow
+        is answered within tens of microseconds; a sleeping process wakes up slower than that)."""
+        spin_until = time.perf_counter() + self.spin_s
+        while time.perf_counter() < spin_until and not self._control_ready.poll(0):
+            pass
+        return fdpass.recv(self._control)
+
+    def settle(self) -> None:
+        """Before a request on the control socket that must come after what this session sent on
+        the message channel, and whose notices must reach it there. The two sockets are not
+        ordered: a free sent without waiting may still be on its way when a grow that needs its
+        room arrives. And the message channel connects in the background: the broker's ROUTER drops
+        what it sends to a peer whose connection it has not seen yet, so a session that spoke on
+        the control socket alone would miss the notices of growth. A ping settles both; it is only
+        sent when something is unanswered, or nothing was heard yet (once per session)."""
+        if not self._heard or self._last_sent > self._last_answered:
+            self.call("ping")
 
     def chunk_fds(self, first: int, **which) -> tuple[list[int], list[int]]:
         """One batch of chunk FDs over the control socket, of a growable buffer or a VMM-backed
@@ -234,6 +259,7 @@ class Channel:
             self._dealer.send(protocol.pack({"op": op, "id": rid, **fields}))
         except zmq.ZMQError as exc:
             raise BrokerGone(f"cannot send to the broker: {exc}") from exc
+        self._last_sent = rid
         return rid
 
     def call(self, op: str, _wait: float | None = 0.0, **fields) -> dict:
@@ -270,6 +296,9 @@ class Channel:
 
     def _take_reply(self, rid: int, data: bytes) -> dict:
         reply = protocol.unpack(data, protocol.MAX_REPLY)
+        self._heard = True
+        if "notify" not in reply and isinstance(reply.get("id"), int):
+            self._last_answered = max(self._last_answered, reply["id"])
         if "notify" in reply:   # a notification, not a reply
             if self.on_notice(reply):
                 raise _NotYet

@@ -5,14 +5,24 @@ mapped there and the pointer stays; otherwise every chunk is mapped again at a n
 pointer moves. ``grow`` and ``sync`` return a ``Remap`` that says which happened. The old range
 stays mapped (same memory) until ``close``, so work already queued on the old pointer is safe.
 
-Growth by another process reaches this one as a notification; ``sync()`` (also run by ``view``
-and ``__cuda_array_interface__``) maps the new chunks before the next use.
+``sync()`` (also run by ``view`` and ``__cuda_array_interface__``) maps what other processes grew
+before the next use. It never depends on the broker's notice of a grow having arrived: the grower's
+reply comes on its control socket, the notice on ours, and the grower may tell this process to use
+the new bytes before the notice gets here. On the host the memfd this process holds is as long as
+the buffer, so sync reads its length; on CUDA sync asks the broker (one round trip, whose reply
+carries the FDs of the chunks this process lacks, if any).
 Ordering of reads and writes across processes is the caller's, as for any shared buffer.
+
+Round trips: create, attach and grow are each one request on the control socket, whose reply
+carries the FDs of the chunks this process lacks. Following another process's grow costs no request
+where the backend maps from what it already holds (host: the one memfd, now longer); on CUDA each
+new chunk is an FD of its own, and a sync is one request (more only past FD_BATCH new chunks).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +53,7 @@ class GrowableBuffer:
         self.compression: bool = bool(info.get("compression"))   # what the memory actually has
         self.compression_requested: bool = bool(fields.get("compression_requested"))
         self.generation = -1     # of the chunks mapped here
-        self._announced = (fields["gen"], fields["size"])   # the newest the broker told us of
+        self._announced = (fields["gen"], fields["size"], len(fields["chunks"]))   # the newest we were told of
         self._chunks = 0
         self._closed = False
 
@@ -84,13 +94,21 @@ class GrowableBuffer:
         self._check()
         return self._growables.sync(self)
 
-    def _announce(self, gen: int, size: int) -> None:
+    def _announce(self, gen: int, size: int, chunks: int) -> None:
         if gen > self._announced[0]:
-            self._announced = (gen, size)
+            self._announced = (gen, size, chunks)
 
-    def _map_to(self, gen: int, size: int, fetch) -> Remap:
-        """Map chunks until ``size`` bytes are mapped; ``fetch(first)`` gives (chunk sizes, FDs)."""
+    def _map_to(self, gen: int, size: int, nchunks: int, fetch: _Fetch) -> Remap:
+        """Map until ``size`` bytes (``nchunks`` chunks) are mapped: from what this process holds
+        where the backend can, else from the FDs ``fetch(first)`` gives with their chunks' sizes."""
         old_ptr, old_size, moved = self._mapping.ptr, self._mapping.size, False
+        if self._mapping.size:
+            # The host maps its memfd as long as it is now: a grow another process was answered
+            # for is seen even before its notice arrives. (Its chunk count then only feeds the
+            # ``first`` of a later request, whose FDs the host does not need: it follows again.)
+            local = self._mapping.follow(size)
+            if local is not None:
+                moved, self._chunks = local, max(self._chunks, nchunks)
         while self._mapping.size < size:
             chunks, fds = fetch(self._chunks)
             if not chunks:
@@ -143,6 +161,27 @@ class GrowableBuffer:
         return f"<GrowableBuffer {self.name!r} {state} gen={self.generation}>"
 
 
+class _Fetch:
+    """Chunk FDs for ``GrowableBuffer._map_to``: those a reply carried, then more from the control
+    socket a batch at a time. ``close`` closes what the mapping did not need."""
+
+    def __init__(self, channel: Channel, name: str, batch: Sequence[int] = (), fds: Sequence[int] = ()):
+        self._channel = channel
+        self._name = name
+        self._batch, self._fds = list(batch), list(fds)
+
+    def __call__(self, first: int) -> tuple[list[int], list[int]]:
+        if self._fds:
+            got, self._batch, self._fds = (self._batch, self._fds), [], []
+            return got
+        return self._channel.chunk_fds(first, growable=self._name)
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+
+
 class Growables:
     """The growable buffers a client has attached, and the requests that make, grow and map them."""
 
@@ -156,13 +195,15 @@ class Growables:
             raise InvalidRequest(f"nbytes must be a positive int, got {nbytes!r}")
         with self._channel.lock:
             self._check_unattached(name)
-            reply = self._channel.call("grow_create", name=name, nbytes=nbytes, pool=pool, compression=bool(compression))
-            return self._attach(reply)
+            self._channel.settle()   # after our earlier requests; its growth notices must reach us
+            return self._attach(*self._channel.control_call(
+                {"op": "grow_create", "name": name, "nbytes": nbytes, "pool": pool, "compression": bool(compression)}))
 
     def attach(self, name: str) -> GrowableBuffer:
         with self._channel.lock:
             self._check_unattached(name)
-            return self._attach(self._channel.call("grow_attach", name=name))
+            self._channel.settle()
+            return self._attach(*self._channel.control_call({"op": "grow_attach", "name": name}))
 
     def grow_named(self, name: str, nbytes: int) -> Remap:
         g = self.attached.get(name)
@@ -177,31 +218,52 @@ class Growables:
         if name in self.attached:
             raise InvalidRequest(f"this client is already attached to growable buffer {name!r}")
 
-    def _attach(self, reply: dict) -> GrowableBuffer:
+    def _attach(self, reply: dict, fds: list[int]) -> GrowableBuffer:
         name = reply["name"]
+        fetch = _Fetch(self._channel, name, reply.get("batch", []), fds)
         mapping = None
         try:
             mapping = self._backend.import_growable(reply["info"])
             g = GrowableBuffer(self, reply, mapping)
-            g._map_to(reply["gen"], reply["size"], lambda first: self._channel.chunk_fds(growable=name, first=first))
+            g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
         except BaseException:
+            fetch.close()
             if mapping is not None:
                 mapping.close()   # what was mapped so far
             self._channel.call("grow_detach", name=name)
             raise
+        fetch.close()
         self.attached[name] = g
         return g
 
     def grow(self, g: GrowableBuffer, nbytes: int) -> Remap:
         with self._channel.lock:
-            reply = self._channel.call("grow", name=g.name, nbytes=nbytes)
-            return g._map_to(reply["gen"], reply["size"], lambda first: self._channel.chunk_fds(growable=g.name, first=first))
+            self._channel.check_open()
+            self._channel.settle()   # a free sent just before must be counted before this grow
+            reply, fds = self._channel.control_call(
+                {"op": "grow", "name": g.name, "nbytes": nbytes, "first": g._chunks})
+            fetch = _Fetch(self._channel, g.name, reply.get("batch", []), fds)
+            try:
+                return g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
+            finally:
+                fetch.close()
 
     def sync(self, g: GrowableBuffer) -> Remap:
         with self._channel.lock:
             self._channel.drain()
-            gen, size = g._announced
-            return g._map_to(gen, size, lambda first: self._channel.chunk_fds(growable=g.name, first=first))
+            if g._mapping.follows:   # the host: the memfd it holds is as long as the buffer
+                return g._map_to(*g._announced, _Fetch(self._channel, g.name))
+            # CUDA: a notice is no proof of the size. Another process's grow may have been
+            # answered (on its control socket) before our notice of it arrives here, and that
+            # process may already have told ours to use the new bytes: ask the broker.
+            self._channel.check_open()
+            reply, fds = self._channel.control_call({"op": "grow_sync", "name": g.name, "first": g._chunks})
+            fetch = _Fetch(self._channel, g.name, reply.get("batch", []), fds)
+            try:
+                g._announce(reply["gen"], reply["size"], len(reply["chunks"]))
+                return g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
+            finally:
+                fetch.close()
 
     def detach(self, g: GrowableBuffer) -> None:
         with self._channel.lock:
@@ -213,8 +275,9 @@ class Growables:
     def on_grown(self, note: dict) -> None:
         """The broker's notice that another process grew a buffer: ``sync`` maps it later."""
         g = self.attached.get(note.get("growable"))
-        if g is not None and isinstance(note.get("gen"), int) and isinstance(note.get("size"), int):
-            g._announce(note["gen"], note["size"])
+        fields = [note.get(k) for k in ("gen", "size", "chunks")]
+        if g is not None and all(isinstance(v, int) and not isinstance(v, bool) for v in fields):
+            g._announce(*fields)
 
     def close_all(self) -> None:
         """Close every attached buffer (at close)."""

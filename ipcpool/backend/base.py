@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import BackendUnavailable, InvalidRequest, IpcPoolError
 from .records import REUSE_POLICIES, Export, PoolSpec, PoolStats
+from .stock import ChunkStock
 
 __all__ = [
     "REUSE_POLICIES",
@@ -195,10 +196,17 @@ class BrokerBackend(ABC):
     @abstractmethod
     def create_pool(self, spec: PoolSpec) -> BrokerPool: ...
 
-    def create_growable(self, spec: PoolSpec, nbytes: int, compression: bool) -> BrokerGrowable:
+    def create_growable(self, spec: PoolSpec, nbytes: int, compression: bool,
+                        stock: ChunkStock | None = None) -> BrokerGrowable:
         """Memory of ``nbytes`` (rounded up to the granularity) on ``spec``'s device that can grow
-        while keeping its contents, as chunks every client maps in order."""
+        while keeping its contents, as chunks every client maps in order (taken from ``stock``
+        first, where it fits)."""
         raise BackendUnavailable(f"the {self.name} backend has no growable buffers")
+
+    def chunk_stock(self, spec: PoolSpec, target: int) -> ChunkStock | None:
+        """An empty stock of up to ``target`` bytes of chunks for ``spec``'s growable buffers (see
+        ``stock``); None where chunks cost nothing to make when asked (the host)."""
+        return None
 
     def adopt_growable(self, spec: PoolSpec, info: dict[str, Any], chunks: list[int], fds: list[int]) -> BrokerGrowable:
         """Restore a growable a previous broker stored (takes ownership of ``fds``)."""
@@ -251,8 +259,9 @@ class BrokerGrowable(ABC):
         """What a client needs to map it besides the FDs: device, granularity, compression."""
 
     @abstractmethod
-    def grow(self, nbytes: int) -> None:
-        """Add chunks until the size is at least ``nbytes`` (rounded up to the granularity)."""
+    def grow(self, nbytes: int, stock: ChunkStock | None = None) -> None:
+        """Add chunks until the size is at least ``nbytes`` (rounded up to the granularity), those
+        of ``stock`` first where they fit."""
 
     @abstractmethod
     def fds(self, first: int) -> list[int]:
@@ -270,12 +279,22 @@ class ClientGrowable(ABC):
     ptr: int
     size: int
     reserved: int   # bytes of address space reserved at ``ptr`` (room to grow in place)
+    # True: ``follow`` sees every grow the broker has answered, from what this process holds (the
+    # host's memfd), so a sync needs no request. False: a sync asks the broker (CUDA).
+    follows = False
 
     @abstractmethod
     def extend(self, chunks: list[int], fds: list[int]) -> bool:
         """Map ``chunks`` (sizes, in order, after those mapped) from ``fds`` (owned; closed here).
         Returns True when the range moved: every chunk was remapped at a new ``ptr``. The old
         range stays mapped until ``close`` (work still in flight on it stays valid)."""
+
+    def follow(self, size: int) -> bool | None:
+        """Map at least ``size`` bytes from what this process already holds, without asking the
+        broker (more where more is there already); True when the range moved (as ``extend``).
+        None where it cannot: the new memory's FDs must come from the broker (CUDA: each chunk is
+        an FD of its own, so following a grow stays a round trip there)."""
+        return None
 
     def view(self) -> memoryview | None:
         """The bytes, where the CPU can address them (host memory)."""

@@ -1,6 +1,10 @@
 """The control socket: accepting connections, the hello (version, access check, per-uid cap,
 room for one more session), and the FDs a session asks for (a pool with its seal board, chunks).
 
+A growable buffer is made, attached and grown here too (the ops the message channel also serves),
+so that the reply carries the chunk FDs the client lacks: one round trip instead of a request on
+each socket. What the op does is ``handlers``' as on the message channel (other holders are told).
+
 Connections and hellos are refused, never crash the loop: a refusal is an error reply and a
 close; an unexpected exception is logged with its traceback and reported as an ``InternalError``.
 """
@@ -26,6 +30,7 @@ from ..errors import (
 )
 from .fdguard import FdGuard
 from .growables import GrowableTable
+from .handlers import Handlers
 from .handoff import Handoffs
 from .registry import Registry
 from .session import Session
@@ -38,8 +43,8 @@ MAX_PENDING = 1024   # connections that sent no hello yet
 
 class ControlChannel:
     def __init__(self, *, listener: socket.socket, config: Config, sessions: Sessions, guard: FdGuard,
-                 registry: Registry, handoffs: Handoffs, growables: GrowableTable, backend_name: str,
-                 endpoint: str, watch: Callable[[int], None], unwatch: Callable[[int], None]):
+                 registry: Registry, handoffs: Handoffs, growables: GrowableTable, handlers: Handlers,
+                 backend_name: str, endpoint: str, watch: Callable[[int], None], unwatch: Callable[[int], None]):
         self.listener = listener
         self.config = config
         self.sessions = sessions
@@ -47,6 +52,7 @@ class ControlChannel:
         self.registry = registry
         self.handoffs = handoffs
         self.growables = growables
+        self.handlers = handlers
         self.backend_name = backend_name
         self.endpoint = endpoint   # of the message channel, told in the hello's reply
         self._watch = watch
@@ -186,6 +192,13 @@ class ControlChannel:
             elif op == "chunk_fds":
                 reply, fds = self._chunk_fds(session, fields)
                 self.send(session, protocol.ok_reply(rid, **reply), tuple(fds))
+            elif op in protocol.GROWABLE_CONTROL:
+                reply = self.handlers.handle(session, op, fields, rid)
+                g = self.growables.attached(session, fields["name"])
+                chunks, first = g.memory.chunks, fields.get("first", 0)   # the client maps from there
+                fds = g.memory.fds(first) if first < len(chunks) else []
+                batch, fds = _fd_batch(chunks, g.memory.one_file, first, fds)
+                self.send(session, protocol.ok_reply(rid, **reply, batch=batch), tuple(fds))
             else:
                 raise ProtocolError(f"{op} is not valid once the session is open")
         except IpcPoolError as exc:
@@ -208,10 +221,19 @@ class ControlChannel:
             fds = alloc.pool.chunk_fds(alloc.handle)[first:]
         else:
             raise InvalidRequest("chunk_fds names a growable buffer or an allocation")
-        if one_file:   # one file holds every chunk at its offset
-            return {"chunks": list(chunks[first:])}, fds[:1]
-        fds = fds[: protocol.FD_BATCH]
-        return {"chunks": list(chunks[first : first + len(fds)])}, fds
+        batch, fds = _fd_batch(chunks, one_file, first, fds)
+        return {"chunks": batch}, fds
+
+
+def _fd_batch(chunks: list[int], one_file: bool, first: int, fds: list[int]) -> tuple[list[int], list[int]]:
+    """Of ``fds``, those of chunks ``first`` onwards, what one reply carries (at most FD_BATCH),
+    and the sizes of the chunks they map. One file holding every chunk at its offset is one FD."""
+    if first >= len(chunks):
+        return [], []
+    if one_file:
+        return list(chunks[first:]), fds[:1]
+    fds = fds[: protocol.FD_BATCH]
+    return list(chunks[first : first + len(fds)]), fds
 
 
 def _reply_and_drop(conn: socket.socket, exc: IpcPoolError) -> None:

@@ -2,8 +2,14 @@
 
 A growable lives until it is deleted and every attached session has detached (a deleted one
 accepts no new attachments). Its bytes count against its creator's quota, growth included. Each
-grow bumps a generation; attached sessions other than the grower are told, and fetch the new
-chunks' FDs over the control socket before they next use the buffer.
+grow bumps a generation; attached sessions other than the grower are told, and map the new
+chunks before they next use the buffer (host: from the memfd they hold; CUDA: the new chunks' FDs
+fetched over the control socket).
+
+Each pool whose backend makes chunks at a cost (CUDA) keeps a stock of them (``backend.stock``,
+``[growth] stock`` in the config): grows take from it first; it is refilled one chunk at a time
+from the broker's idle pass. The stock counts against the pool's max_size, and yields to buffers:
+a grow may use the room it holds, and the stock sheds what no longer fits.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..backend.base import BrokerGrowable
+from ..backend.stock import ChunkStock
 from ..errors import AllocationTooLarge, InvalidRequest, IpcPoolError, ObjectExists, ObjectNotFound, OutOfMemory
 from .registry import Registry
 from .session import Session
@@ -64,6 +71,9 @@ class GrowableTable:
         self.registry = registry
         self.by_name: dict[str, Growable] = {}
         self.bytes_by_pool: collections.Counter = collections.Counter()
+        self.stocks: dict[str, ChunkStock] = {}   # pool -> its chunks made ahead (CUDA)
+        self._refill_after = 0.0   # a refill failed (the device is full): not again before then
+        self._stock_settled = False   # nothing to make until buffers change (saves pool queries)
         self._ids = itertools.count(1)
 
     def _check_size(self, pool_name: str, nbytes: int, more: int) -> None:
@@ -81,6 +91,65 @@ class GrowableTable:
                     f"more would pass its max_size of {limit} bytes"
                 )
 
+    # -- the stock of chunks ------------------------------------------------------------------
+    def open_stocks(self, target: int) -> None:
+        """A stock of ``target`` bytes for each pool that can use one, filled now (at start)."""
+        for name, pool in self.registry.pools.items():
+            if target and not pool.read_only:
+                try:
+                    stock = self.registry.backend.chunk_stock(pool.spec, target)
+                except IpcPoolError as exc:   # e.g. a device without VMM: no growth there, no stock
+                    log.warning("pool %r keeps no growth stock: %s", name, exc)
+                    continue
+                if stock is not None and stock.sizes:
+                    self.stocks[name] = stock
+        while self.refill_stock():
+            pass
+
+    def _room(self, pool_name: str) -> int:
+        """Bytes the stock of a pool may hold: its max_size less what its buffers and allocations
+        hold (no limit: the stock's own target bounds it)."""
+        limit = pool_limit(self.registry.pool(pool_name))
+        if not limit:
+            return MAX_GROWABLE
+        return max(0, limit - self.registry.pool(pool_name).stats().used - self.bytes_by_pool[pool_name])
+
+    def stock_wanted(self) -> bool:
+        """Is there a chunk to make (the broker's idle pass then calls ``refill_stock``)?"""
+        if self._stock_settled or not self.stocks or time.monotonic() < self._refill_after:
+            return False
+        wanted = any(s.wanted(self._room(p) - s.bytes) is not None for p, s in self.stocks.items())
+        self._stock_settled = not wanted
+        return wanted
+
+    def refill_stock(self) -> bool:
+        """Make one chunk for the first stock that wants one; False when none did (or it failed)."""
+        if time.monotonic() < self._refill_after:
+            return False
+        for pool_name, stock in self.stocks.items():
+            try:
+                if stock.refill_one(self._room(pool_name) - stock.bytes):
+                    return True
+            except IpcPoolError as exc:   # the device is full now: try again in a while
+                log.warning("pool %r: no chunk made for the growth stock: %s", pool_name, exc)
+                self._refill_after = time.monotonic() + 1.0
+                return False
+        return False
+
+    def _fit_stock(self, pool_name: str) -> None:
+        """After a pool's buffers grew: the stock gives up what no longer fits its max_size."""
+        stock = self.stocks.get(pool_name)
+        if stock is not None:
+            stock.shed(self._room(pool_name))
+            self._stock_settled = False   # what was taken is made again while idle
+
+    def close_stocks(self) -> None:
+        """Release every stocked chunk (at shutdown: they are no buffer's, nothing stores them)."""
+        for stock in self.stocks.values():
+            stock.close()
+        self.stocks.clear()
+
+    # -- buffers --------------------------------------------------------------------------------
     def create(self, session: Session, name: str, nbytes: int, pool_name: str, compression: bool) -> Growable:
         if nbytes <= 0:
             raise InvalidRequest(f"growable size must be positive, got {nbytes}")
@@ -90,10 +159,11 @@ class GrowableTable:
         self._check_size(pool_name, nbytes, nbytes)
         uid = session.cred.uid
         self.registry.check_quota(uid, nbytes)
-        memory = self.registry.backend.create_growable(pool.spec, nbytes, compression)
+        memory = self.registry.backend.create_growable(pool.spec, nbytes, compression, self.stocks.get(pool_name))
         g = Growable(next(self._ids), name, pool_name, uid, memory, compression)
         self.registry.bytes_by_uid[uid] += memory.size
         self.bytes_by_pool[pool_name] += memory.size
+        self._fit_stock(pool_name)
         self.by_name[name] = g
         g.holders[session] += 1
         return g
@@ -148,9 +218,10 @@ class GrowableTable:
         before = g.memory.size
         self._check_size(g.pool, nbytes, nbytes - before)
         self.registry.check_quota(g.uid, nbytes - before)
-        g.memory.grow(nbytes)
+        g.memory.grow(nbytes, self.stocks.get(g.pool))
         self.registry.bytes_by_uid[g.uid] += g.memory.size - before
         self.bytes_by_pool[g.pool] += g.memory.size - before
+        self._fit_stock(g.pool)
         g.gen += 1
         return g, [s for s in g.holders if s is not session]
 
@@ -189,6 +260,7 @@ class GrowableTable:
         self.registry.bytes_by_uid[g.uid] -= g.memory.size
         self.bytes_by_pool[g.pool] -= g.memory.size
         g.memory.close()
+        self._stock_settled = False   # room came back under the pool's max_size
         return g
 
     def stats(self) -> dict[str, dict]:
@@ -198,6 +270,8 @@ class GrowableTable:
             row = out.setdefault(g.pool, {"growables": 0, "growable_bytes": 0})
             row["growables"] += 1
             row["growable_bytes"] += g.memory.size
+        for pool_name, stock in self.stocks.items():   # only pools that keep a stock show one
+            out.setdefault(pool_name, {"growables": 0, "growable_bytes": 0})["stock_bytes"] = stock.bytes
         return out
 
     def list(self, prefix: str = "") -> list[dict]:

@@ -199,10 +199,17 @@ class Handlers:
         return self.growables.attach(session, f["name"]).fields()
 
     def op_grow(self, session: Session, f: dict, rid: int) -> dict:
+        g = self.growables.attached(session, f["name"])
+        gen = g.gen
         g, others = self.growables.grow(session, f["name"], f["nbytes"])
-        self.durable.record_growable(g)   # only chunks not stored yet
-        self.notices.grown(g, others)
+        if g.gen != gen:   # a grow to no more than the size changes nothing: nothing to record
+            self.durable.record_growable(g)   # only chunks not stored yet
+            self.notices.grown(g, others)
         return g.fields()
+
+    def op_grow_sync(self, session: Session, f: dict, rid: int) -> dict:
+        """Control socket only: the buffer as it is now (the reply carries the FDs it lacks)."""
+        return self.growables.attached(session, f["name"]).fields()
 
     def op_grow_detach(self, session: Session, f: dict, rid: int) -> dict:
         self._forget_destroyed(self.growables.detach(session, f["name"]))

@@ -67,7 +67,8 @@ class Notices:
     def grown(self, g, others: list[Session]) -> None:
         """A growable buffer grew: its other holders map the new chunks."""
         if others:
-            note = {"notify": "grown", "growable": g.name, "gen": g.gen, "size": g.memory.size}
+            note = {"notify": "grown", "growable": g.name, "gen": g.gen, "size": g.memory.size,
+                    "chunks": len(g.memory.chunks)}
             for other in others:
                 self.send(other.token, note)
 

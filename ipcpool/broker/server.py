@@ -107,6 +107,7 @@ class Broker:
             regrown = self.growables.restore(self.durable.stored_growables(), self.durable.take_growable_fds)
             if restored or regrown:
                 log.info("restored %d sealed object(s) and %d growable buffer(s) from the FD store", restored, regrown)
+            self.growables.open_stocks(self.config.growth_stock)   # after what restored buffers hold
             if self.backend.durable:
                 self.durable.store(self.registry)
                 self.durable.save()
@@ -160,7 +161,7 @@ class Broker:
         self.guard = FdGuard(self.router, self._monitor, f"ipc://{endpoint}", self.fd_limit, self.session_table)
         self.control = ControlChannel(
             listener=self.listener, config=self.config, sessions=self.session_table, guard=self.guard,
-            registry=self.registry, handoffs=self.handoffs, growables=self.growables,
+            registry=self.registry, handoffs=self.handoffs, growables=self.growables, handlers=self.handlers,
             backend_name=self.choice.name, endpoint=f"ipc://{endpoint}", watch=self._watch, unwatch=self._unwatch,
         )
         self._wake_r, self._wake_w = socket.socketpair()
@@ -204,6 +205,8 @@ class Broker:
             self.durable.close()
         if getattr(self, "handoffs", None) is not None:
             self.handoffs.close()
+        if getattr(self, "growables", None) is not None:
+            self.growables.close_stocks()
         if self.registry is not None:
             self.registry.close()
             self.registry = None
@@ -258,10 +261,15 @@ class Broker:
             timeout_ms = max(0, min(timeout_ms, int((deadline - time.monotonic()) * 1000) + 1))
         if not self.guard.zmq_open:   # look again soon whether the message channel may open again
             timeout_ms = min(timeout_ms, 200)
-        if time.monotonic() < self._spin_until:   # right after a request: don't sleep (busy_poll_us)
+        spinning = time.monotonic() < self._spin_until
+        if spinning:   # right after a request: don't sleep (busy_poll_us)
             timeout_ms = 0
         elif self.registry is not None and self.backend.pending_frees:
             timeout_ms = min(timeout_ms, 2)   # frees wait on done events: look again soon
+        # The growth stock is refilled while idle: after a burst of requests, not during one.
+        refill = not spinning and self.registry is not None and self.growables.stock_wanted()
+        if refill:
+            timeout_ms = 0
         events = dict(self._poller.poll(timeout_ms))
         if self._wake_r.fileno() in events:
             try:
@@ -281,6 +289,8 @@ class Broker:
                     self.control.on_hello(fd)
                 elif fd in table.by_fd:
                     self.control.on_message(table.by_fd[fd])
+                    # A grow is a control request: the next one of a burst is read without a wake-up too.
+                    self._spin_until = time.monotonic() + self.config.busy_poll_us / 1e6
                 elif fd in table.by_pidfd:
                     table.process_gone(table.by_pidfd[fd])
         if table.pending:
@@ -290,6 +300,8 @@ class Broker:
         if self.registry is not None:
             if not events and self.backend.pending_frees:
                 self.backend.sweep()
+            if not events and refill:
+                self.growables.refill_stock()   # one chunk: a request arriving waits for one at most
             self.handoffs.settle()   # ranges that went idle (in any sweep) back to their arenas
         if deadline is not None:
             self.notices.timed_out(time.monotonic())

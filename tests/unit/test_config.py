@@ -82,3 +82,14 @@ def test_peer_groups_of_a_socketpair_are_ours():
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with a, b:
         assert sorted(fdpass.peer_groups(a)) == sorted(os.getgroups())
+
+
+def test_growth_stock_is_a_size_per_pool_and_zero_turns_it_off():
+    from ipcpool.errors import ConfigError
+
+    assert parse({}).growth_stock == 256 << 20
+    assert parse({"growth": {"stock": "1G"}}).growth_stock == 1 << 30
+    assert parse({"growth": {"stock": 0}}).growth_stock == 0
+    for bad, key in (({"stock": "lots"}, "growth.stock"), ({"stok": 1}, "growth"), ({"stock": -1}, "growth.stock")):
+        with pytest.raises(ConfigError, match=key):
+            parse({"growth": bad})

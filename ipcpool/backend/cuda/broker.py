@@ -18,6 +18,7 @@ from cuda.core import Stream
 from ...errors import IpcPoolError
 from ..base import BrokerBackend, BrokerGrowable, BrokerPool, PoolSpec, SessionContext
 from ..mps import mps_warnings
+from ..stock import ChunkStock
 from . import driver as drv
 from . import vmm
 from .allocation import Allocation
@@ -25,6 +26,7 @@ from .context import OnDevice, make_current
 from .errors import is_cuda_error, translate, usable
 from .events import Graveyard
 from .growable import CudaGrowable
+from .limits import VMM_CHUNK
 from .ordering import DeferredFrees, SealWatch
 from .pool import CudaPool
 from .restored import RestoredCudaPool
@@ -62,15 +64,32 @@ class CudaBrokerBackend(BrokerBackend):
     def adopt_pool(self, spec: PoolSpec, fd: int, info: dict[str, Any]) -> BrokerPool:
         return RestoredCudaPool(spec, fd, info)
 
-    def create_growable(self, spec: PoolSpec, nbytes: int, compression: bool) -> BrokerGrowable:
-        g = CudaGrowable(spec.device, compression)
-        g.grow(nbytes)
+    def create_growable(self, spec: PoolSpec, nbytes: int, compression: bool,
+                        stock: ChunkStock | None = None) -> BrokerGrowable:
+        g = CudaGrowable(spec.device, compression, peers=spec.peer_access)
+        g.grow(nbytes, stock)
         return g
+
+    def chunk_stock(self, spec: PoolSpec, target: int) -> ChunkStock | None:
+        device = spec.device
+        with OnDevice(device):
+            vmm.check_supported(device)
+            gran = vmm.granularity(device, False)   # stocked chunks are never compressible
+
+        def make(size: int) -> vmm.Chunk:
+            with OnDevice(device):
+                return vmm.Chunk(device, size, False)
+
+        def release(chunk: vmm.Chunk) -> None:
+            with OnDevice(device):
+                chunk.close()
+
+        return ChunkStock(target, gran, make, VMM_CHUNK, release)
 
     def adopt_growable(self, spec: PoolSpec, info: dict[str, Any], chunks: list[int], fds: list[int]) -> BrokerGrowable:
         with OnDevice(spec.device):
             restored = vmm.restore_chunks(fds, chunks)
-        return CudaGrowable(spec.device, bool(info.get("compression")), restored)
+        return CudaGrowable(spec.device, bool(info.get("compression")), restored, peers=spec.peer_access)
 
     def open_session(self) -> SessionContext:
         session = CudaSession(self)

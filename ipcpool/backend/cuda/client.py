@@ -19,13 +19,27 @@ from .context import OnDevice, check_device
 from .errors import usable
 
 
-class CudaClientGrowable(ClientGrowable):
-    """A growable buffer mapped here: a ``vmm.Mapping`` with room to grow in place."""
+def growable_access(device: int, peers: list[int]) -> tuple[int, ...]:
+    """The devices besides ``device`` to grant access to a growable mapped here: the pool's listed
+    peers present in this process, and the calling thread's current device where that differs,
+    each only where the driver says it can reach ``device``'s memory (cuDeviceCanAccessPeer).
+    A current device that cannot is left out, not refused: it may be no choice of the caller's
+    (the client backend leaves device 0's context current in a thread that had none)."""
+    count = drv.device_count()
+    here = drv.current_device()
+    wanted = dict.fromkeys([*peers, *([here] if here is not None else [])])
+    return tuple(p for p in wanted if p != device and 0 <= p < count and drv.can_access_peer(p, device))
 
-    def __init__(self, device: int, gran: int):
+
+class CudaClientGrowable(ClientGrowable):
+    """A growable buffer mapped here: a ``vmm.Mapping`` with room to grow in place, which the
+    growable's device and the peers ``growable_access`` finds may access."""
+
+    def __init__(self, device: int, gran: int, peers: tuple[int, ...] | list[int] = ()):
         check_device(device)
         self.device = device
-        self._mapping = vmm.Mapping(device, gran, headroom=2)
+        self.peers = growable_access(device, list(peers))
+        self._mapping = vmm.Mapping(device, gran, headroom=2, peers=self.peers)
 
     ptr = property(lambda self: self._mapping.ptr)
     size = property(lambda self: self._mapping.size)
@@ -36,7 +50,12 @@ class CudaClientGrowable(ClientGrowable):
             return self._mapping.extend(chunks, fds)
 
     def close(self) -> None:
-        # cuMemUnmap does not wait for the GPU: let this device's work finish first.
+        # cuMemUnmap does not wait for the GPU: let the work of every device that may use the
+        # mapping finish first (a peer's only where this process has its context active).
+        for peer in self.peers:
+            if drv.primary_active(peer):
+                with OnDevice(peer):
+                    drv.synchronize_context()
         with OnDevice(self.device):
             drv.synchronize_context()
             self._mapping.close()
@@ -69,7 +88,8 @@ class CudaClientBackend(ClientBackend):
 
     def import_growable(self, info: dict[str, Any]) -> ClientGrowable:
         try:
-            return CudaClientGrowable(int(info["device"]), int(info["granularity"]))
+            return CudaClientGrowable(int(info["device"]), int(info["granularity"]),
+                                      [int(p) for p in info.get("peer_access", ())])
         except (KeyError, TypeError, ValueError) as exc:
             raise BackendUnavailable(f"bad growable info {info!r}: {exc}") from exc
 

@@ -81,6 +81,7 @@ class CudaClientPool(ClientPool):
             local_peers = [p for p in peers if p != self.device and p < count]
             if local_peers:
                 drv.set_access(drv.pool_handle(self._mr), local_peers)
+            self._peers = tuple(local_peers)   # granted on VMM-mapped allocations too
         except BaseException:
             self._mr.close()
             raise
@@ -149,7 +150,7 @@ class CudaClientPool(ClientPool):
         """Memory above the import limit: its VMM chunks mapped into one range of ours."""
         try:
             with OnDevice(self.device):
-                mapping = vmm.Mapping(self.device, vmm.granularity(self.device))
+                mapping = vmm.Mapping(self.device, vmm.granularity(self.device), peers=self._peers)
                 mapping.extend(list(export.chunks), fds)
                 fds = []
                 try:

@@ -99,6 +99,19 @@ def current_context() -> Any:
     return check(result, "cuCtxGetCurrent")
 
 
+def current_device() -> int | None:
+    """The device of the calling thread's current context; None when no context is current."""
+    if int(current_context()) == 0:
+        return None
+    return int(check(cu.cuCtxGetDevice(), "cuCtxGetDevice"))
+
+
+def primary_active(device: int) -> bool:
+    """Is ``device``'s primary context active in this process (some code here has used it)?"""
+    _flags, active = check(cu.cuDevicePrimaryCtxGetState(device), "cuDevicePrimaryCtxGetState")
+    return bool(active)
+
+
 def restore_context(ctx: Any) -> None:
     check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 

@@ -1,10 +1,15 @@
-"""A growable buffer on the broker: VMM chunks on one device, grown by adding chunks."""
+"""A growable buffer on the broker: VMM chunks on one device, grown by adding chunks: those of the
+pool's stock first (made ahead, see ``backend.stock``), then new ones for what the stock lacks.
+Each chunk is an FD of its own, so a client follows a grow with a request for the new chunks' FDs.
+Its info names the pool's peer devices (``peer_access``, checked when the pool was made): a client
+grants them access to its mapping, as it does on an imported pool."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..base import BrokerGrowable
+from ..stock import ChunkStock
 from . import vmm
 from .context import OnDevice
 from .limits import VMM_CHUNK
@@ -13,8 +18,10 @@ from .limits import VMM_CHUNK
 class CudaGrowable(BrokerGrowable):
     """A growable buffer's VMM chunks on one device (see ``vmm``)."""
 
-    def __init__(self, device: int, compression: bool, chunks: list[vmm.Chunk] | None = None):
+    def __init__(self, device: int, compression: bool, chunks: list[vmm.Chunk] | None = None,
+                 peers: tuple[int, ...] = ()):
         self.device = device
+        self.peers = tuple(sorted({p for p in peers if p != device}))
         with OnDevice(device):
             vmm.check_supported(device)
             # Compression only where the device offers it; what each chunk got is read back.
@@ -28,14 +35,24 @@ class CudaGrowable(BrokerGrowable):
 
     def info(self) -> dict[str, Any]:
         got = bool(self._chunks) and all(c.compression for c in self._chunks)
-        return {"device": self.device, "granularity": self.gran, "compression": got}
+        return {"device": self.device, "granularity": self.gran, "compression": got, "peer_access": list(self.peers)}
 
-    def grow(self, nbytes: int) -> None:
+    def grow(self, nbytes: int, stock: ChunkStock | None = None) -> None:
         if nbytes <= self.size:
             return
-        with OnDevice(self.device):
-            sizes = vmm.split(nbytes - self.size, self.gran, VMM_CHUNK)
-            self._chunks += vmm.create_chunks(self.device, sizes, self.compression)
+        need, taken = nbytes - self.size, []
+        # The stock's chunks are of this device's plain granularity and never compressible.
+        if stock is not None and not self.compression and stock.gran == self.gran:
+            taken, need = stock.take(need)
+        try:
+            with OnDevice(self.device):
+                sizes = vmm.split(need, self.gran, VMM_CHUNK) if need > 0 else []
+                made = vmm.create_chunks(self.device, sizes, self.compression)
+        except BaseException:
+            if taken:
+                stock.give_back(taken)
+            raise
+        self._chunks += taken + made
 
     def fds(self, first: int) -> list[int]:
         return [c.fd for c in self._chunks[first:]]

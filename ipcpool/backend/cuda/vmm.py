@@ -3,9 +3,12 @@
 Broker side, a ``Chunk`` is one ``cuMemCreate`` allocation (pinned device memory, POSIX-FD handle
 type, compressible where asked and offered) and its exported FD, kept for clients and systemd's FD
 store. Client side, a ``Mapping`` imports chunk FDs and maps them one after another into address
-space it reserved, granting its device read-write access. Growth maps new chunks right after the
+space it reserved, granting read-write access to its device and the peers it was given (one
+``cuMemSetAccess`` per batch of chunks, over the batch's whole range: the driver asks for a fully
+mapped range of whole allocations, not for one allocation). Growth maps new chunks right after the
 current ones: inside the reservation, or in a range reserved right after it where that is free
-(the fast path); otherwise every chunk is mapped again at a new, larger range (the slow path). The
+(the fast path); otherwise, or where the driver refuses to map a chunk across the end of one
+reservation into the next, every chunk is mapped again at a new, larger range (the slow path). The
 old range stays mapped until ``close``, so work in flight on the old pointer stays valid; the data
 is never copied. The driver counts references: a chunk's memory lives until every process that
 imported or created it has unmapped and released it.
@@ -21,7 +24,7 @@ from typing import Any
 
 from cuda.bindings import driver as cu
 
-from ...errors import BackendUnavailable, InvalidRequest
+from ...errors import BackendUnavailable, InvalidRequest, IpcPoolError
 from .errors import check
 
 POSIX_FD = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
@@ -141,11 +144,26 @@ def split(nbytes: int, gran: int, most: int) -> list[int]:
     return [most] * (total // most) + ([total % most] if total % most else [])
 
 
-class Mapping:
-    """A client's contiguous mapping of chunks (imported from FDs) on one device."""
+def access_descs(devices: list[int]) -> list[Any]:
+    """Read-write access for each of ``devices`` (structs only: no driver call)."""
+    descs = []
+    for dev in devices:
+        desc = cu.CUmemAccessDesc()
+        desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = dev
+        desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        descs.append(desc)
+    return descs
 
-    def __init__(self, device: int, gran: int, headroom: int = 1):
+
+class Mapping:
+    """A client's contiguous mapping of chunks (imported from FDs) on one device, which ``peers``
+    (devices the caller has checked can access it: cuDeviceCanAccessPeer) may access too."""
+
+    def __init__(self, device: int, gran: int, headroom: int = 1, peers: tuple[int, ...] = ()):
         self.device = device
+        self.access = [device] + [p for p in dict.fromkeys(peers) if p != device]
+        self._descs = access_descs(self.access)
         self.gran = gran
         self.headroom = headroom    # reserve this many times the size: room to grow in place
         self.ptr = 0
@@ -173,26 +191,43 @@ class Mapping:
         try:
             return self._place(new)
         except BaseException:
-            mapped = {int(h) for h, _ in self._handles}   # those are released by close()
-            for handle, _ in new:
-                if int(handle) not in mapped:
-                    cu.cuMemRelease(handle)
+            for handle, _ in new:   # nothing of theirs stays mapped (see _map)
+                cu.cuMemRelease(handle)
             raise
 
     def _place(self, new: list[tuple[Any, int]]) -> bool:
         total = self.size + sum(s for _, s in new)
-        if total > self.reserved and not self._reserve_after(total):
-            # Slow path: a new range; map every chunk there (the old range stays until close).
-            length = round_up(total * self.headroom, self.gran)
-            base = int(check(cu.cuMemAddressReserve(length, self.gran, 0, 0), "cuMemAddressReserve"))
-            self._ranges.append((base, length))
-            moved = bool(self.ptr)
-            old = self._handles
-            self.ptr, self.size, self.reserved, self._handles = base, 0, length, []
-            self._map(old)
-            self._map(new)
-            return moved
-        self._map(new)
+        if total <= self.reserved or self._reserve_after(total):
+            try:
+                self._map(self.ptr + self.size, new)
+            except IpcPoolError:
+                # A chunk may straddle the end of one reservation and the start of the next:
+                # where the driver refuses that, map everything at a new range instead.
+                if not self._straddles(new):
+                    raise
+            else:
+                self._handles += new
+                self.size = total
+                return False
+        # Slow path: a new range; map every chunk there (the old range stays until close).
+        length = round_up(total * self.headroom, self.gran)
+        base = int(check(cu.cuMemAddressReserve(length, self.gran, 0, 0), "cuMemAddressReserve"))
+        self._ranges.append((base, length))
+        self._map(base, self._handles + new)   # one access call for the whole range
+        moved = bool(self.ptr)
+        self.ptr, self.reserved = base, length
+        self._handles += new
+        self.size = total
+        return moved
+
+    def _straddles(self, new: list[tuple[Any, int]]) -> bool:
+        """Would one of ``new``, mapped after the current ones, cross the start of a reservation?"""
+        starts = {base for base, _ in self._ranges}
+        at = self.ptr + self.size
+        for _, size in new:
+            if any(at < b < at + size for b in starts):
+                return True
+            at += size
         return False
 
     def _reserve_after(self, total: int) -> bool:
@@ -211,21 +246,22 @@ class Mapping:
         self.reserved += length
         return True
 
-    def _map(self, chunks: list[tuple[Any, int]]) -> None:
-        if not chunks:
-            return
-        start = at = self.ptr + self.size
-        for handle, size in chunks:
-            check(cu.cuMemMap(at, size, 0, handle, 0), "cuMemMap")
-            self._mapped.append((at, size))
-            self._handles.append((handle, size))
-            at += size
-        desc = cu.CUmemAccessDesc()
-        desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        desc.location.id = self.device
-        desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-        check(cu.cuMemSetAccess(start, at - start, [desc], 1), "cuMemSetAccess")
-        self.size = at - self.ptr
+    def _map(self, at: int, chunks: list[tuple[Any, int]]) -> None:
+        """Map ``chunks`` one after another from ``at`` and grant access to the whole range in one
+        call ([start, at) is contiguous and all mapped then). On failure nothing stays mapped."""
+        start, done = at, []
+        try:
+            for handle, size in chunks:
+                check(cu.cuMemMap(at, size, 0, handle, 0), "cuMemMap")
+                done.append((at, size))
+                at += size
+            if done:
+                check(cu.cuMemSetAccess(start, at - start, self._descs, len(self._descs)), "cuMemSetAccess")
+        except BaseException:
+            for span in done:
+                cu.cuMemUnmap(*span)
+            raise
+        self._mapped += done
 
     def close(self) -> None:
         """Unmap every range and release the imports. The caller has made sure no work on this

@@ -7,6 +7,7 @@ from typing import Any
 
 from ...errors import InvalidRequest
 from ..base import BrokerBackend, BrokerGrowable, BrokerPool, PoolSpec, SessionContext
+from ..stock import ChunkStock
 from .growable import HostGrowable
 from .pool import HostPool
 
@@ -24,7 +25,8 @@ class HostBrokerBackend(BrokerBackend):
     def open_session(self) -> SessionContext:
         return SessionContext()   # no per-session state on the host
 
-    def create_growable(self, spec: PoolSpec, nbytes: int, compression: bool) -> BrokerGrowable:
+    def create_growable(self, spec: PoolSpec, nbytes: int, compression: bool,
+                        stock: ChunkStock | None = None) -> BrokerGrowable:
         return HostGrowable(nbytes)   # compression is a GPU property: reported as not obtained
 
     def adopt_growable(self, spec: PoolSpec, info: dict[str, Any], chunks: list[int], fds: list[int]) -> BrokerGrowable:

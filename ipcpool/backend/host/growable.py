@@ -4,6 +4,11 @@ The client side mirrors CUDA virtual memory with mmap: an address range is reser
 no backing), the memfd is mapped into it with MAP_FIXED, and growth maps the new tail right after
 the current end when that range is free (MAP_FIXED_NOREPLACE refuses a taken one) or else maps the
 whole file again at a new reserved range. Nothing is copied: every mapping shows the same pages.
+
+A client keeps the memfd it was first sent: a grow only makes that file longer, so following
+another process's grow is an fstat and an mmap of the tail here, with no request to the broker.
+The broker keeps no stock of chunks ahead of need: a host chunk is a longer file (ftruncate of a
+sparse memfd), which costs about nothing to make at the moment it is asked for.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 
 from ...errors import InvalidRequest, OutOfMemory
 from ..base import BrokerGrowable, ClientGrowable
+from ..stock import ChunkStock
 
 PAGE = mmap.PAGESIZE
 PROT_NONE = 0
@@ -78,7 +84,7 @@ class HostGrowable(BrokerGrowable):
     def info(self) -> dict[str, Any]:
         return {"device": -1, "granularity": PAGE, "compression": False}
 
-    def grow(self, nbytes: int) -> None:
+    def grow(self, nbytes: int, stock: ChunkStock | None = None) -> None:
         new = round_up(nbytes, PAGE)
         if new <= self.size:
             return
@@ -100,43 +106,61 @@ class HostGrowable(BrokerGrowable):
 class HostClientGrowable(ClientGrowable):
     """A client's view: reserved ranges with the memfd mapped in. Old ranges stay until close."""
 
+    follows = True   # the memfd's length is the buffer's size: fstat sees every grow
+
     def __init__(self, headroom: int = 2):
         self.headroom = headroom
         self.ptr = 0
         self.size = 0
         self.reserved = 0
         self._ranges: list[tuple[int, int]] = []   # (address, length) reserved, for close
+        self._fd = -1   # the memfd, kept from the first FD received (see the module doc)
 
     def extend(self, chunks: list[int], fds: list[int]) -> bool:
         try:
             if len(fds) != 1:
                 raise InvalidRequest(f"a host growable is mapped from one FD, got {len(fds)}")
+            if self._fd < 0:
+                self._fd = fds.pop()   # kept: later growth is mapped from it
             new_size = self.size + sum(chunks)
-            if os.fstat(fds[0]).st_size < new_size:
+            if os.fstat(self._fd).st_size < new_size:
                 raise InvalidRequest("the growable's memfd is smaller than its announced chunks")
-            moved = False
-            if new_size > self.reserved:
-                extra = round_up(new_size * self.headroom, PAGE) - self.reserved
-                if self.ptr and reserve(extra, at=self.ptr + self.reserved) is not None:
-                    self._ranges.append((self.ptr + self.reserved, extra))   # in place
-                    self.reserved += extra
-                else:
-                    length = round_up(new_size * self.headroom, PAGE)
-                    base = reserve(length)
-                    if base is None:
-                        raise OutOfMemory(f"cannot reserve {length} bytes of address space")
-                    self._ranges.append((base, length))
-                    moved = bool(self.ptr)
-                    self.ptr, self.size, self.reserved = base, 0, length   # map everything anew
-            flags = mmap.MAP_SHARED | MAP_FIXED
-            prot = mmap.PROT_READ | mmap.PROT_WRITE
-            if _mmap(self.ptr + self.size, new_size - self.size, prot, flags, fds[0], self.size) is None:
-                raise OutOfMemory(f"mmap of a growable failed: {os.strerror(ctypes.get_errno())}")
-            self.size = new_size
-            return moved
+            return self._map_to(new_size)
         finally:
             for fd in fds:
                 os.close(fd)
+
+    def follow(self, size: int) -> bool | None:
+        if self._fd < 0:
+            return None   # nothing held yet: the first FD comes with the create or attach
+        now = os.fstat(self._fd).st_size   # the broker grows the file before it answers anyone
+        if now < size:
+            return None
+        return self._map_to(now) if now > self.size else False
+
+    def _map_to(self, new_size: int) -> bool:
+        """Map the file up to ``new_size``: the tail right after the mapped part, in the
+        reservation or one reserved right after it; else the whole file at a new range."""
+        moved = False
+        if new_size > self.reserved:
+            extra = round_up(new_size * self.headroom, PAGE) - self.reserved
+            if self.ptr and reserve(extra, at=self.ptr + self.reserved) is not None:
+                self._ranges.append((self.ptr + self.reserved, extra))   # in place
+                self.reserved += extra
+            else:
+                length = round_up(new_size * self.headroom, PAGE)
+                base = reserve(length)
+                if base is None:
+                    raise OutOfMemory(f"cannot reserve {length} bytes of address space")
+                self._ranges.append((base, length))
+                moved = bool(self.ptr)
+                self.ptr, self.size, self.reserved = base, 0, length   # map everything anew
+        flags = mmap.MAP_SHARED | MAP_FIXED
+        prot = mmap.PROT_READ | mmap.PROT_WRITE
+        if _mmap(self.ptr + self.size, new_size - self.size, prot, flags, self._fd, self.size) is None:
+            raise OutOfMemory(f"mmap of a growable failed: {os.strerror(ctypes.get_errno())}")
+        self.size = new_size
+        return moved
 
     def view(self) -> memoryview:
         return memoryview((ctypes.c_char * self.size).from_address(self.ptr)).cast("B")
@@ -146,3 +170,6 @@ class HostClientGrowable(ClientGrowable):
             unmap(addr, length)
         self._ranges.clear()
         self.ptr = self.size = self.reserved = 0
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

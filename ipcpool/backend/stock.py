@@ -1,0 +1,107 @@
+"""A stock of physical chunks made ahead of need, so that a grow hands out memory that exists.
+
+Making a chunk is the slow part of a grow on CUDA (``cuMemCreate`` and its export: tens of
+microseconds to milliseconds, growing with the size). The broker keeps some made, and a grow takes
+from them before it makes any. Sizes are the granularity times powers of two, one chunk of each, as
+many sizes as the target holds (1 GiB at 2 MiB: 2, 4, ..., 512 MiB). A grow of up to the stock's
+total is then the binary digits of its size: taken largest first while they fit, so the fewest
+chunks and exactly the size asked (a grow never gets more than it asked for); what the stock lacks
+is made at the time, as without a stock. A buffer grown by doubling takes one chunk per step.
+
+Refill makes one chunk per call, the largest missing, never beyond the room it is given (the pool's
+max_size less what it holds). The broker calls it from its idle pass, never while a request waits.
+Backend-neutral: the backend gives ``make(size)`` and the chunks' ``close``; the host keeps no stock
+(its chunk is a longer memfd, which costs about nothing to make when asked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
+
+
+class Chunk(Protocol):
+    size: int
+
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=Chunk)
+
+
+def stock_sizes(target: int, gran: int, largest: int) -> list[int]:
+    """The chunk sizes a stock of ``target`` bytes holds, largest first: ``gran`` times powers of two,
+    one of each, each at most ``largest``, all together at most ``target``."""
+    sizes, size, total = [], gran, 0
+    while gran > 0 and size <= largest and total + size <= target:
+        sizes.append(size)
+        total += size
+        size *= 2
+    return sizes[::-1]
+
+
+class ChunkStock(Generic[C]):
+    def __init__(self, target: int, gran: int, make: Callable[[int], C], largest: int,
+                 release: Callable[[C], None] = lambda chunk: chunk.close()):
+        self.gran = gran
+        self.sizes = stock_sizes(target, gran, largest)
+        self._make = make
+        self._release = release
+        self._held: dict[int, list[C]] = {size: [] for size in self.sizes}
+        self.bytes = 0   # held now: counted against the pool's max_size, charged to nobody
+
+    def take(self, nbytes: int) -> tuple[list[C], int]:
+        """Chunks for a grow of ``nbytes`` (rounded up to the granularity): stocked ones, largest
+        first while they fit, and the bytes still lacking (for the caller to make)."""
+        need = -(-nbytes // self.gran) * self.gran
+        out: list[C] = []
+        for size in self.sizes:
+            held = self._held[size]
+            while held and need >= size:
+                out.append(held.pop())
+                need -= size
+                self.bytes -= size
+        return out, need
+
+    def give_back(self, chunks: list[C]) -> None:
+        """Chunks taken for a grow that failed: back into the stock (or released, if not a size)."""
+        for chunk in chunks:
+            if chunk.size in self._held:
+                self._held[chunk.size].append(chunk)
+                self.bytes += chunk.size
+            else:
+                self._release(chunk)
+
+    def wanted(self, room: int) -> int | None:
+        """The size to make next: the largest one missing that fits in ``room`` bytes; None when
+        there is none (full, or no room)."""
+        for size in self.sizes:
+            if not self._held[size] and size <= room:
+                return size
+        return None
+
+    def refill_one(self, room: int) -> bool:
+        """Make one chunk (see ``wanted``); False when there was none to make. A failure to make
+        it (the device is full) raises, and the stock is as it was."""
+        size = self.wanted(room)
+        if size is None:
+            return False
+        chunk = self._make(size)
+        self._held[size].append(chunk)
+        self.bytes += size
+        return True
+
+    def shed(self, room: int) -> int:
+        """Release chunks, smallest first, until at most ``room`` bytes are held: the stock yields
+        to what a pool's buffers need. Returns the bytes released."""
+        freed = 0
+        for size in reversed(self.sizes):
+            held = self._held[size]
+            while held and self.bytes > room:
+                self._release(held.pop())
+                self.bytes -= size
+                freed += size
+        return freed
+
+    def close(self) -> None:
+        self.shed(0)

@@ -1,0 +1,187 @@
+"""How many requests growable buffers cost (host backend): one round trip to create, attach or
+grow, and none for an attached process to follow another's grow."""
+
+import collections
+import os
+import time
+
+import ipcpool
+from ipcpool import protocol
+
+MiB = 1 << 20
+
+
+def count_requests(client) -> collections.Counter:
+    """Count what ``client`` sends from now on: requests on the message channel by op, and
+    requests on the control socket (each a round trip) by op under "control:"."""
+    ch, sent = client._channel, collections.Counter()
+    send, control_call = ch.send, ch.control_call
+
+    def counted_send(op, **fields):
+        sent[op] += 1
+        return send(op, **fields)
+
+    def counted_control_call(msg):
+        sent[f"control:{msg['op']}"] += 1
+        return control_call(msg)
+
+    ch.send, ch.control_call = counted_send, counted_control_call
+    return sent
+
+
+def test_a_fresh_session_pings_its_message_channel_once_so_notices_reach_it(broker):
+    with ipcpool.connect(broker.socket_dir) as c:
+        sent = count_requests(c)
+        c.create_growable("rt/p", MiB).close()
+        c.create_growable("rt/q", MiB).close()
+        assert sent == {"ping": 1, "control:grow_create": 2, "grow_detach": 2}
+
+
+def test_create_attach_and_grow_are_one_round_trip_each(broker):
+    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as d:
+        c.stats(), d.stats()   # both sessions have spoken on the message channel (see above)
+        sent = count_requests(c)
+        g = c.create_growable("rt/a", MiB)
+        assert sent == {"control:grow_create": 1} and g.size == MiB
+        g.view()[:4] = b"abcd"
+        sent.clear()
+        r = g.grow(8 * MiB)
+        assert sent == {"control:grow": 1}                  # the new size and the FD in one reply
+        assert r.grown and g.size == 8 * MiB and bytes(g.view()[:4]) == b"abcd"
+        sent = count_requests(d)
+        h = d.attach_growable("rt/a")
+        assert sent == {"control:grow_attach": 1} and h.size == 8 * MiB
+        assert bytes(h.view()[:4]) == b"abcd"
+        h.close()
+        g.close()
+
+
+def test_an_attached_process_follows_a_grow_without_a_request(broker):
+    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as d:
+        g = c.create_growable("rt/f", 2 * MiB)
+        h = d.attach_growable("rt/f")
+        sent = count_requests(d)
+        for size in (4 * MiB, 16 * MiB, 64 * MiB):
+            g.grow(size)
+            g.view()[size - 1] = size // MiB              # the grower writes the new tail
+            r = h.sync()                                  # the notice arrives; the memfd it kept maps it
+            assert r.grown and h.size == size and h.view()[size - 1] == size // MiB
+        h.view()[0] = 7
+        assert g.view()[0] == 7
+        assert sent == {}                                 # not one request, on either socket
+        deadline = time.monotonic() + 10                  # and every notice reached the fresh session
+        while h._announced[:2] != (3, 64 * MiB) and time.monotonic() < deadline:
+            d._channel.pump(0.1)
+        assert h._announced[:2] == (3, 64 * MiB)
+        # Its own grow after following: one round trip, and the chunks it mapped are not resent.
+        assert h.grow(128 * MiB).size == 128 * MiB and sent == {"control:grow": 1}
+        assert g.sync().size == 128 * MiB
+        h.close()
+        g.close()
+
+
+def test_the_message_channel_grow_still_grows_and_tells_the_other_holders(broker):
+    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as d:
+        g = c.create_growable("rt/z", MiB)
+        h = d.attach_growable("rt/z")
+        reply = c._channel.call("grow", name="rt/z", nbytes=4 * MiB)
+        assert (reply["size"], reply["gen"], reply["chunks"]) == (4 * MiB, 1, [MiB, 3 * MiB])
+        assert h.sync().size == 4 * MiB
+        assert g.grow(4 * MiB).size == 4 * MiB                # maps what the other op grew
+        h.close()
+        g.close()
+
+
+def test_a_grow_reply_sends_no_fd_for_chunks_the_client_has(broker):
+    with ipcpool.connect(broker.socket_dir) as c:
+        g = c.create_growable("rt/n", MiB)
+        ch = c._channel
+        reply, fds = ch.control_call({"op": "grow", "name": "rt/n", "nbytes": MiB, "first": 1})
+        assert fds == [] and reply["batch"] == [] and reply["size"] == MiB
+        reply, fds = ch.control_call({"op": "grow", "name": "rt/n", "nbytes": 2 * MiB, "first": 1})
+        assert len(fds) == 1 and reply["batch"] == [MiB]       # the host's one memfd
+        for fd in fds:
+            os.close(fd)
+        assert "grow" in protocol.GROWABLE_CONTROL
+        # Never told (its own session grew it), yet sync maps it: the host maps its memfd as long
+        # as the file is now, so a grow is seen even before (or without) its notice.
+        assert g.sync().size == 2 * MiB
+        assert g.grow(2 * MiB).grown is False
+        g.close()
+
+
+def test_a_grow_right_after_a_free_sent_without_waiting_counts_the_free(start_broker):
+    # The free goes on the message channel, the grow on the control socket: the grow is sent only
+    # once the broker has read the free, or it could be refused for room the free gives back.
+    b = start_broker(config_text='[[pools]]\nname = "default"\nmax_size = "64M"\n')
+    with ipcpool.connect(b.socket_dir, arena_bytes=0) as c:
+        g = c.create_growable("rt/room", 32 * MiB)
+        for _ in range(50):
+            buf = c.allocate(32 * MiB)
+            sent = count_requests(c)
+            buf.free()                                    # one-way: no reply to wait for
+            g.grow(g.size + MiB)                          # would pass 64 MiB were buf still held
+            assert sent == {"free": 1, "ping": 1, "control:grow": 1}
+            assert c._channel._last_sent == c._channel._last_answered
+            g.close()
+            c.delete_growable("rt/room")
+            g = c.create_growable("rt/room", 32 * MiB)
+        g.close()
+
+
+def test_a_follower_maps_a_grow_whose_notice_has_not_reached_it(broker):
+    # The grower's reply comes on its control socket, the notice on the follower's message
+    # channel: the grower may tell the follower to use the new bytes before the notice arrives.
+    # Here no notice ever arrives before a sync: sync must map the buffer as it is anyway.
+    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as d:
+        g = c.create_growable("rt/late", 2 * MiB)
+        h = d.attach_growable("rt/late")
+        d._channel.on_grown = lambda note: None           # every notice is late: none is seen
+        for size in (4 * MiB, 16 * MiB, 64 * MiB):
+            g.grow(size)
+            g.view()[size - 1] = size // MiB
+            r = h.sync()
+            assert r.grown and h.size == size and h.view()[size - 1] == size // MiB
+        assert h._announced[0] == 0                        # it mapped all that without a notice
+        h.close()
+        g.close()
+
+
+def test_sync_asks_the_broker_where_the_backend_cannot_see_a_grow_by_itself(broker):
+    # CUDA's path, taken on the host: a mapping that cannot follow (each CUDA chunk is an FD of
+    # its own) syncs with one grow_sync round trip, whatever the notices said.
+    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as d:
+        g = c.create_growable("rt/ask", 2 * MiB)
+        h = d.attach_growable("rt/ask")
+        h._mapping.follows = False
+        d._channel.on_grown = lambda note: None
+        sent = count_requests(d)
+        g.grow(8 * MiB)
+        g.view()[8 * MiB - 1] = 9
+        r = h.sync()
+        assert sent == {"control:grow_sync": 1}
+        assert r.grown and h.size == 8 * MiB and h.view()[8 * MiB - 1] == 9
+        assert h._announced[:2] == (1, 8 * MiB)            # learnt from the reply
+        sent.clear()
+        assert h.sync().grown is False and sent == {"control:grow_sync": 1}   # every sync asks
+        # The reply carries the current size and the FDs of the chunks from ``first`` only.
+        reply, fds = d._channel.control_call({"op": "grow_sync", "name": "rt/ask", "first": 2})
+        assert (reply["size"], reply["gen"], reply["batch"], fds) == (8 * MiB, 1, [], [])
+        reply, fds = d._channel.control_call({"op": "grow_sync", "name": "rt/ask", "first": 1})
+        assert reply["batch"] == [6 * MiB] and len(fds) == 1
+        os.close(fds[0])
+        h.close()
+        g.close()
+
+
+def test_a_grow_to_no_more_than_the_size_tells_nobody(broker):
+    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as d:
+        g = c.create_growable("rt/same", 4 * MiB)
+        h = d.attach_growable("rt/same")
+        g.grow(2 * MiB)
+        g.grow(4 * MiB)
+        d.stats()                                           # anything sent before its reply is in
+        d._channel.drain()
+        assert h._announced[0] == 0 and g.generation == 0
+        h.close()
+        g.close()

@@ -1,0 +1,256 @@
+"""The stock of chunks growable buffers take from: its sizes, take, refill, shed, and how a CUDA
+growable uses it (driver calls replaced by fakes: the bookkeeping, not the GPU, is under test)."""
+
+import contextlib
+
+import pytest
+
+from ipcpool.backend.stock import ChunkStock, stock_sizes
+from ipcpool.errors import OutOfMemory
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+class FakeChunk:
+    def __init__(self, size, compression=False, log=None):
+        self.size, self.compression, self.closed, self._log = size, compression, False, log
+
+    def close(self):
+        assert not self.closed
+        self.closed = True
+        if self._log is not None:
+            self._log.append(self.size)
+
+
+def new_stock(target=GiB, gran=2 * MiB, largest=2 * GiB, released=None, fail=False):
+    made = []
+
+    def make(size):
+        if fail:
+            raise OutOfMemory("the device is full")
+        made.append(size)
+        return FakeChunk(size, log=released)
+
+    stock = ChunkStock(target, gran, make, largest)
+    stock.made = made
+    return stock
+
+
+def fill(stock, room=1 << 60):
+    while stock.refill_one(room):
+        pass
+
+
+def test_sizes_are_powers_of_two_granules_one_each_within_the_target():
+    assert stock_sizes(GiB, 2 * MiB, 2 * GiB) == [s * MiB for s in (512, 256, 128, 64, 32, 16, 8, 4, 2)]
+    assert sum(stock_sizes(GiB, 2 * MiB, 2 * GiB)) == 1022 * MiB
+    assert stock_sizes(64 * MiB, 2 * MiB, 8 * MiB) == [8 * MiB, 4 * MiB, 2 * MiB]   # capped per chunk
+    assert stock_sizes(MiB, 2 * MiB, 2 * GiB) == [] and stock_sizes(0, 2 * MiB, GiB) == []
+
+
+def test_refill_makes_the_largest_missing_chunk_first_and_counts_it():
+    stock = new_stock(target=14 * MiB)
+    assert stock.bytes == 0 and stock.wanted(1 << 60) == 8 * MiB
+    assert stock.refill_one(1 << 60) and stock.bytes == 8 * MiB
+    assert stock.wanted(3 * MiB) == 2 * MiB                   # only what fits the room
+    fill(stock)
+    assert stock.made == [8 * MiB, 4 * MiB, 2 * MiB] and stock.bytes == 14 * MiB
+    assert not stock.refill_one(1 << 60) and stock.wanted(1 << 60) is None   # full
+
+
+def test_a_doubling_buffer_takes_one_stocked_chunk_per_step_and_exactly_its_size():
+    stock = new_stock()
+    fill(stock)
+    size = 2 * MiB
+    while size < GiB:
+        taken, lacking = stock.take(size)   # doubling: the step adds the current size
+        assert [c.size for c in taken] == [size] and lacking == 0
+        size *= 2
+    assert stock.bytes == 0
+
+
+def test_take_is_largest_first_while_it_fits_and_says_what_is_lacking():
+    stock = new_stock(target=14 * MiB)
+    fill(stock)
+    taken, lacking = stock.take(3 * MiB)                      # rounded up to 4 MiB, never more
+    assert [c.size for c in taken] == [4 * MiB] and lacking == 0 and stock.bytes == 10 * MiB
+    taken, lacking = stock.take(20 * MiB)
+    assert [c.size for c in taken] == [8 * MiB, 2 * MiB] and lacking == 10 * MiB and stock.bytes == 0
+    stock.give_back(taken)                                    # a grow that failed
+    assert stock.bytes == 10 * MiB and stock.wanted(1 << 60) == 4 * MiB
+
+
+def test_shed_yields_room_smallest_first_and_close_releases_everything():
+    released = []
+    stock = new_stock(target=14 * MiB, released=released)
+    fill(stock)
+    assert stock.shed(9 * MiB) == 6 * MiB and released == [2 * MiB, 4 * MiB] and stock.bytes == 8 * MiB
+    stock.close()
+    assert released == [2 * MiB, 4 * MiB, 8 * MiB] and stock.bytes == 0
+
+
+def test_a_failed_refill_leaves_the_stock_as_it_was():
+    stock = new_stock(fail=True)
+    with pytest.raises(OutOfMemory):
+        stock.refill_one(1 << 60)
+    assert stock.bytes == 0 and stock.wanted(1 << 60) == 512 * MiB
+
+
+# -- a CUDA growable with a stock, its driver calls faked ----------------------------------------
+@pytest.fixture
+def cuda_growable(monkeypatch):
+    from ipcpool.backend.cuda import growable, vmm
+
+    created = []
+
+    def create_chunks(device, sizes, compression):
+        created.extend(sizes)
+        return [FakeChunk(s, compression) for s in sizes]
+
+    monkeypatch.setattr(growable, "OnDevice", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(vmm, "check_supported", lambda device: None)
+    monkeypatch.setattr(vmm, "compression_supported", lambda device: True)
+    monkeypatch.setattr(vmm, "granularity", lambda device, compression=False: 2 * MiB)
+    monkeypatch.setattr(vmm, "create_chunks", create_chunks)
+    return growable.CudaGrowable, created
+
+
+def test_a_cuda_grow_takes_stocked_chunks_and_makes_only_what_the_stock_lacks(cuda_growable):
+    CudaGrowable, created = cuda_growable
+    stock = new_stock(target=14 * MiB)
+    fill(stock)
+    g = CudaGrowable(0, False)
+    g.grow(6 * MiB, stock)
+    assert g.chunks == [4 * MiB, 2 * MiB] and created == [] and stock.bytes == 8 * MiB
+    g.grow(32 * MiB, stock)                                   # 26 MiB more: the 8 MiB chunk, then made
+    assert g.chunks == [4 * MiB, 2 * MiB, 8 * MiB, 18 * MiB] and created == [18 * MiB]
+    assert g.size == 32 * MiB and stock.bytes == 0
+
+
+def test_a_compressible_cuda_buffer_never_takes_plain_chunks(cuda_growable):
+    CudaGrowable, created = cuda_growable
+    stock = new_stock(target=14 * MiB)
+    fill(stock)
+    g = CudaGrowable(0, True)
+    g.grow(8 * MiB, stock)
+    assert created == [8 * MiB] and stock.bytes == 14 * MiB
+
+
+def test_chunks_taken_for_a_cuda_grow_that_fails_go_back_to_the_stock(cuda_growable, monkeypatch):
+    from ipcpool.backend.cuda import vmm
+
+    CudaGrowable, _ = cuda_growable
+    stock = new_stock(target=14 * MiB)
+    fill(stock)
+
+    def no_memory(device, sizes, compression):
+        raise OutOfMemory("cuMemCreate failed")
+
+    monkeypatch.setattr(vmm, "create_chunks", no_memory)
+    g = CudaGrowable(0, False)
+    with pytest.raises(OutOfMemory):
+        g.grow(20 * MiB, stock)
+    assert g.size == 0 and stock.bytes == 14 * MiB
+
+
+# -- the broker's table: the stock per pool, its room under max_size, stats ---------------------
+class StockGrowable:
+    """A growable that takes from the stock first, as the CUDA one does (made chunks are fakes)."""
+
+    one_file = False
+
+    def __init__(self, nbytes, stock):
+        self._chunks = []
+        self.grow(nbytes, stock)
+
+    chunks = property(lambda self: [c.size for c in self._chunks])
+    size = property(lambda self: sum(self.chunks))
+
+    def grow(self, nbytes, stock=None):
+        taken, need = stock.take(nbytes - self.size) if stock else ([], nbytes - self.size)
+        self._chunks += taken + ([FakeChunk(need)] if need > 0 else [])
+
+    def close(self):
+        for c in self._chunks:
+            c.close()
+
+
+@pytest.fixture
+def table():
+    from ipcpool.backend.host.broker import HostBrokerBackend
+    from ipcpool.backend.records import PoolSpec
+    from ipcpool.broker.growables import GrowableTable
+    from ipcpool.broker.registry import Registry
+    from ipcpool.config import Config
+
+    class StockingBackend(HostBrokerBackend):
+        def chunk_stock(self, spec, target):
+            return new_stock(target)
+
+        def create_growable(self, spec, nbytes, compression, stock=None):
+            return StockGrowable(nbytes, stock)
+
+    registry = Registry(Config(pools=(PoolSpec("default", max_size=64 * MiB),)), StockingBackend())
+    registry.create_pools()
+    t = GrowableTable(registry)
+    t.open_stocks(14 * MiB)
+    yield t
+    t.close_stocks()
+    registry.close()
+
+
+class FakeSession:
+    cred = type("Cred", (), {"uid": 1000})()
+
+
+def test_the_table_fills_the_stock_at_start_grows_from_it_and_refills_while_idle(table):
+    stock = table.stocks["default"]
+    assert stock.bytes == 14 * MiB and table.stats()["default"]["stock_bytes"] == 14 * MiB
+    assert not table.stock_wanted()
+    s = FakeSession()
+    g = table.create(s, "g", 6 * MiB, "default", False)
+    assert g.memory.chunks == [4 * MiB, 2 * MiB] and stock.bytes == 8 * MiB
+    assert table.stats()["default"] == {"growables": 1, "growable_bytes": 6 * MiB, "stock_bytes": 8 * MiB}
+    assert table.stock_wanted()                                   # the idle pass makes them again
+    while table.refill_stock():
+        pass
+    assert stock.bytes == 14 * MiB and not table.stock_wanted()
+
+
+def test_the_stock_counts_against_max_size_and_yields_to_buffers(table):
+    from ipcpool.errors import OutOfMemory
+
+    stock, s = table.stocks["default"], FakeSession()
+    g = table.create(s, "g", 6 * MiB, "default", False)
+    table.grow(s, "g", 60 * MiB)                                  # uses the room the stock held
+    assert g.memory.size == 60 * MiB and stock.bytes <= 4 * MiB   # the stock shed what no longer fits
+    while table.refill_stock():
+        pass
+    assert g.memory.size + stock.bytes <= 64 * MiB and stock.bytes == 4 * MiB
+    with pytest.raises(OutOfMemory, match="max_size"):
+        table.grow(s, "g", 66 * MiB)
+    table.delete("g")
+    table.detach(s, "g")                                          # destroyed: room came back
+    assert table.stock_wanted()
+    while table.refill_stock():
+        pass
+    assert stock.bytes == 14 * MiB
+
+
+def test_a_pool_whose_device_cannot_stock_chunks_starts_without_a_stock():
+    from ipcpool.backend.host.broker import HostBrokerBackend
+    from ipcpool.broker.growables import GrowableTable
+    from ipcpool.broker.registry import Registry
+    from ipcpool.config import Config
+    from ipcpool.errors import BackendUnavailable
+
+    class NoVmm(HostBrokerBackend):
+        def chunk_stock(self, spec, target):
+            raise BackendUnavailable("CUDA device 0 has no virtual memory management")
+
+    registry = Registry(Config(), NoVmm())
+    registry.create_pools()
+    t = GrowableTable(registry)
+    t.open_stocks(256 * MiB)
+    assert t.stocks == {} and not t.stock_wanted() and "stock_bytes" not in str(t.stats())
+    registry.close()
