@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             f = result["methods"][m]["follow_us"][i]
             line += f"{'-' if f is None else f'{f:,.1f}':>24}"
         print(line + ("   (create)" if i == 0 else ""))
-    print(f"\ntotals of the grows after the create; over mmap: ipcpool's grows over in-process growth")
+    print("\ntotals of the grows after the create; over mmap: ipcpool's grows over in-process growth")
     print(f"{'method':<20}{'grows µs':>12}{'follows µs':>12}{'over mmap':>11}{'data kept':>11}")
     for m in names:
         r = result["methods"][m]

@@ -29,12 +29,10 @@ from ..errors import (
     QuotaExceeded,
 )
 from .fdguard import FdGuard
-from .growables import GrowableTable
 from .handlers import Handlers
-from .handoff import Handoffs
-from .registry import Registry
 from .session import Session
 from .sessions import Sessions
+from .tables import Tables
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +41,13 @@ MAX_PENDING = 1024   # connections that sent no hello yet
 
 class ControlChannel:
     def __init__(self, *, listener: socket.socket, config: Config, sessions: Sessions, guard: FdGuard,
-                 registry: Registry, handoffs: Handoffs, growables: GrowableTable, handlers: Handlers,
+                 tables: Tables, handlers: Handlers,
                  backend_name: str, endpoint: str, watch: Callable[[int], None], unwatch: Callable[[int], None]):
         self.listener = listener
         self.config = config
         self.sessions = sessions
         self.guard = guard
-        self.registry = registry
-        self.handoffs = handoffs
-        self.growables = growables
+        self.tables = tables
         self.handlers = handlers
         self.backend_name = backend_name
         self.endpoint = endpoint   # of the message channel, told in the hello's reply
@@ -129,7 +125,7 @@ class ControlChannel:
         self.guard.session_opened()
         self.send(session, protocol.ok_reply(
             0, token=session.token, session=session.sid, backend=self.backend_name,
-            endpoint=self.endpoint, version=protocol.PROTOCOL_VERSION, pools=sorted(self.registry.pools),
+            endpoint=self.endpoint, version=protocol.PROTOCOL_VERSION, pools=sorted(self.tables.registry.pools),
         ))
 
     def _admit(self, conn: socket.socket, cred: fdpass.PeerCred) -> None:
@@ -186,15 +182,15 @@ class ControlChannel:
         try:
             op, fields = protocol.validate(msg, protocol.CONTROL)
             if op == "pool_fd":   # the pool, and its seal board beside it
-                pool = self.registry.pool(fields["pool"])
-                board = self.handoffs.board(pool.spec.name)
+                pool = self.tables.registry.pool(fields["pool"])
+                board = self.tables.handoffs.board(pool.spec.name)
                 self.send(session, protocol.ok_reply(rid, info=pool.pool_info()), (pool.fd, board.fd))
             elif op == "chunk_fds":
                 reply, fds = self._chunk_fds(session, fields)
                 self.send(session, protocol.ok_reply(rid, **reply), tuple(fds))
             elif op in protocol.GROWABLE_CONTROL:
                 reply = self.handlers.handle(session, op, fields, rid)
-                g = self.growables.attached(session, fields["name"])
+                g = self.tables.growables.attached(session, fields["name"])
                 chunks, first = g.memory.chunks, fields.get("first", 0)   # the client maps from there
                 fds = g.memory.fds(first) if first < len(chunks) else []
                 batch, fds = _fd_batch(chunks, g.memory.one_file, first, fds)
@@ -211,10 +207,10 @@ class ControlChannel:
         """At most FD_BATCH chunk FDs from chunk ``first``, with the sizes of the chunks they map."""
         first = f["first"]
         if "growable" in f:
-            g, fds = self.growables.fds(session, f["growable"], first)
+            g, fds = self.tables.growables.fds(session, f["growable"], first)
             chunks, one_file = g.memory.chunks, g.memory.one_file
         elif "alloc" in f:
-            alloc = self.registry.held_by(session, f["alloc"])
+            alloc = self.tables.registry.held_by(session, f["alloc"])
             chunks, one_file = alloc.export.chunks, False
             if not 0 <= first < len(chunks):
                 raise InvalidRequest(f"allocation {alloc.aid} has {len(chunks)} chunks, not chunk {first}")

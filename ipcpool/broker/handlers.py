@@ -13,28 +13,19 @@ import time
 from .. import protocol
 from .._version import __version__
 from ..errors import InvalidRequest
-from .durable import Durability
-from .growables import GrowableTable
-from .handoff import Handoffs
 from .notices import Notices
-from .objects import ObjectTable
-from .registry import Registry
 from .replies import batch_fields, credit, export_fields, lease_fields, page, pending_fields
 from .session import Session
+from .tables import Tables
 
 VERSION = __version__
 ARENA_CREDITS = 4   # events handed out with an arena: its first creates' seals need no wait
 
 
 class Handlers:
-    def __init__(self, *, registry: Registry, objects: ObjectTable, growables: GrowableTable, handoffs: Handoffs,
-                 durable: Durability, notices: Notices, sessions: dict[bytes, Session], backend_name: str,
+    def __init__(self, *, tables: Tables, notices: Notices, sessions: dict[bytes, Session], backend_name: str,
                  started: float):
-        self.registry = registry
-        self.objects = objects
-        self.growables = growables
-        self.handoffs = handoffs
-        self.durable = durable
+        self.tables = tables
         self.notices = notices
         self.sessions = sessions   # token -> open session (counted in stats)
         self.backend_name = backend_name
@@ -49,52 +40,52 @@ class Handlers:
         if "arena" in f or "offset" in f:   # carved by the client: it has the memory already
             if "arena" not in f or "offset" not in f:
                 raise InvalidRequest("allocate: arena and offset go together")
-            alloc = self.handoffs.carve(session, f["arena"], f["offset"], f["nbytes"])
+            alloc = self.tables.handoffs.carve(session, f["arena"], f["offset"], f["nbytes"])
             return {"alloc": alloc.aid, "pool": f["pool"], **credit(alloc.pool, session)}
-        alloc = self.registry.allocate(session, f["nbytes"], f["pool"])
+        alloc = self.tables.registry.allocate(session, f["nbytes"], f["pool"])
         return {**export_fields(alloc), **credit(alloc.pool, session)}
 
     def op_free(self, session: Session, f: dict, rid: int) -> dict:
         if ("arena" in f) != ("offset" in f) or ("alloc" in f) == ("arena" in f):
             raise InvalidRequest("free names an allocation: alloc, or arena and offset")
-        aid = f["alloc"] if "alloc" in f else self.handoffs.carved(session, f["arena"], f["offset"])
-        self.registry.free(session, aid, f.get("done_event", b""))
+        aid = f["alloc"] if "alloc" in f else self.tables.handoffs.carved(session, f["arena"], f["offset"])
+        self.tables.registry.free(session, aid, f.get("done_event", b""))
         return {}
 
     def op_share(self, session: Session, f: dict, rid: int) -> dict:
-        return {"token": self.registry.share(session, f["alloc"])}
+        return {"token": self.tables.registry.share(session, f["alloc"])}
 
     def op_open(self, session: Session, f: dict, rid: int) -> dict:
-        alloc = self.registry.open(session, f["token"])
+        alloc = self.tables.registry.open(session, f["token"])
         # A fresh ready event on the opener's stream: the one made at allocation may be recycled.
         return export_fields(alloc, alloc.pool.reexport(alloc.handle, alloc.export, session.backend))
 
     # -- pools and the session --------------------------------------------------------------------
     def op_stats(self, session: Session, f: dict, rid: int) -> dict:
-        pools = self.registry.stats()
-        arenas = self.handoffs.stats()
-        growables = self.growables.stats()
+        pools = self.tables.registry.stats()
+        arenas = self.tables.handoffs.stats()
+        growables = self.tables.growables.stats()
         for name, row in pools.items():
             row.update(arenas.get(name, {"arena_bytes": 0, "arena_free": 0}))
             row.update(growables.get(name, {"growables": 0, "growable_bytes": 0}))
         return {
             "backend": self.backend_name, "sessions": len(self.sessions), "pools": pools,
-            "objects": len(self.objects.objects), "pid": os.getpid(), "uptime": time.time() - self.started,
+            "objects": len(self.tables.objects.objects), "pid": os.getpid(), "uptime": time.time() - self.started,
             "version": VERSION,
         }
 
     def op_reset_high(self, session: Session, f: dict, rid: int) -> dict:
-        reg = self.registry
+        reg = self.tables.registry
         for pool in [reg.pool(f["pool"])] if "pool" in f else reg.pools.values():
             pool.reset_high()
         return {}
 
     def op_trim(self, session: Session, f: dict, rid: int) -> dict:
-        self.registry.pool(f["pool"]).trim(f["keep"])
+        self.tables.registry.pool(f["pool"]).trim(f["keep"])
         return {}
 
     def op_set_release_threshold(self, session: Session, f: dict, rid: int) -> dict:
-        self.registry.pool(f["pool"]).set_release_threshold(f["bytes"])
+        self.tables.registry.pool(f["pool"]).set_release_threshold(f["bytes"])
         return {}
 
     def op_bye(self, session: Session, f: dict, rid: int) -> dict:
@@ -110,17 +101,17 @@ class Handlers:
         if "arena" in f or "offset" in f:
             if "arena" not in f or "offset" not in f:
                 raise InvalidRequest("create: arena and offset go together")
-            carve = lambda: self.handoffs.carve(session, f["arena"], f["offset"], f["nbytes"])  # noqa: E731
+            carve = lambda: self.tables.handoffs.carve(session, f["arena"], f["offset"], f["nbytes"])  # noqa: E731
         if "slot" in f or "seq" in f:
             if carve is None or "slot" not in f or not f.get("seq"):
                 raise InvalidRequest("create: slot and a seq of at least 1 go with an arena range")
-            word = self.handoffs.word(session, f["arena"], f["slot"])
+            word = self.tables.handoffs.word(session, f["arena"], f["slot"])
             promised = f.get("seal_credit", b"")
-            self.registry.pool(f["pool"]).check_promise(session.backend, promised)
+            self.tables.registry.pool(f["pool"]).check_promise(session.backend, promised)
             board = (word, f["seq"], promised)
         elif "seal_credit" in f:
             raise InvalidRequest("create: seal_credit goes with a seal-board slot")
-        obj = self.objects.create(session, f["name"], f["nbytes"], f["pool"], f.get("meta", {}), carve, board)
+        obj = self.tables.objects.create(session, f["name"], f["nbytes"], f["pool"], f.get("meta", {}), carve, board)
         if board is not None:   # readers already waiting watch the board from now on
             self.notices.pending(obj)
         if carve is not None:   # the client has the memory already
@@ -128,30 +119,30 @@ class Handlers:
         return {**export_fields(obj.alloc), **credit(obj.alloc.pool, session)}
 
     def op_arena(self, session: Session, f: dict, rid: int) -> dict:
-        arena = self.handoffs.open(session, f["pool"], f["nbytes"])
+        arena = self.tables.handoffs.open(session, f["pool"], f["nbytes"])
         credits = [arena.alloc.pool.credit(session.backend) for _ in range(ARENA_CREDITS)]
         return {**export_fields(arena.alloc), "credits": [c for c in credits if c], "words": arena.words}
 
     def op_seal(self, session: Session, f: dict, rid: int) -> dict:
-        obj = self.objects.seal(session, f["name"], f.get("alloc"), f.get("done_event", b""))
+        obj = self.tables.objects.seal(session, f["name"], f.get("alloc"), f.get("done_event", b""))
         self.notices.sealed(obj)   # the readers waiting first: the rest is bookkeeping
-        self.durable.record_object(obj)
+        self.tables.durable.record_object(obj)
         return {}
 
     def op_get(self, session: Session, f: dict, rid: int) -> dict | None:
-        obj = self.objects.lease(session, f["name"])
+        obj = self.tables.objects.lease(session, f["name"])
         if obj is not None:
             return {**lease_fields(obj), **credit(obj.alloc.pool, session)}
         timeout = f.get("timeout_ms")
         if timeout != 0:
-            obj = self.objects.lease_pending(session, f["name"])
+            obj = self.tables.objects.lease_pending(session, f["name"])
             if obj is not None:
                 return pending_fields(obj, session)
-        self.objects.wait(session, f["name"], rid, None if timeout is None else timeout / 1000)
+        self.tables.objects.wait(session, f["name"], rid, None if timeout is None else timeout / 1000)
         return None
 
     def op_get_many(self, session: Session, f: dict, rid: int) -> dict:
-        objs = self.objects.lease_many(session, f["names"])
+        objs = self.tables.objects.lease_many(session, f["names"])
         by_pool: dict = {}
         for o in objs:
             by_pool.setdefault(o.alloc.pool, []).append(o.alloc.handle)
@@ -160,66 +151,66 @@ class Handlers:
         return batch_fields(objs, joined)
 
     def op_delete(self, session: Session, f: dict, rid: int) -> dict:
-        obj = self.objects.delete(session, f["name"])
-        self.durable.forget_object(obj)
+        obj = self.tables.objects.delete(session, f["name"])
+        self.tables.durable.forget_object(obj)
         if not obj.sealed:
-            self.notices.aborted(obj, self.objects.take_waiters(obj.name))
+            self.notices.aborted(obj, self.tables.objects.take_waiters(obj.name))
         return {}
 
     def op_list(self, session: Session, f: dict, rid: int) -> dict:
         prefix, after, kind = f.get("prefix", ""), f.get("after", ""), f.get("kind")
         limit = min(f.get("limit") or protocol.LIST_PAGE, protocol.LIST_PAGE)
         objects, more_o, last_o = ([], False, "") if kind == "growables" else page(
-            self.objects.objects, prefix, after, limit, lambda o: o.info())
+            self.tables.objects.objects, prefix, after, limit, lambda o: o.info())
         growables, more_g, last_g = ([], False, "") if kind == "objects" else page(
-            self.growables.by_name, prefix, after, limit, lambda g: g.describe())
+            self.tables.growables.by_name, prefix, after, limit, lambda g: g.describe())
         return {"objects": objects, "growables": growables, "more": more_o or more_g,
                 "after": last_g if kind == "growables" else last_o}
 
     def op_watch(self, session: Session, f: dict, rid: int) -> dict:
-        w = self.objects.watch(session, f["prefix"])
+        w = self.tables.objects.watch(session, f["prefix"])
         if not f.get("existing"):
             return {"watch": w.wid, "existing": []}
         # The first page here; the client reads on with list(after=...) when ``more``.
-        listed, more, last = page(self.objects.objects, f["prefix"], "", protocol.LIST_PAGE, lambda o: o.info())
+        listed, more, last = page(self.tables.objects.objects, f["prefix"], "", protocol.LIST_PAGE, lambda o: o.info())
         return {"watch": w.wid, "existing": [o for o in listed if o["state"] == "sealed"], "more": more,
                 "after": last}
 
     def op_unwatch(self, session: Session, f: dict, rid: int) -> dict:
-        self.objects.unwatch(session, f["watch"])
+        self.tables.objects.unwatch(session, f["watch"])
         return {}
 
     # -- growable buffers --------------------------------------------------------------------------
     def op_grow_create(self, session: Session, f: dict, rid: int) -> dict:
-        g = self.growables.create(session, f["name"], f["nbytes"], f["pool"], f.get("compression", False))
-        self.durable.record_growable(g)
+        g = self.tables.growables.create(session, f["name"], f["nbytes"], f["pool"], f.get("compression", False))
+        self.tables.durable.record_growable(g)
         return g.fields()
 
     def op_grow_attach(self, session: Session, f: dict, rid: int) -> dict:
-        return self.growables.attach(session, f["name"]).fields()
+        return self.tables.growables.attach(session, f["name"]).fields()
 
     def op_grow(self, session: Session, f: dict, rid: int) -> dict:
-        g = self.growables.attached(session, f["name"])
+        g = self.tables.growables.attached(session, f["name"])
         gen = g.gen
-        g, others = self.growables.grow(session, f["name"], f["nbytes"])
+        g, others = self.tables.growables.grow(session, f["name"], f["nbytes"])
         if g.gen != gen:   # a grow to no more than the size changes nothing: nothing to record
-            self.durable.record_growable(g)   # only chunks not stored yet
+            self.tables.durable.record_growable(g)   # only chunks not stored yet
             self.notices.grown(g, others)
         return g.fields()
 
     def op_grow_sync(self, session: Session, f: dict, rid: int) -> dict:
         """Control socket only: the buffer as it is now (the reply carries the FDs it lacks)."""
-        return self.growables.attached(session, f["name"]).fields()
+        return self.tables.growables.attached(session, f["name"]).fields()
 
     def op_grow_detach(self, session: Session, f: dict, rid: int) -> dict:
-        self._forget_destroyed(self.growables.detach(session, f["name"]))
+        self._forget_destroyed(self.tables.growables.detach(session, f["name"]))
         return {}
 
     def op_grow_delete(self, session: Session, f: dict, rid: int) -> dict:
-        self._forget_destroyed(self.growables.delete(f["name"]))
+        self._forget_destroyed(self.tables.growables.delete(f["name"]))
         return {}
 
     def _forget_destroyed(self, g) -> None:
         """A growable buffer whose memory went with the last holder: out of the FD store too."""
         if g is not None:
-            self.durable.forget_growable(g)
+            self.tables.durable.forget_growable(g)

@@ -39,6 +39,7 @@ from .registry import Registry
 from .session import Session
 from .sessions import Sessions
 from .systemd import Notifier
+from .tables import Tables
 
 log = logging.getLogger(__name__)
 
@@ -112,16 +113,11 @@ class Broker:
                 self.durable.store(self.registry)
                 self.durable.save()
             self.notices = Notices(self.objects, self.sessions, self.send)
-            self.handlers = Handlers(
-                registry=self.registry, objects=self.objects, growables=self.growables, handoffs=self.handoffs,
-                durable=self.durable, notices=self.notices, sessions=self.sessions,
-                backend_name=self.choice.name, started=self.started,
-            )
-            self.session_table = Sessions(
-                by_token=self.sessions, backend=self.backend, registry=self.registry, objects=self.objects,
-                growables=self.growables, handoffs=self.handoffs, durable=self.durable, notices=self.notices,
-                watch=self._watch, unwatch=self._unwatch,
-            )
+            self.tables = Tables(self.registry, self.objects, self.growables, self.handoffs, self.durable)
+            self.handlers = Handlers(tables=self.tables, notices=self.notices, sessions=self.sessions,
+                                     backend_name=self.choice.name, started=self.started)
+            self.session_table = Sessions(by_token=self.sessions, backend=self.backend, tables=self.tables,
+                                          notices=self.notices, watch=self._watch, unwatch=self._unwatch)
             self._bind()
             if self.config.metrics_address:
                 self.metrics = Metrics(self.config.metrics_address)
@@ -161,7 +157,7 @@ class Broker:
         self.guard = FdGuard(self.router, self._monitor, f"ipc://{endpoint}", self.fd_limit, self.session_table)
         self.control = ControlChannel(
             listener=self.listener, config=self.config, sessions=self.session_table, guard=self.guard,
-            registry=self.registry, handoffs=self.handoffs, growables=self.growables, handlers=self.handlers,
+            tables=self.tables, handlers=self.handlers,
             backend_name=self.choice.name, endpoint=f"ipc://{endpoint}", watch=self._watch, unwatch=self._unwatch,
         )
         self._wake_r, self._wake_w = socket.socketpair()

@@ -17,13 +17,9 @@ from collections.abc import Callable
 
 from ..backend.base import BrokerBackend
 from ..fdpass import PeerCred
-from .durable import Durability
-from .growables import GrowableTable
-from .handoff import Handoffs
 from .notices import Notices
-from .objects import ObjectTable
-from .registry import Registry
 from .session import Session
+from .tables import Tables
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +27,9 @@ HELLO_TIMEOUT = 5.0
 
 
 class Sessions:
-    def __init__(self, *, by_token: dict[bytes, Session], backend: BrokerBackend, registry: Registry,
-                 objects: ObjectTable, growables: GrowableTable, handoffs: Handoffs, durable: Durability,
+    def __init__(self, *, by_token: dict[bytes, Session], backend: BrokerBackend, tables: Tables,
                  notices: Notices, watch: Callable[[int], None], unwatch: Callable[[int], None]):
+        self.tables = tables
         self.by_token = by_token   # token -> session (the message channel finds its sender here)
         self.by_fd: dict[int, Session] = {}      # control conn fd -> session
         self.by_pidfd: dict[int, Session] = {}   # pidfd -> orphaned session
@@ -41,11 +37,6 @@ class Sessions:
         self.by_uid: collections.Counter = collections.Counter()
         self._next_sid = 1
         self.backend = backend
-        self.registry = registry
-        self.objects = objects
-        self.growables = growables
-        self.handoffs = handoffs
-        self.durable = durable
         self.notices = notices
         self._watch = watch       # poll an FD (the server's poller)
         self._unwatch = unwatch
@@ -116,14 +107,14 @@ class Sessions:
             if fd >= 0 and table.pop(fd, None) is not None:
                 self._unwatch(fd)
         try:
-            self.handoffs.end_session(session)
-            for g in self.growables.end_session(session):
-                self.durable.forget_growable(g)
-            aborted, orphans = self.objects.end_session(session)
+            self.tables.handoffs.end_session(session)
+            for g in self.tables.growables.end_session(session):
+                self.tables.durable.forget_growable(g)
+            aborted, orphans = self.tables.objects.end_session(session)
             for obj in aborted:
                 log.info("session %d: object %r aborted (never sealed)", session.sid, obj.name)
                 self.notices.aborted(obj, [w for name, w in orphans if name == obj.name])
-            freed = self.registry.end_session(session)
+            freed = self.tables.registry.end_session(session)
         except Exception:
             log.exception("session %d: releasing its memory failed", session.sid)
             freed = -1
