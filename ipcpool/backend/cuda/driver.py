@@ -65,9 +65,8 @@ def device_count() -> int:
     return int(check(cu.cuDeviceGetCount(), "cuDeviceGetCount"))
 
 
-def set_access(pool: Any, devices: list[int]) -> None:
-    """Grant read-write access to ``devices`` on ``pool`` (exported or imported: access is per
-    process, so every importer on another device must call this on its own imported pool)."""
+def access_descs(devices: list[int]) -> list[Any]:
+    """Read-write access for each of ``devices`` (structs only: no driver call)."""
     descs = []
     for dev in devices:
         desc = cu.CUmemAccessDesc()
@@ -75,6 +74,13 @@ def set_access(pool: Any, devices: list[int]) -> None:
         desc.location.id = dev
         desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
         descs.append(desc)
+    return descs
+
+
+def set_access(pool: Any, devices: list[int]) -> None:
+    """Grant read-write access to ``devices`` on ``pool`` (exported or imported: access is per
+    process, so every importer on another device must call this on its own imported pool)."""
+    descs = access_descs(devices)
     if descs:
         check(cu.cuMemPoolSetAccess(pool, descs, len(descs)), "cuMemPoolSetAccess")
 

@@ -25,6 +25,7 @@ from typing import Any
 from cuda.bindings import driver as cu
 
 from ...errors import BackendUnavailable, InvalidRequest, IpcPoolError
+from .driver import access_descs
 from .errors import check
 
 POSIX_FD = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
@@ -142,18 +143,6 @@ def split(nbytes: int, gran: int, most: int) -> list[int]:
     total = round_up(nbytes, gran)
     most = max(gran, most // gran * gran)
     return [most] * (total // most) + ([total % most] if total % most else [])
-
-
-def access_descs(devices: list[int]) -> list[Any]:
-    """Read-write access for each of ``devices`` (structs only: no driver call)."""
-    descs = []
-    for dev in devices:
-        desc = cu.CUmemAccessDesc()
-        desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        desc.location.id = dev
-        desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-        descs.append(desc)
-    return descs
 
 
 class Mapping:
