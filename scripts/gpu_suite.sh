@@ -24,6 +24,10 @@ MODE (default: full):
           go to DIR/mps/. Exits non-zero where nvidia-cuda-mps-control is missing, where MPS does
           not serve the device, or where a test fails. Under MPS a client killed with GPU work in
           flight can fail the MPS server for every process on the GPU: hence no kill tests.
+  peer    on a machine with two or more GPUs: the two-GPU tests (pytest -m "gpu and two_gpus"),
+          then the hand-off benchmark with the producer on GPU 0 and the reader on GPU 1
+          (bench/handoff.py --devices 0,1, torch.multiprocessing across the same two beside it);
+          exits non-zero where fewer than two GPUs are visible
 Each mode but full takes under ten minutes on an H100 or H200.
 
 Options:
@@ -54,7 +58,7 @@ while [ $# -gt 0 ]; do
     --before) BEFORE=$(cd "$2" && pwd) || exit 2; shift 2 ;;
     --timeout) TEST_TIMEOUT=$2; shift 2 ;;
     --keep-files) ARCHIVE=0; shift ;;
-    tests|quick|vmm|check|bench|full|mps) MODE=$1; shift ;;
+    tests|quick|vmm|check|bench|full|mps|peer) MODE=$1; shift ;;
     *) echo "gpu_suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -124,8 +128,13 @@ has() { case " $2 " in *" $MODE "*) return 0;; *) return 1;; esac; }   # has STE
 TESTS=tests/gpu MARKS=gpu
 [ "$MODE" = vmm ] && TESTS=tests/gpu/test_cuda_vmm.py
 [ "$MODE" = mps ] && MARKS="gpu and not kills_clients"
+[ "$MODE" = peer ] && MARKS="gpu and two_gpus"
 TESTS_RC=skipped
-if has tests "tests quick vmm check full mps"; then
+if [ "$MODE" = peer ] && [ "$(nvidia-smi -L | grep -c '^GPU')" -lt 2 ]; then
+  echo "gpu_suite.sh: mode peer needs two GPUs; nvidia-smi lists $(nvidia-smi -L | grep -c '^GPU')" >&2
+  exit 1
+fi
+if has tests "tests quick vmm check full mps peer"; then
   python3 -m pytest -m "$MARKS" "$TESTS" -v -s -p no:cacheprovider "${TIMEOUT_ARGS[@]}" ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/gpu-tests.log"
   TESTS_RC=${PIPESTATUS[0]}
 fi
@@ -158,6 +167,11 @@ if [ -n "$BEFORE" ]; then   # before, then after: the same benchmark, the same m
 fi
 
 PROBE_RC=skipped BENCH_RC=skipped
+if [ "$MODE" = peer ]; then
+  timeout 300 python3 bench/handoff.py --backend cuda --handoffs 1000 --devices 0,1 --out-dir "$OUT/handoff_peer" \
+    2>&1 | tee "$OUT/handoff_peer.log"
+  BENCH_RC=${PIPESTATUS[0]}
+fi
 if [ "$MODE" = full ]; then
   timeout 330 python3 scripts/probe_import_limit.py --out "$OUT/import_limit.json" >> "$OUT/smoke.log" 2>&1
   PROBE_RC=$?
@@ -198,7 +212,7 @@ if p.exists():
     print(f"  import limit: largest ok {d['largest_ok']} B, smallest failure {d['smallest_failure']} B")
 PY
 sed -n '/^what /,$p' "$OUT/bench.log" 2>/dev/null
-for f in handoff_before handoff_after handoff_cuda handoff_host host_roundtrip; do
+for f in handoff_before handoff_after handoff_peer handoff_cuda handoff_host host_roundtrip; do
   [ -s "$OUT/$f.log" ] && echo "-- $f"
   sed -n '/p50 µs/,$p' "$OUT/$f.log" 2>/dev/null
 done

@@ -36,3 +36,8 @@ def device_count() -> int:
         return 0
     n = ctypes.c_int(0)
     return n.value if lib.cuDeviceGetCount(ctypes.byref(n)) == 0 else 0
+
+
+def two_gpus(test):
+    """Marks a test that needs two GPUs: selected by ``-m two_gpus``, skipped with fewer."""
+    return pytest.mark.two_gpus(pytest.mark.skipif(device_count() < 2, reason="needs two GPUs")(test))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import ipcpool
-from tests.gpu.conftest import device_count
+from tests.gpu.conftest import two_gpus
 
 pytestmark = pytest.mark.gpu
 
@@ -102,7 +102,7 @@ def test_a_chunk_straddling_two_reservations_is_mapped_in_place_or_moved(cuda_br
         g.close()
 
 
-@pytest.mark.skipif(device_count() < 2, reason="needs two GPUs")
+@two_gpus
 def test_a_growable_is_used_from_a_peer_device(cuda_broker):
     import cupy
 

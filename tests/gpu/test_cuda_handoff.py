@@ -13,7 +13,7 @@ import pytest
 
 import ipcpool
 from tests.conftest import SPAWN, run_together
-from tests.gpu.conftest import device_count
+from tests.gpu.conftest import two_gpus
 
 pytestmark = pytest.mark.gpu
 
@@ -118,7 +118,7 @@ def test_garbage_on_one_pools_board_stays_there(start_broker):
         assert sorted(o["name"] for o in c.list()) == ["d/1", "o/1", "o/2"]   # the broker serves on
 
 
-@pytest.mark.skipif(device_count() < 2, reason="needs two GPUs")
+@two_gpus
 def test_pools_on_two_devices_hand_out_memory_in_turn(start_broker):
     """The broker's current device is the last one it switched to, while a session's stream on the
     other device is kept: every ready event must still be made in its stream's context (8 MiB is

@@ -10,7 +10,7 @@ import pytest
 
 import ipcpool
 from tests.conftest import SPAWN, run_procs, run_together
-from tests.gpu.conftest import device_count
+from tests.gpu.conftest import two_gpus
 
 pytestmark = pytest.mark.gpu
 
@@ -383,7 +383,7 @@ def _peer_reader(socket_dir, token, out):
     out.put(ok)
 
 
-@pytest.mark.skipif(device_count() < 2, reason="needs two GPUs")
+@two_gpus
 def test_peer_access_from_a_second_gpu(start_broker):
     import cupy
 
