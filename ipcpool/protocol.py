@@ -77,12 +77,23 @@ MAX_DIMS = 32
 MAX_USER_KEYS = 64
 
 
+# Names found valid, so that a worker attaching to the same thousand names again costs a set lookup
+# each (bounded: emptied when full).
+_VALID_NAMES: set[str] = set()
+_VALID_NAMES_MAX = 1 << 14
+
+
 def check_object_name(key: str, name: str) -> None:
+    if name in _VALID_NAMES:
+        return
     if not NAME_RE.fullmatch(name) or "//" in name or "/../" in f"/{name}/" or "/./" in f"/{name}/":
         raise InvalidRequest(
             f"{key}: invalid object name {name[:80]!r}: 1-255 characters of letters, digits and "
             "'._:/-', starting with a letter or digit, without empty, '.' or '..' path parts"
         )
+    if len(_VALID_NAMES) >= _VALID_NAMES_MAX:
+        _VALID_NAMES.clear()
+    _VALID_NAMES.add(name)
 
 
 def check_meta(key: str, meta: dict) -> None:
@@ -125,10 +136,12 @@ def _name(required: bool = True) -> Field:
 def check_names(key: str, names: list) -> None:
     if not names:
         raise InvalidRequest(f"{key}: at least one name")
+    valid = _VALID_NAMES
     for i, name in enumerate(names):
         if not isinstance(name, str):
             raise InvalidRequest(f"{key}[{i}]: a name is a string")
-        check_object_name(f"{key}[{i}]", name)
+        if name not in valid:
+            check_object_name(f"{key}[{i}]", name)
 
 
 def check_kind(key: str, kind: str) -> None:

@@ -143,12 +143,17 @@ class Handlers:
 
     def op_get_many(self, session: Session, f: dict, rid: int) -> dict:
         objs = self.tables.objects.lease_many(session, f["names"])
-        by_pool: dict = {}
-        for o in objs:
-            by_pool.setdefault(o.alloc.pool, []).append(o.alloc.handle)
+        allocs = [o.alloc for o in objs]
+        pools = {a.pool for a in allocs}
+        if len(pools) == 1:   # the usual batch: every object in one pool
+            by_pool = {pools.pop(): [a.handle for a in allocs]}
+        else:
+            by_pool = {}
+            for a in allocs:
+                by_pool.setdefault(a.pool, []).append(a.handle)
         # One event per pool after all the seals, instead of one per object to open and wait on.
         joined = {pool: pool.join_seals(handles, session.backend) for pool, handles in by_pool.items()}
-        return batch_fields(objs, joined)
+        return batch_fields(objs, allocs, joined)
 
     def op_delete(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.tables.objects.delete(session, f["name"])

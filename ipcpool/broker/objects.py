@@ -176,13 +176,13 @@ class ObjectTable:
 
     def lease_many(self, session: Session, names: list[str]) -> list[NamedObject]:
         """Leases on every one of ``names``, or none: all must be sealed."""
-        objs = [self.objects.get(n) for n in names]
-        missing = [n for n, o in zip(names, objs) if o is None or not o.sealed]
-        if missing:
+        get = self.objects.get
+        objs = [get(n) for n in names]
+        if not all(o is not None and o.sealed for o in objs):
+            missing = [n for n, o in zip(names, objs) if o is None or not o.sealed]
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise ObjectNotFound(f"not sealed (or missing): {', '.join(map(repr, missing[:5]))}{more}")
-        for obj in objs:
-            self.registry.hold(obj.alloc, session)
+        self.registry.hold_many([o.alloc for o in objs], session)
         return objs
 
     def wait(self, session: Session, name: str, rid: int, timeout_s: float | None) -> None:

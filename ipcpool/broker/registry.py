@@ -156,6 +156,13 @@ class Registry:
         if isinstance(holder, Session):
             holder.held[alloc.aid] += 1
 
+    def hold_many(self, allocs: list[Allocation], session: Session) -> None:
+        """One more hold by ``session`` on each of ``allocs`` (a batch of leases)."""
+        held = session.held
+        for alloc in allocs:
+            alloc.holders[session] += 1
+            held[alloc.aid] += 1
+
     def held_by(self, session: Session, aid: int) -> Allocation:
         if not session.held.get(aid):
             raise InvalidRequest(f"allocation {aid} is not held by this session")
