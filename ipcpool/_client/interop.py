@@ -19,9 +19,12 @@ from ..backend.base import ImportedMemory
 from ..errors import InvalidRequest, MissingDependency
 from ..meta import dtype_name
 
-# Per-object work of a thousand-object attach, done once: torch dtypes by name, strides by shape.
+# Per-object work of a thousand-object attach, done once: torch dtypes by name, strides by shape,
+# the array modules, their dtypes by name.
 _TORCH_DTYPES: dict[str, Any] = {}
 _STRIDES: dict[tuple[int, ...], list[int]] = {}
+_MODULES: dict[str, Any] = {}
+_XP_DTYPES: dict[tuple[str, str], Any] = {}
 
 
 _INSTEAD = {
@@ -43,6 +46,23 @@ def _require(module: str) -> Any:
         if exc.name not in (module, None):   # the library is there but one of its own imports failed
             raise
         raise MissingDependency(f"{module} is not installed: {_INSTEAD[module]}") from exc
+
+
+def _module(kind: str) -> Any:
+    """``_require(kind)``, looked up once."""
+    module = _MODULES.get(kind)
+    if module is None:
+        module = _MODULES[kind] = _require(kind)
+    return module
+
+
+def _xp_dtype(xp: Any, kind: str, dtype: str) -> Any:
+    found = _XP_DTYPES.get((kind, dtype))
+    if found is None:
+        found = xp.dtype(dtype)   # (an unknown name raises here, and is not kept)
+        if len(_XP_DTYPES) < 256:
+            _XP_DTYPES[(kind, dtype)] = found
+    return found
 
 
 def _kind(obj: Any) -> str:
@@ -160,10 +180,35 @@ class Views:
             except BaseException:
                 lease.free()
                 raise
-        xp = _require(kind)
+        xp = _module(kind)
+        if kind == "numpy" and not lease.freed:
+            fast = self._host_array(lease, memory, xp, _xp_dtype(xp, kind, dtype), shape, count)
+            if fast is not None:
+                return fast
         arr = xp.asarray(lease)
         np_dtype = xp.dtype(dtype)
         return arr[: count * np_dtype.itemsize].view(np_dtype).reshape(shape)
+
+    def _host_array(self, lease: Any, memory: ImportedMemory, np: Any, dtype: Any, shape: list[int], count: int) -> Any:
+        """Host memory as a numpy array: a slice of one array over the pool's whole mapping (made
+        once per pool, dtype and writability), as ``numpy.asarray(lease)`` would give it but
+        without building an array interface per object. None where that does not apply."""
+        base = memory.slab()
+        itemsize = dtype.itemsize
+        if base is None or base[0].view is None or base[1] % itemsize or count * itemsize > memory.size:
+            return None
+        whole_memory, offset = base
+        readonly = lease.readonly
+        bases = self._bases
+        key = (id(whole_memory), dtype, readonly)
+        whole = bases.get(key)
+        if whole is None:
+            raw = np.frombuffer(whole_memory.view, dtype=np.uint8)
+            if readonly:
+                raw.flags.writeable = False
+            whole = bases[key] = raw[: raw.size // itemsize * itemsize].view(dtype)
+        start = offset // itemsize
+        return whole[start : start + count].reshape(shape)
 
     def _torch_typed(self, lease: Any, memory: ImportedMemory, dtype: Any, shape: list[int]) -> Any:
         nbytes = math.prod(shape) * dtype.itemsize
@@ -188,7 +233,7 @@ class Views:
         """A CUDA slab range as one strided view of a tensor over its whole slab (made once per
         slab and dtype): one call per object instead of an import, slices and reshapes. None
         where that does not apply (not a slab range, or an offset the dtype does not divide)."""
-        base = memory.slab()
+        base = memory.slab() if self.on_gpu else None   # (host memory: numpy's, _torch_bytes)
         itemsize = dtype.itemsize
         if base is None or base[1] % itemsize or nbytes > memory.size:
             return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 from typing import Any
@@ -24,15 +25,24 @@ class _Mapping:
 
 
 class HostMemory(ImportedMemory):
-    def __init__(self, mapping: _Mapping, offset: int, size: int):
+    def __init__(self, mapping: _Mapping, offset: int, size: int, whole: HostMemory | None = None):
         self._mapping = mapping
         self.offset = offset
         self.size = size
-        self.view = mapping.view[offset : offset + size]
+        self._whole = whole   # the pool's whole mapping as one memory (None: this is it)
+
+    @functools.cached_property
+    def view(self) -> memoryview:   # made on first use: a batch of leases may never need one
+        return self._mapping.view[self.offset : self.offset + self.size]
 
     @property
     def ptr(self) -> int:
         return self._mapping.address + self.offset
+
+    def slab(self) -> tuple[HostMemory, int]:
+        """The pool's whole mapping and this memory's offset there: arrays of many objects are
+        views of one array over it."""
+        return (self if self._whole is None else self._whole), self.offset
 
 
 class HostClientPool(ClientPool):
@@ -42,6 +52,7 @@ class HostClientPool(ClientPool):
             if os.fstat(fd).st_size < size:
                 raise InvalidRequest(f"pool {info.get('name')!r}: FD smaller than announced size")
             self._mapping = _Mapping(fd, size)
+            self._whole = HostMemory(self._mapping, 0, size)
         finally:
             os.close(fd)  # the mapping keeps the memory; the FD is no longer needed
         self.size = size
@@ -51,7 +62,13 @@ class HostClientPool(ClientPool):
             os.close(fd)
         if export.offset + export.size > self.size:
             raise InvalidRequest("allocation lies outside the pool")
-        return HostMemory(self._mapping, export.offset, export.size)
+        return HostMemory(self._mapping, export.offset, export.size, self._whole)
+
+    def import_many(self, exports: list[Export], stream: Any = None) -> list[ImportedMemory]:
+        mapping, size, whole = self._mapping, self.size, self._whole
+        if any(e.offset + e.size > size for e in exports):
+            raise InvalidRequest("allocation lies outside the pool")
+        return [HostMemory(mapping, e.offset, e.size, whole) for e in exports]
 
     def release(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> bytes:
         return b""
@@ -59,11 +76,11 @@ class HostClientPool(ClientPool):
     def carved(self, arena: ImportedMemory, offset: int, nbytes: int) -> ImportedMemory:
         if not isinstance(arena, HostMemory) or offset + nbytes > arena.size:
             raise InvalidRequest("a carved range lies outside its arena")
-        return HostMemory(arena._mapping, arena.offset + offset, nbytes)
+        return HostMemory(arena._mapping, arena.offset + offset, nbytes, arena._whole)
 
     def close(self) -> None:
         # Buffers still alive keep the mapping (and thus their memory) valid; see _Mapping.
-        self._mapping = None
+        self._mapping = self._whole = None
 
 
 class HostClientBackend(ClientBackend):
