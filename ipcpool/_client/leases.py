@@ -13,13 +13,16 @@ from typing import Any
 
 from .. import protocol
 from ..backend.base import ClientBackend, Export, ImportedMemory
-from ..errors import ClosedError, InvalidRequest, ObjectExists, ProtocolError
+from ..errors import BrokerGone, ClosedError, InvalidRequest, IpcPoolError, ObjectExists, ProtocolError
 from ..meta import wire_meta
 from .arenas import Carving
 from .channel import Channel
 from .handoff import Handoff
 from .interop import Views
 from .pools import Pools, export_of
+
+# The columns of a get_many reply, one entry per object (``broker.replies.batch_fields``).
+_COLUMNS = ("alloc", "pool", "size", "offset", "data", "sub", "chunks", "meta")
 
 
 class Buffer:
@@ -255,52 +258,101 @@ class Leases:
 
     def get_many(self, names: list[str], stream: Any) -> list[Buffer]:
         names = list(names)
+        batches = [names[i : i + protocol.MAX_BATCH] for i in range(0, len(names), protocol.MAX_BATCH)]
         out: list[Buffer] = []
+        if not batches:
+            return out
         with self._lock:
+            channel = self._channel
+            channel.check_open()
+            # After the first reply, every other batch is asked for at once: the broker answers the
+            # next while this one is imported. (The first reply's pools are imported before: the
+            # broker answers a pool's FD only after the requests queued ahead of it.)
+            rids: list[int] = []
+            answered = 0
             try:
-                for start in range(0, len(names), protocol.MAX_BATCH):
-                    batch = names[start : start + protocol.MAX_BATCH]
-                    self._adopt_batch(self._channel.call("get_many", names=batch), batch, stream, out)
-            except BaseException:
+                rids.append(channel.send("get_many", names=batches[0]))
+                for k, batch in enumerate(batches):
+                    answered += 1   # (a refusal is this reply too)
+                    reply = channel.wait_reply(rids[k], channel.timeout)
+                    if k == 0 and len(batches) > 1:
+                        self._import_pools(reply)
+                        rids += [channel.send("get_many", names=b) for b in batches[1:]]
+                    self._adopt_batch(reply, batch, stream, out)
+            except BaseException as exc:
                 for buf in out:
                     buf.free(stream)
+                if isinstance(exc, IpcPoolError) and not isinstance(exc, (BrokerGone, ClosedError)):
+                    self._give_back(rids[answered:])
                 raise
         return out
+
+    def _import_pools(self, reply: dict) -> None:
+        """The pools a batch's leases live in, imported ahead; if that fails, they go back."""
+        try:
+            for pool in reply.get("pools", ()):
+                self._pools.get(pool)
+        except BaseException:
+            for aid in reply.get("alloc", ()):
+                self._channel.send("free", alloc=aid)
+            raise
+
+    def _give_back(self, rids: list[int]) -> None:
+        """After a failed batch: the leases of those asked after it go straight back."""
+        for rid in rids:
+            try:
+                reply = self._channel.wait_reply(rid, self._channel.timeout)
+            except (BrokerGone, ClosedError):
+                return
+            except IpcPoolError:
+                continue   # refused: nothing held
+            for aid in reply.get("alloc", ()):
+                self._channel.send("free", alloc=aid)
 
     def _adopt_batch(self, r: dict, names: list[str], stream: Any, out: list[Buffer]) -> None:
         """Import a batch of leases (columns, see ``batch_fields``) pool by pool: each pool's
         set-up and its one shared event once. VMM-backed ones are mapped from their own FDs."""
         n = len(names)
-        if any(len(r.get(k, ())) != n for k in ("alloc", "pool", "size", "offset", "data", "sub", "chunks", "meta")):
+        cols = [r.get(k, ()) for k in _COLUMNS]
+        if any(len(c) != n for c in cols):
             raise ProtocolError("get_many reply: columns do not match the names asked for")
+        aids, pool_col, sizes, offsets, data_col, subs, chunks, metas = cols
         pools, events, datas = r["pools"], r["events"], r["datas"]
-        by_pool: dict[int, list[int]] = {}
-        for i in range(n):
-            by_pool.setdefault(r["pool"][i], []).append(i)
+        if n and pool_col.count(pool_col[0]) == n:   # the usual batch: one pool
+            by_pool: dict[int, Any] = {pool_col[0]: range(n)}
+        else:
+            by_pool = {}
+            for i in range(n):
+                by_pool.setdefault(pool_col[i], []).append(i)
         slots: list[Buffer | None] = [None] * n
         settled = [False] * n   # imported, or given back already
         try:
             for p, idx in by_pool.items():
                 name, event = pools[p], events[p]
-                exports = [Export(size=r["size"][i], offset=r["offset"][i], data=datas[r["data"][i]],
-                                  ready_event=event, sub=r["sub"][i], chunks=tuple(r["chunks"][i])) for i in idx]
-                plain = [(i, e) for i, e in zip(idx, exports) if not e.chunks]
-                memories = self._pools.get(name).import_many([e for _, e in plain], stream) if plain else []
-                for (i, _), memory in zip(plain, memories):
-                    settled[i] = True
-                    slots[i] = self._keep(r["alloc"][i], name, memory, False, names[i], r["meta"][i], True)
-                for i, e in zip(idx, exports):
-                    if e.chunks:   # mapped from its own chunk FDs
+                plain = [i for i in idx if not chunks[i]]
+                if plain:
+                    exports = [Export(sizes[i], offsets[i], datas[data_col[i]], event, subs[i]) for i in plain]
+                    memories = self._pools.get(name).import_many(exports, stream)
+                    for i, memory in zip(plain, memories):
+                        settled[i] = True
+                        slots[i] = Buffer(self, aids[i], name, memory, False, name=names[i], meta=metas[i],
+                                          readonly=True)
+                for i in idx:
+                    if chunks[i]:   # mapped from its own chunk FDs
                         settled[i] = True   # _import gives it back itself if it fails
-                        memory = self._import(r["alloc"][i], name, e, stream)
-                        slots[i] = self._keep(r["alloc"][i], name, memory, False, names[i], r["meta"][i], True)
+                        e = Export(sizes[i], offsets[i], datas[data_col[i]], event, subs[i], tuple(chunks[i]))
+                        memory = self._import(aids[i], name, e, stream)
+                        slots[i] = Buffer(self, aids[i], name, memory, False, name=names[i], meta=metas[i],
+                                          readonly=True)
         except BaseException:
             for i in range(n):   # leases never imported go back now; the caller frees the rest
                 if not settled[i]:
-                    self._channel.send("free", alloc=r["alloc"][i])
+                    self._channel.send("free", alloc=aids[i])
             raise
         finally:
-            out.extend(b for b in slots if b is not None)
+            kept = [b for b in slots if b is not None]
+            self.buffers.update({id(b): b for b in kept})
+            out.extend(kept)
 
     # -- as tensors and arrays ------------------------------------------------------------------
     def typed(self, lease: Buffer, kind: str) -> Any:
