@@ -257,28 +257,29 @@ class Leases:
             return buf
 
     def get_many(self, names: list[str], stream: Any) -> list[Buffer]:
-        names = list(names)
+        names, out = list(names), []
         batches = [names[i : i + protocol.MAX_BATCH] for i in range(0, len(names), protocol.MAX_BATCH)]
-        out: list[Buffer] = []
         if not batches:
             return out
         with self._lock:
             channel = self._channel
             channel.check_open()
-            # After the first reply, every other batch is asked for at once: the broker answers the
-            # next while this one is imported. (The first reply's pools are imported before: the
-            # broker answers a pool's FD only after the requests queued ahead of it.)
-            rids: list[int] = []
+            # One batch ahead where a reply names no event (one lives until our next message, R4):
+            # the broker builds the next reply while this one is imported. Its pools first: the
+            # broker answers the control socket only after the requests queued ahead.
+            rids = [channel.send("get_many", names=batches[0])]
             answered = 0
             try:
-                rids.append(channel.send("get_many", names=batches[0]))
                 for k, batch in enumerate(batches):
                     answered += 1   # (a refusal is this reply too)
                     reply = channel.wait_reply(rids[k], channel.timeout)
-                    if k == 0 and len(batches) > 1:
+                    more = k + 1 < len(batches)
+                    if more and not any(reply.get("events", ())):
                         self._import_pools(reply)
-                        rids += [channel.send("get_many", names=b) for b in batches[1:]]
+                        rids.append(channel.send("get_many", names=batches[k + 1]))
                     self._adopt_batch(reply, batch, stream, out)
+                    if more and len(rids) == k + 1:
+                        rids.append(channel.send("get_many", names=batches[k + 1]))
             except BaseException as exc:
                 for buf in out:
                     buf.free(stream)
@@ -304,8 +305,8 @@ class Leases:
                 reply = self._channel.wait_reply(rid, self._channel.timeout)
             except (BrokerGone, ClosedError):
                 return
-            except IpcPoolError:
-                continue   # refused: nothing held
+            except IpcPoolError:   # refused: nothing held
+                continue
             for aid in reply.get("alloc", ()):
                 self._channel.send("free", alloc=aid)
 
@@ -328,21 +329,21 @@ class Leases:
         settled = [False] * n   # imported, or given back already
         try:
             for p, idx in by_pool.items():
-                name, event = pools[p], events[p]
+                pool, event = pools[p], events[p]
                 plain = [i for i in idx if not chunks[i]]
                 if plain:
                     exports = [Export(sizes[i], offsets[i], datas[data_col[i]], event, subs[i]) for i in plain]
-                    memories = self._pools.get(name).import_many(exports, stream)
+                    memories = self._pools.get(pool).import_many(exports, stream)
                     for i, memory in zip(plain, memories):
                         settled[i] = True
-                        slots[i] = Buffer(self, aids[i], name, memory, False, name=names[i], meta=metas[i],
+                        slots[i] = Buffer(self, aids[i], pool, memory, False, name=names[i], meta=metas[i],
                                           readonly=True)
                 for i in idx:
                     if chunks[i]:   # mapped from its own chunk FDs
                         settled[i] = True   # _import gives it back itself if it fails
                         e = Export(sizes[i], offsets[i], datas[data_col[i]], event, subs[i], tuple(chunks[i]))
-                        memory = self._import(aids[i], name, e, stream)
-                        slots[i] = Buffer(self, aids[i], name, memory, False, name=names[i], meta=metas[i],
+                        memory = self._import(aids[i], pool, e, stream)
+                        slots[i] = Buffer(self, aids[i], pool, memory, False, name=names[i], meta=metas[i],
                                           readonly=True)
         except BaseException:
             for i in range(n):   # leases never imported go back now; the caller frees the rest
@@ -363,9 +364,8 @@ class Leases:
         """Leases as their dtypes and shapes, by name; on failure every one is freed. On CUDA,
         ranges of one slab are strided views of one tensor over the slab: how a restarted worker
         takes up a thousand weights."""
-        typed = self.views.typed
         try:
-            return {lease.name: typed(lease, lease._memory, kind) for lease in leases}
+            return self.views.typed_many(leases, [lease._memory for lease in leases], kind)
         except BaseException:
             for lease in leases:
                 if not lease.freed:
