@@ -246,3 +246,6 @@ def test_get_arrays_by_name_with_dtype_and_shape(broker):
         for name, a in want.items():
             assert got[name].dtype == a.dtype and np.array_equal(got[name], a)
         assert c.release_all("arr/f") == 1
+        assert not any(a.flags.writeable for a in got.values())   # read-only, as np.asarray(lease) is
+        again = c.get_arrays(list(want))                  # a second batch: the same values
+        assert all(np.array_equal(again[name], a) for name, a in want.items())
