@@ -2,12 +2,15 @@
 hot-attach work (for a GPU machine; the hand-off also runs with ``--backend host``).
 
     python bench/profiles.py handoff [--backend cuda|host] [--handoffs 300] [--out DIR]
-    python bench/profiles.py attach [--gib 8] [--count 1024] [--out DIR]
+    python bench/profiles.py attach [--backend cuda|host] [--gib 8] [--count 1024] [--out DIR]
 
 handoff  the ipcpool pair of bench/handoff.py, with the broker, the producer and the consumer each
          under cProfile: prints the p50 hand-off and each process's top functions by own time.
 attach   --count objects (--gib in all) resident in a CUDA broker; three plain attaches of a fresh
          process (get_tensors), then one under cProfile: its top functions by own and by total time.
+         With ``--backend host``: the objects in a host broker run under cProfile (--gib counts
+         MiB there), attached by fresh processes with get_arrays; the attach's and the broker's
+         tables.
 
 The .prof files stay in --out (default profile-out/) for `python -m pstats` or snakeviz.
 """
@@ -18,6 +21,7 @@ import argparse
 import cProfile
 import multiprocessing as mp
 import pstats
+import signal
 import subprocess
 import sys
 import tempfile
@@ -95,7 +99,53 @@ def _attach_profiled(sock, prefix, count, path, out):
     out.put((t1 - t0) / 1e6)
 
 
+def _host_attach_profiled(sock, prefix, count, path, out):
+    import numpy  # noqa: F401  (imported by a worker before it attaches)
+
+    with ipcpool.connect(sock) as c:
+        prof = cProfile.Profile()
+        t0 = time.perf_counter_ns()
+        prof.enable()
+        arrays = c.get_arrays([f"{prefix}{i:05d}" for i in range(count)])
+        prof.disable()
+        t1 = time.perf_counter_ns()
+        prof.dump_stats(path)
+        del arrays
+    out.put((t1 - t0) / 1e6)
+
+
+def attach_host(args) -> None:
+    from bench import host_attach
+
+    out = Path(args.out)
+    with tempfile.TemporaryDirectory() as tmp:
+        sock = f"{tmp}/s"
+        broker = subprocess.Popen([sys.executable, "-m", "cProfile", "-o", str(out / "broker.prof"), "-m",
+                                   "ipcpool", "--log-level", "WARNING", "broker", "--socket-dir", sock,
+                                   "--backend", "host"])
+        try:
+            host_attach.child_load(sock, [args.count], args.gib << 20)
+            for run in range(4):   # three plain, then the one kept (the broker's profile covers all)
+                q = CTX.Queue()
+                p = CTX.Process(target=_host_attach_profiled,
+                                args=(sock, f"r{args.count}/", args.count, str(out / "attach.prof"), q))
+                p.start()
+                print(f"attach {run + 1}: {q.get(timeout=300):.1f} ms (under the profiler)", flush=True)
+                p.join(60)
+        finally:
+            broker.send_signal(signal.SIGINT)   # cProfile writes its file on a clean exit
+            broker.wait(60)
+    st = pstats.Stats(str(out / "attach.prof"))
+    st.sort_stats("tottime").print_stats(args.top)
+    st.sort_stats("cumulative").print_stats(args.top)
+    print("\n===== broker: by own time =====")
+    pstats.Stats(str(out / "broker.prof")).sort_stats("tottime").print_stats(args.top)
+
+
 def attach(args) -> None:
+    if args.backend == "host":
+        attach_host(args)
+        return
     from bench import hot_attach
     from bench.common import broker
 
@@ -125,7 +175,8 @@ def main() -> None:
     h = sub.add_parser("handoff", help="the hand-off benchmark's ipcpool pair, every process profiled")
     h.add_argument("--backend", default="cuda", choices=("cuda", "host"), help="broker backend (default: cuda)")
     h.add_argument("--handoffs", type=int, default=300, help="hand-offs to run (default: 300)")
-    a = sub.add_parser("attach", help="a fresh process attaching to many objects (CUDA)")
+    a = sub.add_parser("attach", help="a fresh process attaching to many objects")
+    a.add_argument("--backend", default="cuda", choices=("cuda", "host"), help="broker backend (default: cuda)")
     a.add_argument("--gib", type=int, default=8, help="GiB of objects resident in the broker (default: 8)")
     a.add_argument("--count", type=int, default=1024, help="how many objects (default: 1024)")
     for p in (h, a):
