@@ -14,7 +14,7 @@ from typing import Any
 from .. import paths
 from ..backend import client_backend
 from ..errors import IpcPoolError
-from . import interop
+from . import gcpause, interop
 from .catalog import Subscription, list_all, subscribe
 from .channel import Channel
 from .growable import GrowableBuffer, Growables, Remap
@@ -130,7 +130,8 @@ class Client:
     def get_many(self, names: list[str], *, stream: Any = None) -> list[Buffer]:
         """Read leases on many sealed objects in one request (all or none; no waiting): how a
         restarted worker attaches to its weights."""
-        return self._leases.get_many(names, stream)
+        with gcpause.paused():
+            return self._leases.get_many(names, stream)
 
     def release(self, lease: Buffer, stream: Any = None) -> None:
         """Let go of a lease (the same as ``lease.release(stream)``)."""
@@ -163,11 +164,13 @@ class Client:
     def get_tensors(self, names: list[str], *, stream: Any = None) -> dict[str, Any]:
         """Many objects as torch tensors by name, with one request (``get_many``): how a
         restarted worker attaches to its weights. Leases last until ``release_all`` or close."""
-        return self._leases.typed_many(self._leases.get_many(names, stream), "torch")
+        with gcpause.paused():
+            return self._leases.typed_many(self._leases.get_many(names, stream), "torch")
 
     def get_arrays(self, names: list[str], *, stream: Any = None) -> dict[str, Any]:
         """Many objects as CuPy arrays (CUDA) or numpy arrays (host) by name, in one request."""
-        return self._leases.typed_many(self._leases.get_many(names, stream), self._backend.array_module)
+        with gcpause.paused():
+            return self._leases.typed_many(self._leases.get_many(names, stream), self._backend.array_module)
 
     def get_array(self, name: str, *, stream: Any = None, timeout: float | None = None) -> Any:
         """Object ``name`` as a CuPy array (CUDA backend) or numpy array (host backend), zero-copy."""
