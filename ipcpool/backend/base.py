@@ -145,7 +145,7 @@ class BrokerPool(ABC):
     def join_seals(self, handles: list[object], session: SessionContext) -> bytes:
         """One event on ``session``'s stream that completes after the seal of every one of
         ``handles`` (sealed objects of this pool): a batch of leases waits on it once, not once per
-        object. Kept alive until the session's next message. Empty where there are no events."""
+        object. Kept alive until the session's next message. Empty where there is nothing to wait on."""
         return b""
 
     def add_release(self, handle: object, session: SessionContext, done_event: bytes) -> None:

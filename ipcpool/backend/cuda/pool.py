@@ -274,6 +274,7 @@ class CudaPool(BrokerPool):
     def join_seals(self, handles: list[object], session: SessionContext) -> bytes:
         sess = as_session(session)
         stream = sess.stream(self.device)
+        waited = False
         for handle in handles:
             alloc = as_alloc(handle)
             if alloc.sealed is not None and not alloc.seal_done:
@@ -281,6 +282,9 @@ class CudaPool(BrokerPool):
                     alloc.seal_done = True      # never waited on again (a thousand-object attach)
                 else:
                     wait_for(stream, alloc.sealed)   # our own events: a local wait, nothing to open
+                    waited = True
+        if not waited:   # every seal complete, as a single get answers: no event to open or keep alive
+            return b""
         event, joined = record_ipc(stream)
         sess.hand_out(event)
         return joined
