@@ -24,6 +24,9 @@ MODE (default: full):
           go to DIR/mps/. Exits non-zero where nvidia-cuda-mps-control is missing, where MPS does
           not serve the device, or where a test fails. Under MPS a client killed with GPU work in
           flight can fail the MPS server for every process on the GPU: hence no kill tests.
+  attach  hot attach at two sizes, five fresh processes a layout: 8 GiB as 1, 64 and 1024
+          objects, 64 GiB as 1 and 4096 (bench/hot_attach.py --ipcpool-only), then the 4096-object
+          attach under cProfile (bench/profiles.py attach); no tests
   peer    on a machine with two or more GPUs: the two-GPU tests (pytest -m "gpu and two_gpus"),
           then the hand-off benchmark with the producer on GPU 0 and the reader on GPU 1
           (bench/handoff.py --devices 0,1, torch.multiprocessing across the same two beside it);
@@ -58,7 +61,7 @@ while [ $# -gt 0 ]; do
     --before) BEFORE=$(cd "$2" && pwd) || exit 2; shift 2 ;;
     --timeout) TEST_TIMEOUT=$2; shift 2 ;;
     --keep-files) ARCHIVE=0; shift ;;
-    tests|quick|vmm|check|bench|full|mps|peer) MODE=$1; shift ;;
+    tests|quick|vmm|check|bench|full|mps|attach|peer) MODE=$1; shift ;;
     *) echo "gpu_suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -167,6 +170,16 @@ if [ -n "$BEFORE" ]; then   # before, then after: the same benchmark, the same m
 fi
 
 PROBE_RC=skipped BENCH_RC=skipped
+if [ "$MODE" = attach ]; then
+  timeout 240 python3 bench/hot_attach.py --gib 8 --counts 64 1024 --repeat 5 --ipcpool-only --out-dir "$OUT" \
+    2>&1 | tee "$OUT/hot_attach_8gib.log"
+  BENCH_RC=${PIPESTATUS[0]}
+  timeout 240 python3 bench/hot_attach.py --gib 64 --counts 4096 --repeat 5 --ipcpool-only --out-dir "$OUT" \
+    2>&1 | tee "$OUT/hot_attach_64gib.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || BENCH_RC=1
+  timeout 150 python3 bench/profiles.py attach --gib 64 --count 4096 --out "$OUT/profile" --top 30 \
+    > "$OUT/profile_attach.log" 2>&1
+fi
 if [ "$MODE" = peer ]; then
   timeout 300 python3 bench/handoff.py --backend cuda --handoffs 1000 --devices 0,1 --out-dir "$OUT/handoff_peer" \
     2>&1 | tee "$OUT/handoff_peer.log"
@@ -216,7 +229,10 @@ for f in handoff_before handoff_after handoff_peer handoff_cuda handoff_host hos
   [ -s "$OUT/$f.log" ] && echo "-- $f"
   sed -n '/p50 µs/,$p' "$OUT/$f.log" 2>/dev/null
 done
-sed -n '/^method/,$p' "$OUT/hot_attach.log" 2>/dev/null
+for f in hot_attach hot_attach_8gib hot_attach_64gib; do
+  sed -n '/^method/,$p' "$OUT/$f.log" 2>/dev/null
+done
+grep -s "attach" "$OUT/profile_attach.log" | head -3
 cat "$OUT/micro.log" 2>/dev/null
 if [ "$ARCHIVE" = 1 ]; then   # one file to copy off the machine
   archive=$(mktemp /tmp/gpu-results.XXXXXX.tgz)
