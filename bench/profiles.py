@@ -83,34 +83,25 @@ def handoff(args) -> None:
         pstats.Stats(str(out / f"{name}.prof")).sort_stats("tottime").print_stats(args.top)
 
 
-def _attach_profiled(sock, prefix, count, path, out):
-    import torch
+def _attach_profiled(sock, prefix, count, path, out, host=False):
+    """A fresh worker attaching ``count`` objects under cProfile: tensors on CUDA (torch and its
+    context set up first, as a worker would), numpy arrays on the host."""
+    if host:
+        __import__("numpy")   # a worker has numpy imported before it attaches
+    else:
+        import torch
 
-    torch.cuda.init()
+        torch.cuda.init()
     with ipcpool.connect(sock) as c:
+        get = c.get_arrays if host else c.get_tensors
         prof = cProfile.Profile()
         t0 = time.perf_counter_ns()
         prof.enable()
-        tensors = c.get_tensors([f"{prefix}{i:05d}" for i in range(count)])
+        attached = get([f"{prefix}{i:05d}" for i in range(count)])
         prof.disable()
         t1 = time.perf_counter_ns()
         prof.dump_stats(path)
-        del tensors
-    out.put((t1 - t0) / 1e6)
-
-
-def _host_attach_profiled(sock, prefix, count, path, out):
-    import numpy  # noqa: F401  (imported by a worker before it attaches)
-
-    with ipcpool.connect(sock) as c:
-        prof = cProfile.Profile()
-        t0 = time.perf_counter_ns()
-        prof.enable()
-        arrays = c.get_arrays([f"{prefix}{i:05d}" for i in range(count)])
-        prof.disable()
-        t1 = time.perf_counter_ns()
-        prof.dump_stats(path)
-        del arrays
+        del attached
     out.put((t1 - t0) / 1e6)
 
 
@@ -127,8 +118,8 @@ def attach_host(args) -> None:
             host_attach.child_load(sock, [args.count], args.gib << 20)
             for run in range(4):   # three plain, then the one kept (the broker's profile covers all)
                 q = CTX.Queue()
-                p = CTX.Process(target=_host_attach_profiled,
-                                args=(sock, f"r{args.count}/", args.count, str(out / "attach.prof"), q))
+                p = CTX.Process(target=_attach_profiled,
+                                args=(sock, f"r{args.count}/", args.count, str(out / "attach.prof"), q, True))
                 p.start()
                 print(f"attach {run + 1}: {q.get(timeout=300):.1f} ms (under the profiler)", flush=True)
                 p.join(60)
