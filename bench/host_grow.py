@@ -4,8 +4,11 @@ The host counterpart of ``vmm_grow.py``. ``mmap``: one process grows its own mem
 the new tail mapped right after the current range with MAP_FIXED_NOREPLACE, the technique of
 ``ipcpool.backend.host.growable``): the floor a shared growable is held against. ``ipcpool``: a
 growable buffer in a broker, grown by one client while a second client, attached, follows each grow
-(``sync``; the time counted is the sync alone, after the notice arrived). Sparse memory: nothing is
-written but the first page of each step, so 1 GiB costs no RAM.
+(``sync``; the time counted is the sync alone, after the notice arrived). Then ``idle sync``: the
+follower's mapping set to CUDA's path (``follows = False``: it cannot see a grow by itself) and
+synced ``IDLE_SYNCS`` times with nothing grown, the mean per sync (what every ``view()`` and
+``__cuda_array_interface__`` access costs there). Sparse memory: nothing is written but the first
+page of each step, so 1 GiB costs no RAM.
 
 ``--tree NAME=DIR`` (repeatable) measures ipcpool from another checkout too, e.g. the main branch
 extracted beside this one, in the same run: each runs in a fresh process with that tree first on
@@ -28,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
+IDLE_SYNCS = 2000
 
 
 def series(start: int, stop: int) -> list[int]:
@@ -94,10 +98,16 @@ def run_ipcpool(sizes: list[int], sock: str) -> dict:
             old = size
         ok = all(h.view()[s // 2 if s > sizes[0] else 0] == ((s // 2 if s > sizes[0] else 0) // MiB) % 251
                  for s in sizes)
+        h._mapping.follows = False   # CUDA's path (see the module doc)
+        h.sync()
+        t0 = time.perf_counter_ns()
+        for _ in range(IDLE_SYNCS):
+            h.sync()
+        idle_us = (time.perf_counter_ns() - t0) / 1000 / IDLE_SYNCS
         h.close()
         g.close()
         c.delete_growable("bench/host-grow")
-    return {"grow_us": grow_us, "follow_us": follow_us, "data_kept": ok}
+    return {"grow_us": grow_us, "follow_us": follow_us, "data_kept": ok, "idle_sync_us": idle_us}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -169,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                "ipcpool_from": rs[0]["ipcpool_from"]}
         if "follow_us" in rs[0]:
             row["follow_us"] = median_steps(rs, "follow_us")
+            row["idle_sync_us"] = round(statistics.median(r["idle_sync_us"] for r in rs), 2)
         row["total_grow_us"] = round(sum(row["grow_us"][1:]), 1)   # the grows (the first step creates)
         if "follow_us" in row:
             row["total_follow_us"] = round(sum(row["follow_us"][1:]), 1)
@@ -194,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         follows = f"{r['total_follow_us']:,.1f}" if "total_follow_us" in r else "-"
         print(f"{m:<20}{r['total_grow_us']:>12,.1f}{follows:>12}"
               f"{result['ratios_over_mmap'][m]:>11}{str(r['data_kept']):>11}")
+    print(f"\nidle sync, CUDA's path (follows = False), nothing grown: mean of {IDLE_SYNCS}, median of runs")
+    for m in names[1:]:
+        print(f"{m:<20}{result['methods'][m]['idle_sync_us']:>12,.2f} µs")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"host_grow_{time.strftime('%Y%m%d-%H%M%S')}.json"

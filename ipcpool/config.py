@@ -11,6 +11,7 @@ from typing import Any
 
 from .backend.base import REUSE_POLICIES, PoolSpec
 from .errors import ConfigError
+from .growboard import MAX_SLOTS, SLOTS
 from .sizes import parse_size
 
 
@@ -35,6 +36,7 @@ class Config:
     waits_per_uid: int = 4096      # gets parked until a seal, per uid; 0: no cap
     watches_per_uid: int = 4096    # prefix watches (subscriptions), per uid; 0: no cap
     growth_stock: int = 256 << 20  # bytes of chunks each pool keeps made for growable buffers (CUDA); 0: none
+    growth_board: int = SLOTS      # growable buffers with a word on the growth board at once; 0: no board
 
     def quota_for(self, uid: int) -> Quota:
         return self.quotas.get(uid, self.default_quota)
@@ -107,8 +109,11 @@ def parse(data: dict[str, Any]) -> Config:
     _known(data, {"socket_dir", "backend", "access", "pools", "quotas", "metrics_address", "busy_poll_us",
                   "limits", "growth"}, "config")
     growth = _expect(data.get("growth", {}), dict, "growth")
-    _known(growth, {"stock"}, "growth")
+    _known(growth, {"stock", "board"}, "growth")
     growth_stock = _size(growth.get("stock", 256 << 20), "growth.stock")
+    growth_board = _expect(growth.get("board", SLOTS), int, "growth.board")
+    if not 0 <= growth_board <= MAX_SLOTS:
+        raise ConfigError(f"growth.board: 0 (no board) to {MAX_SLOTS} buffers, got {growth_board}")
     limits = _expect(data.get("limits", {}), dict, "limits")
     _known(limits, {"sessions_per_uid", "waits_per_uid", "watches_per_uid"}, "limits")
     caps = {}
@@ -172,6 +177,7 @@ def parse(data: dict[str, Any]) -> Config:
         metrics_address=metrics_address,
         busy_poll_us=busy_poll_us,
         growth_stock=growth_stock,
+        growth_board=growth_board,
         **caps,
     )
 

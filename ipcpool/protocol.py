@@ -210,9 +210,13 @@ CONTROL: dict[str, dict[str, Field]] = {
     "grow_attach": {**REQUESTS["grow_attach"]},
     "grow": {**REQUESTS["grow"], "first": _u64(required=False)},
     # The size and chunks a growable has now, with the FDs from ``first``: how a process whose
-    # backend cannot see a grow by itself (CUDA) follows one without waiting for its notice.
+    # backend cannot see a grow by itself (CUDA) follows one without waiting for its notice (and
+    # only once its word on the growth board changed: see ipcpool.growboard).
     "grow_sync": {"name": _object_name(), "first": _u64(required=False)},
 }
+# Every reply about a growable names its ``word`` on the growth board (-1: none) and the ``stamp``
+# that word holds; a session's first reply of GROWABLE_CONTROL also says ``board``: its first FD
+# is the board's.
 GROWABLE_CONTROL = frozenset({"grow_create", "grow_attach", "grow", "grow_sync"})
 FD_BATCH = 16   # FDs in one control reply at most
 

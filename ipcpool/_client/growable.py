@@ -9,14 +9,19 @@ stays mapped (same memory) until ``close``, so work already queued on the old po
 before the next use. It never depends on the broker's notice of a grow having arrived: the grower's
 reply comes on its control socket, the notice on ours, and the grower may tell this process to use
 the new bytes before the notice gets here. On the host the memfd this process holds is as long as
-the buffer, so sync reads its length; on CUDA sync asks the broker (one round trip, whose reply
-carries the FDs of the chunks this process lacks, if any).
+the buffer, so sync reads its length. On CUDA sync reads the buffer's word on the growth board
+(``ipcpool.growboard``: mapped read-only, stamped by the broker at every grow before it answers
+the grower): while it holds the stamp of this process's last mapping (from the last reply about
+the buffer) nothing grew and sync returns at once; else it asks the broker (one round trip, whose
+reply carries the FDs of the chunks this process lacks and the stamp to keep). A buffer without a
+word (the board was full) or a session without a board asks at every sync.
 Ordering of reads and writes across processes is the caller's, as for any shared buffer.
 
 Round trips: create, attach and grow are each one request on the control socket, whose reply
-carries the FDs of the chunks this process lacks. Following another process's grow costs no request
-where the backend maps from what it already holds (host: the one memfd, now longer); on CUDA each
-new chunk is an FD of its own, and a sync is one request (more only past FD_BATCH new chunks).
+carries the FDs of the chunks this process lacks (the session's first one also the growth board's).
+Following another process's grow costs no request where the backend maps from what it already
+holds (host: the one memfd, now longer); on CUDA each new chunk is an FD of its own, and a sync
+after a grow is one request (more only past FD_BATCH new chunks), a sync with nothing grown none.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 
 from ..backend.base import ClientBackend, ClientGrowable
 from ..errors import ClosedError, InvalidRequest
+from ..growboard import BoardView
 from .channel import Channel
 
 
@@ -56,6 +62,9 @@ class GrowableBuffer:
         self._announced = (fields["gen"], fields["size"], len(fields["chunks"]))   # the newest we were told of
         self._chunks = 0
         self._closed = False
+        word = fields.get("word")   # on the growth board; -1: none (the board was full)
+        self._word = word if isinstance(word, int) and not isinstance(word, bool) else -1
+        self._stamp: int | None = None   # the word's stamp as of the last mapping from a reply
 
     # -- state
     @property
@@ -93,6 +102,11 @@ class GrowableBuffer:
         """Map whatever other processes grew since the last call."""
         self._check()
         return self._growables.sync(self)
+
+    def _stamped(self, reply: dict) -> None:
+        """Mapped as of ``reply``: its stamp is the one a later sync compares the word with."""
+        stamp = reply.get("stamp")
+        self._stamp = stamp if isinstance(stamp, int) and not isinstance(stamp, bool) else None
 
     def _announce(self, gen: int, size: int, chunks: int) -> None:
         if gen > self._announced[0]:
@@ -189,6 +203,7 @@ class Growables:
         self._channel = channel
         self._backend = backend
         self.attached: dict[str, GrowableBuffer] = {}
+        self._board: BoardView | None = None   # the broker's growth board, read-only (see sync)
 
     def create(self, name: str, nbytes: int, pool: str, compression: bool) -> GrowableBuffer:
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
@@ -196,14 +211,14 @@ class Growables:
         with self._channel.lock:
             self._check_unattached(name)
             self._channel.settle()   # after our earlier requests; its growth notices must reach us
-            return self._attach(*self._channel.control_call(
+            return self._attach(*self._control(
                 {"op": "grow_create", "name": name, "nbytes": nbytes, "pool": pool, "compression": bool(compression)}))
 
     def attach(self, name: str) -> GrowableBuffer:
         with self._channel.lock:
             self._check_unattached(name)
             self._channel.settle()
-            return self._attach(*self._channel.control_call({"op": "grow_attach", "name": name}))
+            return self._attach(*self._control({"op": "grow_attach", "name": name}))
 
     def grow_named(self, name: str, nbytes: int) -> Remap:
         g = self.attached.get(name)
@@ -213,6 +228,22 @@ class Growables:
 
     def delete(self, name: str) -> None:
         self._channel.call("grow_delete", name=name)
+
+    def _control(self, msg: dict) -> tuple[dict, list[int]]:
+        """A growable request on the control socket; the growth board is kept from the first reply
+        that carries it (its first FD)."""
+        reply, fds = self._channel.control_call(msg)
+        if reply.get("board") is True and fds:
+            fd = fds.pop(0)
+            if self._board is None:
+                self._board = BoardView.open(fd)   # None where it is not a sealed board: sync asks
+            else:
+                os.close(fd)
+        return reply, fds
+
+    def _unchanged(self, g: GrowableBuffer) -> bool:
+        """Has the buffer's word on the growth board kept the stamp of this process's last mapping?"""
+        return self._board is not None and g._stamp is not None and self._board.read(g._word) == g._stamp
 
     def _check_unattached(self, name: str) -> None:
         if name in self.attached:
@@ -226,6 +257,7 @@ class Growables:
             mapping = self._backend.import_growable(reply["info"])
             g = GrowableBuffer(self, reply, mapping)
             g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
+            g._stamped(reply)
         except BaseException:
             fetch.close()
             if mapping is not None:
@@ -240,13 +272,14 @@ class Growables:
         with self._channel.lock:
             self._channel.check_open()
             self._channel.settle()   # a free sent just before must be counted before this grow
-            reply, fds = self._channel.control_call(
-                {"op": "grow", "name": g.name, "nbytes": nbytes, "first": g._chunks})
+            reply, fds = self._control({"op": "grow", "name": g.name, "nbytes": nbytes, "first": g._chunks})
             fetch = _Fetch(self._channel, g.name, reply.get("batch", []), fds)
             try:
-                return g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
+                remap = g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
             finally:
                 fetch.close()
+            g._stamped(reply)
+            return remap
 
     def sync(self, g: GrowableBuffer) -> Remap:
         with self._channel.lock:
@@ -255,15 +288,22 @@ class Growables:
                 return g._map_to(*g._announced, _Fetch(self._channel, g.name))
             # CUDA: a notice is no proof of the size. Another process's grow may have been
             # answered (on its control socket) before our notice of it arrives here, and that
-            # process may already have told ours to use the new bytes: ask the broker.
+            # process may already have told ours to use the new bytes. The broker stamps the
+            # buffer's word on the growth board before it answers a grow: while the word holds
+            # the stamp of our last mapping nothing grew; else ask the broker.
             self._channel.check_open()
-            reply, fds = self._channel.control_call({"op": "grow_sync", "name": g.name, "first": g._chunks})
+            if self._unchanged(g):
+                ptr = g._mapping.ptr
+                return Remap(False, False, ptr, g._mapping.size, ptr)
+            reply, fds = self._control({"op": "grow_sync", "name": g.name, "first": g._chunks})
             fetch = _Fetch(self._channel, g.name, reply.get("batch", []), fds)
             try:
                 g._announce(reply["gen"], reply["size"], len(reply["chunks"]))
-                return g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
+                remap = g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
             finally:
                 fetch.close()
+            g._stamped(reply)
+            return remap
 
     def detach(self, g: GrowableBuffer) -> None:
         with self._channel.lock:
@@ -281,5 +321,10 @@ class Growables:
 
     def close_all(self) -> None:
         """Close every attached buffer (at close)."""
-        for g in list(self.attached.values()):
-            g.close()
+        try:
+            for g in list(self.attached.values()):
+                g.close()
+        finally:
+            if self._board is not None:
+                self._board.close()
+                self._board = None

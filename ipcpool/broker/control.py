@@ -4,6 +4,7 @@ room for one more session), and the FDs a session asks for (a pool with its seal
 A growable buffer is made, attached and grown here too (the ops the message channel also serves),
 so that the reply carries the chunk FDs the client lacks: one round trip instead of a request on
 each socket. What the op does is ``handlers``' as on the message channel (other holders are told).
+The session's first such reply also carries the growth board (``board``: its FD comes first).
 
 Connections and hellos are refused, never crash the loop: a refusal is an error reply and a
 close; an unexpected exception is logged with its traceback and reported as an ``InternalError``.
@@ -193,8 +194,14 @@ class ControlChannel:
                 g = self.tables.growables.attached(session, fields["name"])
                 chunks, first = g.memory.chunks, fields.get("first", 0)   # the client maps from there
                 fds = g.memory.fds(first) if first < len(chunks) else []
-                batch, fds = _fd_batch(chunks, g.memory.one_file, first, fds)
-                self.send(session, protocol.ok_reply(rid, **reply, batch=batch), tuple(fds))
+                board = self.tables.growables.board
+                if board is None or session.has_growth_board:
+                    batch, fds = _fd_batch(chunks, g.memory.one_file, first, fds)
+                    self.send(session, protocol.ok_reply(rid, **reply, batch=batch), tuple(fds))
+                else:   # the growth board first, then the chunks (one FD fewer of them)
+                    batch, fds = _fd_batch(chunks, g.memory.one_file, first, fds, protocol.FD_BATCH - 1)
+                    self.send(session, protocol.ok_reply(rid, **reply, batch=batch, board=True), (board.fd, *fds))
+                    session.has_growth_board = True
             else:
                 raise ProtocolError(f"{op} is not valid once the session is open")
         except IpcPoolError as exc:
@@ -221,14 +228,15 @@ class ControlChannel:
         return {"chunks": batch}, fds
 
 
-def _fd_batch(chunks: list[int], one_file: bool, first: int, fds: list[int]) -> tuple[list[int], list[int]]:
-    """Of ``fds``, those of chunks ``first`` onwards, what one reply carries (at most FD_BATCH),
+def _fd_batch(chunks: list[int], one_file: bool, first: int, fds: list[int],
+              most: int = protocol.FD_BATCH) -> tuple[list[int], list[int]]:
+    """Of ``fds``, those of chunks ``first`` onwards, what one reply carries (at most ``most``),
     and the sizes of the chunks they map. One file holding every chunk at its offset is one FD."""
     if first >= len(chunks):
         return [], []
     if one_file:
         return list(chunks[first:]), fds[:1]
-    fds = fds[: protocol.FD_BATCH]
+    fds = fds[:most]
     return list(chunks[first : first + len(fds)]), fds
 
 

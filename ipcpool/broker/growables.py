@@ -4,7 +4,9 @@ A growable lives until it is deleted and every attached session has detached (a 
 accepts no new attachments). Its bytes count against its creator's quota, growth included. Each
 grow bumps a generation; attached sessions other than the grower are told, and map the new
 chunks before they next use the buffer (host: from the memfd they hold; CUDA: the new chunks' FDs
-fetched over the control socket).
+fetched over the control socket). Each buffer also has a word on the growth board
+(``ipcpool.growboard``), stamped at every grow before anyone is answered or told: a follower
+on CUDA asks for the new chunks only once it sees the word change.
 
 Each pool whose backend makes chunks at a cost (CUDA) keeps a stock of them (``backend.stock``,
 ``[growth] stock`` in the config): grows take from it first; it is refilled one chunk at a time
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from ..backend.base import BrokerGrowable
 from ..backend.stock import ChunkStock
 from ..errors import AllocationTooLarge, InvalidRequest, IpcPoolError, ObjectExists, ObjectNotFound, OutOfMemory
+from ..growboard import SLOTS, GrowthBoard
 from .registry import Registry
 from .session import Session
 
@@ -54,11 +57,14 @@ class Growable:
     deleted: bool = False
     created: float = field(default_factory=time.time)
     stored: int = 0   # FDs already handed to the FD store
+    word: int = -1    # on the growth board (-1: none, the board was full)
+    stamp: int = 0    # what the broker last stored in that word
 
     def fields(self) -> dict:
         """What a client needs to map it (besides the FDs)."""
         return {"name": self.name, "size": self.memory.size, "chunks": list(self.memory.chunks),
-                "gen": self.gen, "info": self.memory.info(), "compression_requested": self.compression_requested}
+                "gen": self.gen, "info": self.memory.info(), "compression_requested": self.compression_requested,
+                "word": self.word, "stamp": self.stamp}
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": "growable", "pool": self.pool, "size": self.memory.size,
@@ -67,8 +73,14 @@ class Growable:
 
 
 class GrowableTable:
-    def __init__(self, registry: Registry):
+    def __init__(self, registry: Registry, board_slots: int = SLOTS):
         self.registry = registry
+        self.board: GrowthBoard | None = None   # None: no board, every follower's sync asks
+        if board_slots:
+            try:
+                self.board = GrowthBoard(board_slots)
+            except OSError as exc:   # a kernel without F_SEAL_FUTURE_WRITE (Linux < 5.1)
+                log.warning("no growth board (every sync on CUDA asks the broker): %s", exc)
         self.by_name: dict[str, Growable] = {}
         self.bytes_by_pool: collections.Counter = collections.Counter()
         self.stocks: dict[str, ChunkStock] = {}   # pool -> its chunks made ahead (CUDA)
@@ -161,6 +173,7 @@ class GrowableTable:
         self.registry.check_quota(uid, nbytes)
         memory = self.registry.backend.create_growable(pool.spec, nbytes, compression, self.stocks.get(pool_name))
         g = Growable(next(self._ids), name, pool_name, uid, memory, compression)
+        self._take_word(g)
         self.registry.bytes_by_uid[uid] += memory.size
         self.bytes_by_pool[pool_name] += memory.size
         self._fit_stock(pool_name)
@@ -184,6 +197,7 @@ class GrowableTable:
                 continue
             g = Growable(row["gid"], row["name"], row["pool"], row.get("uid", 0), memory,
                          bool(row.get("compression_requested")), gen=row.get("gen", 0), stored=row["fds"])
+            self._take_word(g)
             self.registry.bytes_by_uid[g.uid] += memory.size
             self.bytes_by_pool[g.pool] += memory.size
             self.by_name[g.name] = g
@@ -223,6 +237,8 @@ class GrowableTable:
         self.bytes_by_pool[g.pool] += g.memory.size - before
         self._fit_stock(g.pool)
         g.gen += 1
+        if self.board is not None:   # before anyone is answered or told (see ipcpool.growboard)
+            g.stamp = self.board.stamp(g.word)
         return g, [s for s in g.holders if s is not session]
 
     def fds(self, session: Session, name: str, first: int) -> tuple[Growable, list[int]]:
@@ -260,8 +276,14 @@ class GrowableTable:
         self.registry.bytes_by_uid[g.uid] -= g.memory.size
         self.bytes_by_pool[g.pool] -= g.memory.size
         g.memory.close()
+        if self.board is not None:
+            self.board.give_back(g.word)   # its next holder stamps it anew first
         self._stock_settled = False   # room came back under the pool's max_size
         return g
+
+    def _take_word(self, g: Growable) -> None:
+        if self.board is not None:
+            g.word, g.stamp = self.board.take()
 
     def stats(self) -> dict[str, dict]:
         """Per pool: its growable buffers and the bytes they hold."""
@@ -281,3 +303,9 @@ class GrowableTable:
         for g in self.by_name.values():
             g.memory.close()
         self.by_name.clear()
+        self.close_board()
+
+    def close_board(self) -> None:
+        if self.board is not None:
+            self.board.close()
+            self.board = None

@@ -98,7 +98,7 @@ class Broker:
             self.registry.create_pools(self.durable)
             self.registry.on_pool_emptied = self._pool_emptied
             self.objects = ObjectTable(self.registry)
-            self.growables = GrowableTable(self.registry)
+            self.growables = GrowableTable(self.registry, self.config.growth_board)
             self.handoffs = Handoffs(self.registry, lambda session, note: self.send(session.token, note))
             for name in self.registry.pools:   # a seal board per pool, for the broker's life
                 self.handoffs.board(name)
@@ -203,6 +203,7 @@ class Broker:
             self.handoffs.close()
         if getattr(self, "growables", None) is not None:
             self.growables.close_stocks()
+            self.growables.close_board()
         if self.registry is not None:
             self.registry.close()
             self.registry = None

@@ -22,6 +22,7 @@ class Session:
     held: collections.Counter = field(default_factory=collections.Counter)   # alloc id -> holds
     said_bye: bool = False
     orphaned: bool = False   # control socket closed; waiting for the process to be gone
+    has_growth_board: bool = False   # its FD went with a growable reply (once per session)
 
     def close_conn(self) -> None:
         if self.conn.fileno() >= 0:

@@ -149,7 +149,8 @@ def test_a_follower_maps_a_grow_whose_notice_has_not_reached_it(broker):
 
 def test_sync_asks_the_broker_where_the_backend_cannot_see_a_grow_by_itself(broker):
     # CUDA's path, taken on the host: a mapping that cannot follow (each CUDA chunk is an FD of
-    # its own) syncs with one grow_sync round trip, whatever the notices said.
+    # its own) syncs with one grow_sync round trip once the buffer grew, whatever the notices said
+    # (its word on the growth board changed), and with none while nothing grew.
     with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as d:
         g = c.create_growable("rt/ask", 2 * MiB)
         h = d.attach_growable("rt/ask")
@@ -163,13 +164,19 @@ def test_sync_asks_the_broker_where_the_backend_cannot_see_a_grow_by_itself(brok
         assert r.grown and h.size == 8 * MiB and h.view()[8 * MiB - 1] == 9
         assert h._announced[:2] == (1, 8 * MiB)            # learnt from the reply
         sent.clear()
-        assert h.sync().grown is False and sent == {"control:grow_sync": 1}   # every sync asks
+        assert h.sync().grown is False and sent == {}      # nothing grew: no request
+        assert h.view()[8 * MiB - 1] == 9 and sent == {}   # view() and CAI sync the same way
         # The reply carries the current size and the FDs of the chunks from ``first`` only.
         reply, fds = d._channel.control_call({"op": "grow_sync", "name": "rt/ask", "first": 2})
         assert (reply["size"], reply["gen"], reply["batch"], fds) == (8 * MiB, 1, [], [])
         reply, fds = d._channel.control_call({"op": "grow_sync", "name": "rt/ask", "first": 1})
         assert reply["batch"] == [6 * MiB] and len(fds) == 1
         os.close(fds[0])
+        sent.clear()
+        g.grow(12 * MiB)                                    # a grow after: exactly one request
+        assert h.sync().grown and h.size == 12 * MiB and sent == {"control:grow_sync": 1}
+        g.grow(8 * MiB)                                     # no more than the size: nothing grew
+        assert h.sync().grown is False and sent == {"control:grow_sync": 1}
         h.close()
         g.close()
 

@@ -93,3 +93,14 @@ def test_growth_stock_is_a_size_per_pool_and_zero_turns_it_off():
     for bad, key in (({"stock": "lots"}, "growth.stock"), ({"stok": 1}, "growth"), ({"stock": -1}, "growth.stock")):
         with pytest.raises(ConfigError, match=key):
             parse({"growth": bad})
+
+
+def test_growth_board_counts_buffers_and_zero_turns_it_off():
+    from ipcpool.errors import ConfigError
+
+    assert parse({}).growth_board == 4096
+    assert parse({"growth": {"board": 2}}).growth_board == 2
+    assert parse({"growth": {"board": 0}}).growth_board == 0
+    for bad in ("many", -1, (1 << 20) + 1):
+        with pytest.raises(ConfigError, match="growth.board"):
+            parse({"growth": {"board": bad}})
