@@ -17,7 +17,9 @@ import msgpack
 
 from .errors import InvalidRequest, IpcPoolError, ProtocolError
 
-PROTOCOL_VERSION = 1
+# 2: growables are created, attached, grown and synced on the control socket, whose replies carry
+# chunk FDs and, once a session, the growth board's FD. A version-1 client is refused at hello.
+PROTOCOL_VERSION = 2
 
 # Limits. A message carries at most a few handles of 64 bytes, a name and small metadata.
 MAX_MESSAGE = 64 * 1024          # bytes of a request, on either channel

@@ -39,6 +39,7 @@ def reply_then_eof(sock) -> dict:
         (msgpack.packb([1, 2]), ipcpool.ProtocolError.code, "must be a map"),
         (b"x" * (protocol.MAX_MESSAGE + 100), ipcpool.ProtocolError.code, "exceeds the limit"),
         (protocol.pack({"op": "hello", "version": 99}), ipcpool.ProtocolError.code, "version 99"),
+        (protocol.pack({"op": "hello", "version": 1}), ipcpool.ProtocolError.code, "version 1"),   # before growables moved
         (protocol.pack({"op": "pool_fd", "pool": "default"}), ipcpool.ProtocolError.code, "expected hello"),
         (protocol.pack({"op": "hello"}), ipcpool.ProtocolError.code, "missing field 'version'"),
     ],
