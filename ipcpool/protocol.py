@@ -131,6 +131,17 @@ def _bin(required: bool = True, max_len: int = HANDLE_BYTES) -> Field:
     return Field(bytes, required, max_len=max_len)
 
 
+def check_event(key: str, handle: bytes) -> None:
+    """An IPC event handle: exactly HANDLE_BYTES, or empty (none). Refused here, before any state
+    changes: a free or seal that failed on it halfway would leave its memory behind."""
+    if handle and len(handle) != HANDLE_BYTES:
+        raise InvalidRequest(f"{key}: an IPC event handle is {HANDLE_BYTES} bytes, got {len(handle)}")
+
+
+def _event() -> Field:
+    return Field(bytes, False, max_len=HANDLE_BYTES, check=check_event)
+
+
 def _name(required: bool = True) -> Field:
     return Field(str, required, max_len=MAX_NAME)
 
@@ -161,7 +172,7 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "allocate": {"nbytes": _u64(), "pool": _name(), "arena": _u64(required=False), "offset": _u64(required=False)},
     # By ``alloc``, or by the arena range it was carved at (freed before its reply came back).
     "free": {"alloc": _u64(required=False), "arena": _u64(required=False), "offset": _u64(required=False),
-             "done_event": _bin(required=False)},
+             "done_event": _event()},
     "share": {"alloc": _u64()},
     "open": {"token": _bin(max_len=32)},
     "bye": {},
@@ -175,9 +186,9 @@ REQUESTS: dict[str, dict[str, Field]] = {
     # its seal is recorded, on ``seal_credit`` (a credit of its own, CUDA); see ``ipcpool.board``.
     "create": {"name": _object_name(), "nbytes": _u64(), "pool": _name(), "meta": Field(dict, False, check=check_meta),
                "arena": _u64(required=False), "offset": _u64(required=False), "slot": _u64(required=False),
-               "seq": _u64(required=False), "seal_credit": _bin(required=False)},
+               "seq": _u64(required=False), "seal_credit": _event()},
     # ``alloc`` is left out by a client that sends its seal before the (pipelined) create's reply.
-    "seal": {"name": _object_name(), "alloc": _u64(required=False), "done_event": _bin(required=False)},
+    "seal": {"name": _object_name(), "alloc": _u64(required=False), "done_event": _event()},
     # A range of pool memory this session carves objects from itself (a create without waiting).
     "arena": {"pool": _name(), "nbytes": _u64()},
     "get": {"name": _object_name(), "timeout_ms": _u64(required=False)},

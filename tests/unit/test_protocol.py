@@ -2,7 +2,7 @@ import msgpack
 import pytest
 
 from ipcpool import protocol
-from ipcpool.errors import ProtocolError
+from ipcpool.errors import InvalidRequest, ProtocolError
 
 
 def test_roundtrip_and_validation():
@@ -29,6 +29,16 @@ def test_roundtrip_and_validation():
 def test_bad_requests_are_protocol_errors(msg, match):
     with pytest.raises(ProtocolError, match=match):
         protocol.validate(msg, protocol.REQUESTS)
+
+
+@pytest.mark.parametrize("op, fields", [("free", {"alloc": 1}), ("seal", {"name": "a"}),
+                                        ("create", {"name": "a", "nbytes": 1, "pool": "p"})])
+def test_an_event_handle_is_64_bytes_or_none(op, fields):
+    key = "seal_credit" if op == "create" else "done_event"
+    for ok in (b"", b"e" * 64):
+        protocol.validate({"op": op, **fields, key: ok}, protocol.REQUESTS)
+    with pytest.raises(InvalidRequest, match="an IPC event handle is 64 bytes, got 10"):
+        protocol.validate({"op": op, **fields, key: b"e" * 10}, protocol.REQUESTS)
 
 
 @pytest.mark.parametrize(

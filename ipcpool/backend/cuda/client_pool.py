@@ -141,10 +141,21 @@ class CudaClientPool(ClientPool):
         except Exception as exc:
             if not is_cuda_error(exc):
                 raise
-            for mem in out:   # nothing half-imported stays behind
-                self.release(mem, stream)
+            self._undo(out, stream)   # nothing half-imported stays behind
             raise translate(exc, f"importing {len(exports)} allocations from pool {self.name!r}") from exc
         return out
+
+    def _undo(self, imported: list[ImportedMemory], stream: Any) -> None:
+        """Free the imports of a batch that failed before the caller gives their leases back. Those
+        go back with no done event for the broker to wait on, so the frees complete here first
+        (R2; a host wait, on a failure path only)."""
+        with OnDevice(self.device):
+            s = self._backend.stream(stream, self.device)
+            for mem in imported:
+                buf = mem.detach()
+                if buf is not None and mem.whole:
+                    buf.close(stream=s)
+            s.sync()
 
     def _map_chunks(self, export: Export, stream: Any, fds: list[int]) -> ImportedMemory:
         """Memory above the import limit: its VMM chunks mapped into one range of ours."""

@@ -286,7 +286,7 @@ class CudaPool(BrokerPool):
         if not waited:   # every seal complete, as a single get answers: no event to open or keep alive
             return b""
         event, joined = record_ipc(stream)
-        sess.hand_out(event)
+        sess.hand_out(stream, event)
         return joined
 
     def free(self, handle: object, session: SessionContext, done_event: bytes = b"") -> None:

@@ -32,7 +32,7 @@ class CudaSession(SessionContext):
         self._backend = backend
         self._streams: dict[int, Stream] = {}
         self.graveyard = Graveyard()
-        self._handed: list[Any] = []
+        self._handed: list[tuple[Stream, Any]] = []
         # Events of ours the client may record instead of exporting its own (handle -> event): a
         # seal recorded on one is waited on by readers directly, one GPU hop from the writer.
         self.credits: dict[bytes, Any] = {}
@@ -61,19 +61,24 @@ class CudaSession(SessionContext):
         self.credits[event.ipc_handle] = event
         return event.ipc_handle
 
-    def hand_out(self, event: Any) -> None:
-        """An event named in a reply: alive until the client's next message (by then it has
-        opened it and enqueued its wait), then retired like any other (R4)."""
-        self._handed.append(event)
+    def hand_out(self, stream: Stream, event: Any) -> None:
+        """An event recorded on ``stream`` and named in a reply: alive until the client's next
+        message (by then it has opened it and enqueued its wait), and until it has completed,
+        then retired like any other (R4)."""
+        self._handed.append((stream, event))
 
     def _retire_handed(self) -> None:
-        if self._handed and self._streams:
-            self.graveyard.bury(next(iter(self._streams.values())), *self._handed)
-            self._handed = []
+        # Buried on the stream it was recorded on: a marker there passes only after the event
+        # (a marker on another device's stream may pass at once, the event still pending).
+        for stream, event in self._handed:
+            self.graveyard.bury(stream, event)
+        self._handed = []
 
     def peer_progressed(self) -> None:
-        self._retire_handed()
+        # Sweep first: what this very reply handed out is buried after the sweep, so it is
+        # dropped at a later message at the earliest, never before the client could open it.
         self.graveyard.sweep()
+        self._retire_handed()
         self._backend.sweep()
 
     def peer_gone(self) -> None:
