@@ -7,6 +7,8 @@ nothing to free, yet each walks what was made so far, and one may reach the olde
 the host backend, that was a fifth to a third of a fresh process's attach of 4096 objects. The
 collector is paused for the attach only, and resumed as it was (a process that turned it off
 keeps it off); the collection it would have run comes at the next allocation after, once.
+The switch is the process's: a thread that turns the collector off while another thread's attach
+holds it paused finds it on again when that attach ends.
 """
 
 from __future__ import annotations

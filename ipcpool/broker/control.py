@@ -32,6 +32,7 @@ from ..errors import (
 from .fdguard import FdGuard
 from .handlers import Handlers
 from .session import Session
+from .replies import unexpected
 from .sessions import Sessions
 from .tables import Tables
 
@@ -206,9 +207,9 @@ class ControlChannel:
                 raise ProtocolError(f"{op} is not valid once the session is open")
         except IpcPoolError as exc:
             self.send(session, protocol.error_reply(rid, exc))
-        except Exception as exc:   # a bug of ours: keep serving everyone else
-            log.exception("session %d: internal error handling a control message", session.sid)
-            self.send(session, protocol.error_reply(rid, InternalError.of(exc)))
+        except Exception as exc:   # the backend's own failure, else a bug of ours: keep serving
+            err = unexpected(self.sessions.backend, exc, f"session {session.sid} (control)")
+            self.send(session, protocol.error_reply(rid, err))
 
     def _chunk_fds(self, session: Session, f: dict) -> tuple[dict, list[int]]:
         """At most FD_BATCH chunk FDs from chunk ``first``, with the sizes of the chunks they map."""

@@ -1,12 +1,28 @@
 """The fields of the broker's replies and notices that hand out memory: exports, leases, credits,
-batches of leases, and pages of listings."""
+batches of leases, and pages of listings; and what an unexpected failure becomes in a reply."""
 
 from __future__ import annotations
 
+import logging
+
 from .. import protocol
-from ..backend.base import Export
+from ..backend.base import BrokerBackend, Export
+from ..errors import InternalError, IpcPoolError
 from .objects import NamedObject
 from .session import Session
+
+log = logging.getLogger("ipcpool.broker")
+
+
+def unexpected(backend: BrokerBackend, exc: Exception, who: str) -> IpcPoolError:
+    """A failure that is not an ipcpool error, on either channel: the backend's own (a CUDA driver
+    error, say) as the backend's error, anything else as a broker bug, logged with its traceback."""
+    err = backend.foreign_error(exc)
+    if err is None:
+        log.exception("%s: internal error handling a request", who)
+        return InternalError.of(exc)
+    log.error("%s: request failed in the %s backend: %s", who, backend.name, err)
+    return err
 
 
 def page(table: dict, prefix: str, after: str, limit: int, describe) -> tuple[list[dict], bool, str]:

@@ -25,7 +25,7 @@ import zmq
 from .. import paths, protocol
 from ..backend import Choice, broker_backend
 from ..config import Config
-from ..errors import AlreadyRunning, InternalError, IpcPoolError, PeerRefused, ProtocolError
+from ..errors import AlreadyRunning, IpcPoolError, PeerRefused, ProtocolError
 from .control import ControlChannel
 from .durable import Durability
 from .fdguard import FdGuard, raise_fd_limit
@@ -36,6 +36,7 @@ from .metrics import Metrics
 from .notices import Notices
 from .objects import ObjectTable
 from .registry import Registry
+from .replies import unexpected
 from .session import Session
 from .sessions import Sessions
 from .systemd import Notifier
@@ -359,11 +360,5 @@ class Broker:
                 self.metrics.error(exc)
             self.send(ident, protocol.error_reply(rid, exc))
         except Exception as exc:   # the backend's own failure, else a bug of ours: keep serving
-            err = self.backend.foreign_error(exc)
-            if err is None:
-                log.exception("internal error handling a request")
-                err = InternalError.of(exc)
-            else:
-                log.error("request from %s failed in the %s backend: %s",
-                          f"session {session.sid}" if session else "unknown peer", self.backend.name, err)
-            self.send(ident, protocol.error_reply(rid, err))
+            who = f"session {session.sid}" if session else "unknown peer"
+            self.send(ident, protocol.error_reply(rid, unexpected(self.backend, exc, who)))

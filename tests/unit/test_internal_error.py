@@ -74,5 +74,12 @@ def test_a_backend_failure_is_the_backends_error_not_a_bug(in_process_broker, ca
         in_process_broker.handlers.op_stats = buggy
         with pytest.raises(InternalError):
             c.stats()
+        # The control socket (growables, FDs) maps failures the same way.
+        in_process_broker.handlers.op_grow_create = failing
+        with pytest.raises(ipcpool.OutOfMemory, match="CUDA: CUDA_ERROR_OUT_OF_MEMORY"):
+            c.create_growable("g", 2 << 20)
+        in_process_broker.handlers.op_grow_create = buggy
+        with pytest.raises(InternalError):
+            c.create_growable("g", 2 << 20)
     failed = [r for r in caplog.records if "failed in the host backend" in r.getMessage()]
-    assert len(failed) == 1 and failed[0].exc_info is None
+    assert len(failed) == 2 and all(r.exc_info is None for r in failed)

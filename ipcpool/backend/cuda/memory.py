@@ -99,7 +99,7 @@ class CudaMemory(ImportedMemory):
                 drv.copy_from_host(self._ptr + offset, src, int(s.handle))
             except Exception as exc:
                 if not is_cuda_error(exc):
-                    raise   # ours (IpcPoolError) and anything else pass unchanged
+                    raise   # not a driver failure: passes unchanged
                 raise translate(exc, "copying host bytes to the GPU") from exc
 
     def detach(self) -> Buffer | None:
