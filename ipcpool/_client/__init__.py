@@ -12,4 +12,5 @@ Imports run one way, from the facade down:
     pools      the pools this client imported, each with its seal board
     channel    the two sockets, request ids, and who takes what arrives (replies, notices)
     settings   what a client reads from the environment when it connects
+    gcpause    the cyclic collector held off while a batch attach builds its objects
 """
