@@ -272,14 +272,8 @@ class Growables:
         with self._channel.lock:
             self._channel.check_open()
             self._channel.settle()   # a free sent just before must be counted before this grow
-            reply, fds = self._control({"op": "grow", "name": g.name, "nbytes": nbytes, "first": g._chunks})
-            fetch = _Fetch(self._channel, g.name, reply.get("batch", []), fds)
-            try:
-                remap = g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
-            finally:
-                fetch.close()
-            g._stamped(reply)
-            return remap
+            return self._apply(g, *self._control({"op": "grow", "name": g.name, "nbytes": nbytes,
+                                                   "first": g._chunks}))
 
     def sync(self, g: GrowableBuffer) -> Remap:
         with self._channel.lock:
@@ -296,14 +290,19 @@ class Growables:
                 ptr = g._mapping.ptr
                 return Remap(False, False, ptr, g._mapping.size, ptr)
             reply, fds = self._control({"op": "grow_sync", "name": g.name, "first": g._chunks})
-            fetch = _Fetch(self._channel, g.name, reply.get("batch", []), fds)
-            try:
-                g._announce(reply["gen"], reply["size"], len(reply["chunks"]))
-                remap = g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
-            finally:
-                fetch.close()
-            g._stamped(reply)
-            return remap
+            g._announce(reply["gen"], reply["size"], len(reply["chunks"]))
+            return self._apply(g, reply, fds)
+
+    def _apply(self, g: GrowableBuffer, reply: dict, fds: list[int]) -> Remap:
+        """Map what a grow or sync reply says the buffer now is (its FDs first, then any more it
+        needs), and keep the reply's stamp."""
+        fetch = _Fetch(self._channel, g.name, reply.get("batch", []), fds)
+        try:
+            remap = g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
+        finally:
+            fetch.close()
+        g._stamped(reply)
+        return remap
 
     def detach(self, g: GrowableBuffer) -> None:
         with self._channel.lock:
