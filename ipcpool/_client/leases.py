@@ -283,7 +283,8 @@ class Leases:
             except BaseException as exc:
                 for buf in out:
                     buf.free(stream)
-                if isinstance(exc, IpcPoolError) and not isinstance(exc, (BrokerGone, ClosedError)):
+                # Not on an interrupt (it must not wait on the broker), nor with the broker gone.
+                if isinstance(exc, Exception) and not isinstance(exc, (BrokerGone, ClosedError)):
                     self._give_back(rids[answered:])
                 raise
         return out

@@ -228,6 +228,20 @@ def test_get_many_is_all_or_nothing(broker):
             c.get_many(names)
         assert all(o["leases"] == 0 for o in c.list("many/")), "a lease was kept after the refusal"
         assert [int.from_bytes(b.view[:4], "little") for b in c.get_many(["many/0007"])] == [7]   # in step
+        # A failure in this process that is not the broker's (a bug, say) while the first batch is
+        # imported: that batch and the one asked for ahead both go back.
+        pool, names = c._leases._pools.get("default"), [f"many/{i % 300:04d}" for i in range(2000)]
+
+        def broken(*args):
+            raise RuntimeError("a bug while importing")
+
+        pool.import_many = broken
+        with pytest.raises(RuntimeError, match="a bug while importing"):
+            c.get_many(names)
+        del pool.import_many
+        held = {o["name"]: o["leases"] for o in c.list("many/") if o["leases"]}
+        assert held == {"many/0007": 1}, "a batch asked for ahead was kept"   # (the in-step check's lease)
+        assert len(c.get_many(names)) == 2000      # in step
 
 
 def test_get_arrays_by_name_with_dtype_and_shape(broker):
