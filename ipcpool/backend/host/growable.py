@@ -14,7 +14,6 @@ sparse memfd), which costs about nothing to make at the moment it is asked for.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 from typing import Any
@@ -30,7 +29,8 @@ MAP_NORESERVE = 0x4000
 MAP_FIXED_NOREPLACE = 0x100000
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# The process's own symbols hold libc: no library search (find_library runs ldconfig, ~3 ms).
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
 _libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
