@@ -8,6 +8,10 @@ Starts its own broker for the ipcpool method. Writes ``bench/results/vmm_grow_<d
 PNG beside it.
 
     python bench/vmm_grow.py [--max-gib 8] [--start-mib 2] [--methods vmm,cudaMalloc+copy,...]
+                             [--stocks 0,1G]
+
+--stocks runs the ipcpool method again under brokers whose chunk stock (``[growth] stock``) is each
+size given, beside the default stock: what growing costs when the chunks exist ahead and when not.
 """
 
 from __future__ import annotations
@@ -314,7 +318,8 @@ def ratios(methods: dict) -> tuple[dict, dict]:
     and that size."""
     cum = {m: {s["size"]: s["cum_us"] for s in r.get("steps", [])} for m, r in methods.items()}
     out, up_to = {}, {}
-    for m, key in RATIOS.items():
+    stocks = {m: f"{m.replace(' ', '_')}_over_vmm" for m in methods if m.startswith("ipcpool stock=")}
+    for m, key in {**RATIOS, **stocks}.items():
         if common := set(cum.get(m, {})) & set(cum.get("vmm", {})):
             up_to[key] = top = max(common)
             out[key] = round(cum[m][top] / cum["vmm"][top], 2)
@@ -327,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start-mib", type=int, default=2)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--stocks", default="", metavar="SIZE,...",
+                    help="also run ipcpool under brokers with each of these chunk stocks (e.g. 0,1G)")
     args = ap.parse_args(argv)
     methods = args.methods.split(",")
     if unknown := set(methods) - set(METHODS):
@@ -344,11 +351,14 @@ def main(argv: list[str] | None = None) -> int:
     for m in methods:
         progress(f"{m}: {len(sizes)} sizes, {human(sizes[0])} to {human(sizes[-1])}")
         if m == "ipcpool":
-            try:
-                with broker("cuda") as sock:
-                    result["methods"][m] = run_method(m, sizes, sock)
-            except Exception as exc:   # noqa: BLE001 (no broker is a result for this method alone)
-                result["methods"][m] = {"error": f"broker: {type(exc).__name__}: {exc}"}
+            runs = [(m, None)] + [(f"{m} stock={size}", f'[growth]\nstock = "{size}"\n')
+                                  for size in filter(None, args.stocks.split(","))]
+            for name, config in runs:
+                try:
+                    with broker("cuda", config) as sock:
+                        result["methods"][name] = run_method(m, sizes, sock)
+                except Exception as exc:   # noqa: BLE001 (no broker is a result for this method alone)
+                    result["methods"][name] = {"error": f"broker: {type(exc).__name__}: {exc}"}
         else:
             result["methods"][m] = run_method(m, sizes)
     result["totals_ms"] = {m: r["total_ms"] for m, r in result["methods"].items() if "total_ms" in r}

@@ -10,7 +10,8 @@ Runs ipcpool's GPU work on this CUDA machine and ends with a summary table.
 MODE (default: full):
   tests   the GPU tests (pytest -m gpu tests/gpu)
   quick   tests + the backend smoke test (scripts/cuda_smoke.py)
-  vmm     the VMM tests, the durable-memory probe and the VMM grow benchmark
+  vmm     the VMM tests, the durable-memory probe and the VMM grow benchmark (ipcpool with the
+          default chunk stock, with none and with 8G)
   check   quick + the durable-memory probe + the VMM grow benchmark
   bench   the other benchmarks (round trip, hand-off on GPU and host, hot attach, host round
           trip) and the per-step timings (scripts/micro_cuda.py); no tests
@@ -158,7 +159,7 @@ fi
 if has vmm "vmm check full"; then
   # the probe's three processes run the roles in scripts/probe_durable_roles.py
   timeout 200 python3 scripts/probe_durable.py --out "$OUT/durable_probe.json" 2>&1 | tee "$OUT/durable_probe.log"
-  timeout 300 python3 bench/vmm_grow.py --out-dir "$OUT" 2>&1 | tee "$OUT/vmm_grow.log"
+  timeout 420 python3 bench/vmm_grow.py --out-dir "$OUT" --stocks 0,8G 2>&1 | tee "$OUT/vmm_grow.log"
 fi
 
 if [ -n "$BEFORE" ]; then   # before, then after: the same benchmark, the same machine, one run
