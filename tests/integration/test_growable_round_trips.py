@@ -2,6 +2,7 @@
 grow, and none for an attached process to follow another's grow."""
 
 import collections
+import contextlib
 import os
 import time
 
@@ -27,6 +28,17 @@ def count_requests(client) -> collections.Counter:
 
     ch.send, ch.control_call = counted_send, counted_control_call
     return sent
+
+
+@contextlib.contextmanager
+def grower_and_follower(broker, name: str, nbytes: int):
+    """Two sessions: ``c`` creates growable ``name``, ``d`` attaches it. Yields (c, d, g, h)."""
+    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as d:
+        g = c.create_growable(name, nbytes)
+        h = d.attach_growable(name)
+        yield c, d, g, h
+        h.close()
+        g.close()
 
 
 def test_a_fresh_session_pings_its_message_channel_once_so_notices_reach_it(broker):
@@ -57,9 +69,7 @@ def test_create_attach_and_grow_are_one_round_trip_each(broker):
 
 
 def test_an_attached_process_follows_a_grow_without_a_request(broker):
-    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as d:
-        g = c.create_growable("rt/f", 2 * MiB)
-        h = d.attach_growable("rt/f")
+    with grower_and_follower(broker, "rt/f", 2 * MiB) as (c, d, g, h):
         sent = count_requests(d)
         for size in (4 * MiB, 16 * MiB, 64 * MiB):
             g.grow(size)
@@ -76,20 +86,14 @@ def test_an_attached_process_follows_a_grow_without_a_request(broker):
         # Its own grow after following: one round trip, and the chunks it mapped are not resent.
         assert h.grow(128 * MiB).size == 128 * MiB and sent == {"control:grow": 1}
         assert g.sync().size == 128 * MiB
-        h.close()
-        g.close()
 
 
 def test_the_message_channel_grow_still_grows_and_tells_the_other_holders(broker):
-    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as d:
-        g = c.create_growable("rt/z", MiB)
-        h = d.attach_growable("rt/z")
+    with grower_and_follower(broker, "rt/z", MiB) as (c, d, g, h):
         reply = c._channel.call("grow", name="rt/z", nbytes=4 * MiB)
         assert (reply["size"], reply["gen"], reply["chunks"]) == (4 * MiB, 1, [MiB, 3 * MiB])
         assert h.sync().size == 4 * MiB
         assert g.grow(4 * MiB).size == 4 * MiB                # maps what the other op grew
-        h.close()
-        g.close()
 
 
 def test_a_grow_reply_sends_no_fd_for_chunks_the_client_has(broker):
@@ -133,9 +137,7 @@ def test_a_follower_maps_a_grow_whose_notice_has_not_reached_it(broker):
     # The grower's reply comes on its control socket, the notice on the follower's message
     # channel: the grower may tell the follower to use the new bytes before the notice arrives.
     # Here no notice ever arrives before a sync: sync must map the buffer as it is anyway.
-    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as d:
-        g = c.create_growable("rt/late", 2 * MiB)
-        h = d.attach_growable("rt/late")
+    with grower_and_follower(broker, "rt/late", 2 * MiB) as (c, d, g, h):
         d._channel.on_grown = lambda note: None           # every notice is late: none is seen
         for size in (4 * MiB, 16 * MiB, 64 * MiB):
             g.grow(size)
@@ -143,17 +145,13 @@ def test_a_follower_maps_a_grow_whose_notice_has_not_reached_it(broker):
             r = h.sync()
             assert r.grown and h.size == size and h.view()[size - 1] == size // MiB
         assert h._announced[0] == 0                        # it mapped all that without a notice
-        h.close()
-        g.close()
 
 
 def test_sync_asks_the_broker_where_the_backend_cannot_see_a_grow_by_itself(broker):
     # CUDA's path, taken on the host: a mapping that cannot follow (each CUDA chunk is an FD of
     # its own) syncs with one grow_sync round trip once the buffer grew, whatever the notices said
     # (its word on the growth board changed), and with none while nothing grew.
-    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as d:
-        g = c.create_growable("rt/ask", 2 * MiB)
-        h = d.attach_growable("rt/ask")
+    with grower_and_follower(broker, "rt/ask", 2 * MiB) as (c, d, g, h):
         h._mapping.follows = False
         d._channel.on_grown = lambda note: None
         sent = count_requests(d)
@@ -177,18 +175,12 @@ def test_sync_asks_the_broker_where_the_backend_cannot_see_a_grow_by_itself(brok
         assert h.sync().grown and h.size == 12 * MiB and sent == {"control:grow_sync": 1}
         g.grow(8 * MiB)                                     # no more than the size: nothing grew
         assert h.sync().grown is False and sent == {"control:grow_sync": 1}
-        h.close()
-        g.close()
 
 
 def test_a_grow_to_no_more_than_the_size_tells_nobody(broker):
-    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as d:
-        g = c.create_growable("rt/same", 4 * MiB)
-        h = d.attach_growable("rt/same")
+    with grower_and_follower(broker, "rt/same", 4 * MiB) as (c, d, g, h):
         g.grow(2 * MiB)
         g.grow(4 * MiB)
         d.stats()                                           # anything sent before its reply is in
         d._channel.drain()
         assert h._announced[0] == 0 and g.generation == 0
-        h.close()
-        g.close()
