@@ -102,7 +102,7 @@ def put(client: Any, name: str, obj: Any, *, on_gpu: bool, pool: str, stream: An
             buf.seal()
             return
         if kind == "torch":
-            torch = _require("torch")
+            torch = _module("torch")
 
             torch_stream = _torch_stream(stream, obj.device)
             with torch.cuda.stream(torch_stream):   # (cuda.core exports bytes as int8: view them)
@@ -123,7 +123,7 @@ def put(client: Any, name: str, obj: Any, *, on_gpu: bool, pool: str, stream: An
 
 
 def _torch_stream(stream: Any, device: Any) -> Any:
-    torch = _require("torch")
+    torch = _module("torch")
 
     if stream is None:
         return torch.cuda.current_stream(device)
@@ -135,7 +135,7 @@ def _torch_stream(stream: Any, device: Any) -> Any:
 def _torch_dtype(name: str, dtype: str) -> Any:
     torch_dtype = _TORCH_DTYPES.get(dtype)
     if torch_dtype is None:
-        torch = _require("torch")
+        torch = _module("torch")
 
         torch_dtype = getattr(torch, dtype, None)
         if not isinstance(torch_dtype, torch.dtype):
@@ -158,7 +158,7 @@ class Views:
 
     def tensor(self, buf: Any, memory: ImportedMemory) -> Any:
         """A buffer as a torch tensor of its metadata's dtype and shape (else its bytes, uint8)."""
-        torch = _require("torch")
+        torch = _module("torch")
 
         dtype, shape = buf.meta.get("dtype"), buf.meta.get("shape")
         if dtype is None or shape is None:
@@ -193,6 +193,8 @@ class Views:
         """``typed`` of each lease, by name. Host numpy arrays are made here in one loop (see
         ``_host_array``); anything else, or what that does not apply to, goes through ``typed``."""
         typed = self.typed
+        if kind == "torch":
+            return self._torch_many(leases, memories)
         if kind != "numpy":
             return {lease.name: typed(lease, memory, kind) for lease, memory in zip(leases, memories)}
         np, prod, dtypes, bases = _module(kind), math.prod, {}, self._bases
@@ -215,6 +217,22 @@ class Views:
                 continue
             start = offset // itemsize
             out[lease.name] = whole[start : start + count].reshape(shape)
+        return out
+
+    def _torch_many(self, leases: list[Any], memories: list[ImportedMemory]) -> dict[str, Any]:
+        """Torch tensors by name, slab ranges made here in one loop (a strided view each, see
+        ``_slab_tensor``); a dtype not seen yet, or what that does not apply to, goes through
+        ``typed`` (which checks and reports what is wrong)."""
+        typed, slab_tensor, prod, dtypes = self.typed, self._slab_tensor, math.prod, _TORCH_DTYPES
+        out: dict[str, Any] = {}
+        for lease, memory in zip(leases, memories):
+            meta = lease.meta
+            dtype, shape = meta.get("dtype"), meta.get("shape")
+            torch_dtype = dtypes.get(dtype) if shape is not None else None
+            fast = None
+            if torch_dtype is not None:
+                fast = slab_tensor(memory, torch_dtype, shape, prod(shape) * torch_dtype.itemsize)
+            out[lease.name] = fast if fast is not None else typed(lease, memory, "torch")
         return out
 
     def _host_array(self, lease: Any, memory: ImportedMemory, np: Any, dtype: Any, shape: list[int], count: int) -> Any:
@@ -247,7 +265,7 @@ class Views:
 
     def _torch_bytes(self, lease: Any) -> Any:
         """A flat uint8 tensor over a lease."""
-        torch = _require("torch")
+        torch = _module("torch")
 
         if self.on_gpu:
             return torch.from_dlpack(lease).view(torch.uint8)
@@ -265,7 +283,7 @@ class Views:
         itemsize = dtype.itemsize
         if base is None or base[1] % itemsize or nbytes > memory.size:
             return None
-        torch = _require("torch")
+        torch = _module("torch")
 
         bases = self._bases
         slab, offset = base
