@@ -190,8 +190,9 @@ class Views:
         return arr[: count * np_dtype.itemsize].view(np_dtype).reshape(shape)
 
     def typed_many(self, leases: list[Any], memories: list[ImportedMemory], kind: str) -> dict[str, Any]:
-        """``typed`` of each lease, by name. Host numpy arrays are made here in one loop (see
-        ``_host_array``); anything else, or what that does not apply to, goes through ``typed``."""
+        """``typed`` of each lease, by name. Host numpy arrays and torch tensors over slab ranges
+        are made in one loop (``_host_array``, ``_torch_many``); anything else, or what that does
+        not apply to, goes through ``typed``."""
         typed = self.typed
         if kind == "torch":
             return self._torch_many(leases, memories)
@@ -228,7 +229,8 @@ class Views:
         for lease, memory in zip(leases, memories):
             meta = lease.meta
             dtype, shape = meta.get("dtype"), meta.get("shape")
-            torch_dtype = dtypes.get(dtype) if shape is not None else None
+            # (metadata is the user's: a dtype that is no name goes to typed, which frees and reports)
+            torch_dtype = dtypes.get(dtype) if isinstance(dtype, str) and shape is not None else None
             fast = None
             if torch_dtype is not None:
                 fast = slab_tensor(memory, torch_dtype, shape, prod(shape) * torch_dtype.itemsize)
