@@ -23,16 +23,12 @@ from typing import Callable
 
 from . import paths
 from ._client.client import connect
-from .errors import BrokerGone, IpcPoolError
+from .errors import BrokerGone, DemoFailed, IpcPoolError
 
 DEMO_BYTES = 4 << 20
 CONNECT_TIMEOUT = 10.0    # a broker that answers nothing within this is a failure, not a wait
 BROKER_START = 30.0       # a private broker that is not ready by then is a failure (CUDA: ~1 s)
 EXCHANGE = 60.0           # the whole hand-off, spawn included (~1 s on the host backend)
-
-
-class DemoFailed(IpcPoolError):
-    """The demo could not run to the end; the message says which step failed and why."""
 
 
 def _pattern(n: int) -> bytes:

@@ -148,6 +148,14 @@ class MissingDependency(IpcPoolError, ModuleNotFoundError):
     code = 30
 
 
+
+class DemoFailed(IpcPoolError):
+    """``ipcpool demo`` could not run to the end; the message says which step failed and why.
+    Raised by the command; its code is never sent."""
+
+    code = 31
+
+
 def error_from_wire(code: int, message: str) -> IpcPoolError:
     """Rebuild the error the broker reported; unknown codes fall back to the root class."""
     cls = _BY_CODE.get(code, IpcPoolError) if isinstance(code, int) else IpcPoolError
