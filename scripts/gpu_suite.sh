@@ -41,9 +41,9 @@ Options:
                    wheels (scripts/fetch_wheels.sh fills it on a machine with network access)
   --site DIR       where those wheels are installed, put first on PYTHONPATH (default: /tmp/site)
   -k EXPR          run only the GPU tests matching EXPR (pytest -k; default: $PYTEST_K)
-  --before DIR     also run the CUDA hand-off benchmark from the checkout in DIR (an earlier
-                   commit: `git archive REV | tar -x -C DIR`), then this checkout's, one after the
-                   other on this machine: a before/after comparison of one run (any MODE)
+  --before DIR     also compare the CUDA hand-off of the checkout in DIR (an earlier commit:
+                   `git archive REV | tar -x -C DIR`) with this checkout's, interleaved over five
+                   rounds on this machine (bench/handoff_ab.py; any MODE)
   --timeout S      fail a GPU test that runs longer than S seconds (pytest-timeout; default: 300)
   --keep-files     leave the results as loose files; by default they are packed into one archive,
                    DIR/results.tgz, to copy off the machine
@@ -162,12 +162,9 @@ if has vmm "vmm check full"; then
   timeout 420 python3 bench/vmm_grow.py --out-dir "$OUT" --stocks 0,8G 2>&1 | tee "$OUT/vmm_grow.log"
 fi
 
-if [ -n "$BEFORE" ]; then   # before, then after: the same benchmark, the same machine, one run
-  for side in before after; do
-    dir=$PWD; [ $side = before ] && dir=$BEFORE
-    (cd "$dir" && PYTHONPATH=${SITE}:$dir timeout 240 python3 bench/handoff.py --backend cuda --handoffs 1000 \
-      --out-dir "$OUT/handoff_$side") > "$OUT/handoff_$side.log" 2>&1
-  done
+if [ -n "$BEFORE" ]; then   # before and after in turn, five rounds: drift falls on both alike
+  timeout 400 python3 bench/handoff_ab.py --tree before="$BEFORE" --rounds 5 --handoffs 500 --out-dir "$OUT" \
+    2>&1 | tee "$OUT/handoff_ab.log"
 fi
 
 PROBE_RC=skipped BENCH_RC=skipped
@@ -226,7 +223,8 @@ if p.exists():
     print(f"  import limit: largest ok {d['largest_ok']} B, smallest failure {d['smallest_failure']} B")
 PY
 sed -n '/^what /,$p' "$OUT/bench.log" 2>/dev/null
-for f in handoff_before handoff_after handoff_peer handoff_cuda handoff_host host_roundtrip; do
+sed -n '/p50 median/,$p' "$OUT/handoff_ab.log" 2>/dev/null
+for f in handoff_peer handoff_cuda handoff_host host_roundtrip; do
   [ -s "$OUT/$f.log" ] && echo "-- $f"
   sed -n '/p50 µs/,$p' "$OUT/$f.log" 2>/dev/null
 done

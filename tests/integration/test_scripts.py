@@ -1,5 +1,6 @@
 """The scripts under scripts/ and bench/: their help, their options, and what they talk about."""
 
+import json
 import re
 import subprocess
 import sys
@@ -47,3 +48,25 @@ def test_the_handoff_profile_runs_on_the_host_backend(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "hand-off under the profiler: p50" in out.stdout
     assert sorted(p.name for p in tmp_path.glob("*.prof")) == ["broker.prof", "consumer.prof", "producer.prof"]
+
+
+def test_the_interleaved_handoff_comparison_runs_on_the_host_backend(tmp_path):
+    """Two trees (this checkout under two names), two rounds: a p50 per run of each, in turn."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench/handoff_ab.py"), "--backend", "host",
+                          "--tree", f"again={ROOT}", "--rounds", "2", "--handoffs", "20", "--out-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [path] = tmp_path.glob("handoff_ab_host_*.json")
+    result = json.loads(path.read_text())
+    assert list(result["trees"]) == ["again", "this"]
+    for row in result["trees"].values():
+        assert len(row["runs"]) == 2 and all(r["p50_us"] > 0 for r in row["runs"])
+        assert row["p50_min_us"] <= row["p50_median_us"] <= row["p50_max_us"]
+    assert result["trees"]["again"]["vs_first"] == 1.0
+
+
+def test_the_interleaved_handoff_comparison_refuses_a_tree_without_the_benchmark(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "bench/handoff_ab.py"), "--tree", f"old={tmp_path}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "--tree takes NAME=DIR, DIR a checkout with bench/handoff.py" in out.stderr
