@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .backend import BACKENDS
 from .backend.base import REUSE_POLICIES, PoolSpec
 from .errors import ConfigError
 from .growboard import MAX_SLOTS, SLOTS
@@ -130,8 +131,8 @@ def parse(data: dict[str, Any]) -> Config:
         if not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ConfigError(f"metrics_address: expected \"host:port\" such as \"127.0.0.1:9464\", got {metrics_address!r}")
     backend = _expect(data.get("backend", "auto"), str, "backend")
-    if backend not in ("auto", "host", "cuda"):
-        raise ConfigError(f"backend: one of auto, host, cuda; got {backend!r}")
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend: one of {', '.join(BACKENDS)}; got {backend!r}")
     access = _expect(data.get("access", {}), dict, "access")
     _known(access, {"uids", "gids", "groups"}, "access")
     uids = [_expect(u, int, f"access.uids[{i}]") for i, u in enumerate(access.get("uids", []))]

@@ -24,6 +24,7 @@ import zmq
 
 from .. import paths, protocol
 from ..backend import Choice, broker_backend
+from ..backend.base import BrokerBackend
 from ..config import Config
 from ..errors import AlreadyRunning, IpcPoolError, PeerRefused, ProtocolError
 from .control import ControlChannel
@@ -75,6 +76,17 @@ class Broker:
         self.notifier = Notifier()
         self.metrics: Metrics | None = None
         self._status: tuple[int, int] | None = None
+        # Made by start(), in this order; close() undoes whatever start() got to.
+        self._lock_fd = -1
+        self.backend: BrokerBackend | None = None
+        self.durable: Durability | None = None
+        self.growables: GrowableTable | None = None
+        self.handoffs: Handoffs | None = None
+        self.listener: socket.socket | None = None
+        self.zctx: zmq.Context | None = None
+        self.router: zmq.Socket | None = None
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
 
     # -- set-up and tear-down -------------------------------------------------------------
     def start(self) -> None:
@@ -182,36 +194,39 @@ class Broker:
             self.metrics = None
         if self.session_table is not None:
             self.session_table.close("broker shutting down")
-        if getattr(self, "_monitor", None) is not None:
+        if self._monitor is not None:
             self.router.disable_monitor()
-        for name in ("_monitor", "router"):
-            sock = getattr(self, name, None)
+        for sock in (self._monitor, self.router):
             if sock is not None:
                 sock.close(linger=0)
-        if getattr(self, "zctx", None) is not None:
+        self._monitor = self.router = None
+        if self.zctx is not None:
             self.zctx.term()
             self.zctx = None
-        for name in ("listener", "_wake_r", "_wake_w"):
-            sock = getattr(self, name, None)
-            if sock is not None:
-                sock.close()
-        if getattr(self, "listener", None) is not None:
+        if self.listener is not None:
             for p in (paths.CONTROL_NAME, paths.ZMQ_NAME):
                 (self.socket_dir / p).unlink(missing_ok=True)
-        if getattr(self, "durable", None) is not None:
+        for sock in (self.listener, self._wake_r, self._wake_w):
+            if sock is not None:
+                sock.close()
+        self.listener = self._wake_r = self._wake_w = None
+        if self.durable is not None:
             self.durable.close()
-        if getattr(self, "handoffs", None) is not None:
+            self.durable = None
+        if self.handoffs is not None:
             self.handoffs.close()
-        if getattr(self, "growables", None) is not None:
+            self.handoffs = None
+        if self.growables is not None:
             self.growables.close_stocks()
             self.growables.close_board()
+            self.growables = None
         if self.registry is not None:
             self.registry.close()
             self.registry = None
-        if getattr(self, "backend", None) is not None:
+        if self.backend is not None:
             self.backend.close()
             self.backend = None
-        if getattr(self, "_lock_fd", -1) >= 0:
+        if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
         self.notifier.close()
