@@ -1,8 +1,9 @@
-"""Where the time goes, under cProfile: the two profiles worth keeping from the hand-off and
-hot-attach work (for a GPU machine; the hand-off also runs with ``--backend host``).
+"""Where the time goes, under cProfile: the profiles worth keeping from the hand-off, hot-attach and
+growth work (for a GPU machine; each also runs with ``--backend host``).
 
     python bench/profiles.py handoff [--backend cuda|host] [--handoffs 300] [--out DIR]
     python bench/profiles.py attach [--backend cuda|host] [--gib 8] [--count 1024] [--out DIR]
+    python bench/profiles.py grow [--backend cuda|host] [--start-mib 2] [--max-mib 8192] [--out DIR]
 
 handoff  the ipcpool pair of bench/handoff.py, with the broker, the producer and the consumer each
          under cProfile: prints the p50 hand-off and each process's top functions by own time.
@@ -11,6 +12,9 @@ attach   --count objects (--gib in all) resident in a CUDA broker; three plain a
          With ``--backend host``: the objects in a host broker run under cProfile (--gib counts
          MiB there), attached by fresh processes with get_arrays; the attach's and the broker's
          tables.
+grow     a growable created at --start-mib and grown by doubling to --max-mib (bench/vmm_grow.py's
+         series), the grower and the broker under cProfile: each step's time and both processes'
+         top functions by own time (the driver calls of a CUDA grow show as their own entries).
 
 The .prof files stay in --out (default profile-out/) for `python -m pstats` or snakeviz.
 """
@@ -18,6 +22,7 @@ The .prof files stay in --out (default profile-out/) for `python -m pstats` or s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import multiprocessing as mp
 import pstats
@@ -45,15 +50,14 @@ def _profiled(target, path, *args):
         prof.dump_stats(path)
 
 
-def handoff(args) -> None:
-    from bench import handoff as bench_handoff
-
-    out, n = Path(args.out), args.handoffs
+@contextlib.contextmanager
+def _profiled_broker(out: Path, backend: str):
+    """A fresh broker under cProfile (its profile in ``out``/broker.prof); yields its socket dir."""
     with tempfile.TemporaryDirectory() as tmp:
         sock = f"{tmp}/s"
         broker = subprocess.Popen([sys.executable, "-m", "cProfile", "-o", str(out / "broker.prof"), "-m",
                                    "ipcpool", "--log-level", "WARNING", "broker", "--socket-dir", sock,
-                                   "--backend", args.backend])
+                                   "--backend", backend])
         try:
             deadline = time.monotonic() + 60
             while True:
@@ -64,21 +68,69 @@ def handoff(args) -> None:
                     if broker.poll() is not None or time.monotonic() > deadline:
                         raise SystemExit("the broker did not start") from None
                     time.sleep(0.05)
-            go, link, acks, res = CTX.Queue(), CTX.Queue(), CTX.Queue(), CTX.Queue()
-            p = CTX.Process(target=_profiled, args=(bench_handoff._ipc_producer, str(out / "producer.prof"),
-                                                    sock, args.backend, n, go, link, acks))
-            c = CTX.Process(target=_profiled, args=(bench_handoff._ipc_consumer, str(out / "consumer.prof"),
-                                                    sock, args.backend, n, go, link, acks, res))
-            p.start()
-            c.start()
-            lat = sorted(res.get(timeout=120) for _ in range(n))
-            p.join(60)
-            c.join(60)
+            yield sock
         finally:
-            broker.terminate()
+            broker.send_signal(signal.SIGINT)   # cProfile writes its file on a clean exit
             broker.wait(60)
+
+
+def handoff(args) -> None:
+    from bench import handoff as bench_handoff
+
+    out, n = Path(args.out), args.handoffs
+    with _profiled_broker(out, args.backend) as sock:
+        go, link, acks, res = CTX.Queue(), CTX.Queue(), CTX.Queue(), CTX.Queue()
+        p = CTX.Process(target=_profiled, args=(bench_handoff._ipc_producer, str(out / "producer.prof"),
+                                                sock, args.backend, n, go, link, acks))
+        c = CTX.Process(target=_profiled, args=(bench_handoff._ipc_consumer, str(out / "consumer.prof"),
+                                                sock, args.backend, n, go, link, acks, res))
+        p.start()
+        c.start()
+        lat = sorted(res.get(timeout=120) for _ in range(n))
+        p.join(60)
+        c.join(60)
     print(f"hand-off under the profiler: p50 {lat[n // 2] / 1000:.1f} µs over {n}")
     for name in ("producer", "consumer", "broker"):
+        print(f"\n===== {name}: by own time =====")
+        pstats.Stats(str(out / f"{name}.prof")).sort_stats("tottime").print_stats(args.top)
+
+
+def _grow_profiled(sock, sizes, path, out):
+    """A client growing one buffer through ``sizes`` (created at the first), under cProfile: the
+    wall time of each step."""
+    steps = []
+    with ipcpool.connect(sock) as c:
+        prof = cProfile.Profile()
+        prof.enable()
+        t0 = time.perf_counter_ns()
+        g = c.create_growable("profile/grow", sizes[0])
+        steps.append(time.perf_counter_ns() - t0)
+        for size in sizes[1:]:
+            t0 = time.perf_counter_ns()
+            g.grow(size)
+            steps.append(time.perf_counter_ns() - t0)
+        prof.disable()
+        prof.dump_stats(path)
+        g.close()
+    out.put(steps)
+
+
+def grow(args) -> None:
+    out = Path(args.out)
+    sizes, size = [], args.start_mib << 20
+    while size <= args.max_mib << 20:
+        sizes.append(size)
+        size *= 2
+    with _profiled_broker(out, args.backend) as sock:
+        q = CTX.Queue()
+        p = CTX.Process(target=_grow_profiled, args=(sock, sizes, str(out / "grower.prof"), q))
+        p.start()
+        steps = q.get(timeout=300)
+        p.join(60)
+    print(f"grow steps under the profiler ({args.backend}), µs: "
+          + ", ".join(f"{s >> 20} MiB {t / 1000:.0f}" for s, t in zip(sizes, steps))
+          + f"; {sum(steps) / 1e6:.2f} ms in all")
+    for name in ("grower", "broker"):
         print(f"\n===== {name}: by own time =====")
         pstats.Stats(str(out / f"{name}.prof")).sort_stats("tottime").print_stats(args.top)
 
@@ -109,23 +161,15 @@ def attach_host(args) -> None:
     from bench import host_attach
 
     out = Path(args.out)
-    with tempfile.TemporaryDirectory() as tmp:
-        sock = f"{tmp}/s"
-        broker = subprocess.Popen([sys.executable, "-m", "cProfile", "-o", str(out / "broker.prof"), "-m",
-                                   "ipcpool", "--log-level", "WARNING", "broker", "--socket-dir", sock,
-                                   "--backend", "host"])
-        try:
-            host_attach.child_load(sock, [args.count], args.gib << 20)
-            for run in range(4):   # three plain, then the one kept (the broker's profile covers all)
-                q = CTX.Queue()
-                p = CTX.Process(target=_attach_profiled,
-                                args=(sock, f"r{args.count}/", args.count, str(out / "attach.prof"), q, True))
-                p.start()
-                print(f"attach {run + 1}: {q.get(timeout=300):.1f} ms (under the profiler)", flush=True)
-                p.join(60)
-        finally:
-            broker.send_signal(signal.SIGINT)   # cProfile writes its file on a clean exit
-            broker.wait(60)
+    with _profiled_broker(out, "host") as sock:
+        host_attach.child_load(sock, [args.count], args.gib << 20)
+        for run in range(4):   # three plain, then the one kept (the broker's profile covers all)
+            q = CTX.Queue()
+            p = CTX.Process(target=_attach_profiled,
+                            args=(sock, f"r{args.count}/", args.count, str(out / "attach.prof"), q, True))
+            p.start()
+            print(f"attach {run + 1}: {q.get(timeout=300):.1f} ms (under the profiler)", flush=True)
+            p.join(60)
     st = pstats.Stats(str(out / "attach.prof"))
     st.sort_stats("tottime").print_stats(args.top)
     st.sort_stats("cumulative").print_stats(args.top)
@@ -170,12 +214,16 @@ def main() -> None:
     a.add_argument("--backend", default="cuda", choices=("cuda", "host"), help="broker backend (default: cuda)")
     a.add_argument("--gib", type=int, default=8, help="GiB of objects resident in the broker (default: 8)")
     a.add_argument("--count", type=int, default=1024, help="how many objects (default: 1024)")
-    for p in (h, a):
+    g = sub.add_parser("grow", help="a growable grown by doubling, the grower and the broker profiled")
+    g.add_argument("--backend", default="cuda", choices=("cuda", "host"), help="broker backend (default: cuda)")
+    g.add_argument("--start-mib", type=int, default=2, help="the size it is created at (default: 2)")
+    g.add_argument("--max-mib", type=int, default=8192, help="grown by doubling up to this (default: 8192)")
+    for p in (h, a, g):
         p.add_argument("--out", default="profile-out", help="directory for the .prof files (default: profile-out)")
         p.add_argument("--top", type=int, default=25, help="functions to print per table (default: 25)")
     args = ap.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (handoff if args.what == "handoff" else attach)(args)
+    {"handoff": handoff, "attach": attach, "grow": grow}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ MODE (default: full):
   tests   the GPU tests (pytest -m gpu tests/gpu)
   quick   tests + the backend smoke test (scripts/cuda_smoke.py)
   vmm     the VMM tests, the durable-memory probe and the VMM grow benchmark (ipcpool with the
-          default chunk stock, with none and with 8G)
+          default chunk stock, with none and with 8G), then the same growth under cProfile
+          (bench/profiles.py grow)
   check   quick + the durable-memory probe + the VMM grow benchmark
   bench   the other benchmarks (round trip, hand-off on GPU and host, hot attach, host round
           trip) and the per-step timings (scripts/micro_cuda.py); no tests
@@ -160,6 +161,7 @@ if has vmm "vmm check full"; then
   # the probe's three processes run the roles in scripts/probe_durable_roles.py
   timeout 200 python3 scripts/probe_durable.py --out "$OUT/durable_probe.json" 2>&1 | tee "$OUT/durable_probe.log"
   timeout 420 python3 bench/vmm_grow.py --out-dir "$OUT" --stocks 0,8G 2>&1 | tee "$OUT/vmm_grow.log"
+  timeout 150 python3 bench/profiles.py grow --out "$OUT/profile_grow" --top 25 > "$OUT/profile_grow.log" 2>&1
 fi
 
 if [ -n "$BEFORE" ]; then   # before and after in turn, five rounds: drift falls on both alike
@@ -232,6 +234,7 @@ for f in hot_attach hot_attach_8gib hot_attach_64gib; do
   sed -n '/^method/,$p' "$OUT/$f.log" 2>/dev/null
 done
 grep -s "attach" "$OUT/profile_attach.log" | head -3
+grep -s "grow steps" "$OUT/profile_grow.log"
 cat "$OUT/micro.log" 2>/dev/null
 if [ "$ARCHIVE" = 1 ]; then   # one file to copy off the machine
   archive=$(mktemp /tmp/gpu-results.XXXXXX.tgz)

@@ -70,3 +70,13 @@ def test_the_interleaved_handoff_comparison_refuses_a_tree_without_the_benchmark
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "--tree takes NAME=DIR, DIR a checkout with bench/handoff.py" in out.stderr
+
+
+def test_the_grow_profile_runs_on_the_host_backend(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "bench/profiles.py"), "grow", "--backend", "host",
+                          "--start-mib", "2", "--max-mib", "16", "--out", str(tmp_path), "--top", "3"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    steps = re.search(r"grow steps under the profiler \(host\), µs: (.*); ([\d.]+) ms in all", out.stdout)
+    assert steps and [s.split()[0] for s in steps[1].split(", ")] == ["2", "4", "8", "16"]
+    assert sorted(p.name for p in tmp_path.glob("*.prof")) == ["broker.prof", "grower.prof"]
