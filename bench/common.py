@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -17,13 +18,14 @@ RESULTS = Path(__file__).parent / "results"
 
 
 @contextlib.contextmanager
-def broker(backend: str, config_text: str | None = None):
-    """Yield the socket dir of a fresh broker; stop it afterwards."""
+def broker(backend: str, config_text: str | None = None, runner: tuple[str, ...] = (sys.executable, "-m", "ipcpool"),
+           stop: int = signal.SIGTERM):
+    """Yield the socket dir of a fresh broker; stop it afterwards (``stop``: the signal; both
+    end it cleanly). ``runner``: what runs ipcpool's command line (under cProfile, say)."""
     import ipcpool
 
     with tempfile.TemporaryDirectory(prefix="ipcpool-bench-") as tmp:
-        args = [sys.executable, "-m", "ipcpool", "--log-level", "WARNING", "broker",
-                "--socket-dir", f"{tmp}/s", "--backend", backend]
+        args = [*runner, "--log-level", "WARNING", "broker", "--socket-dir", f"{tmp}/s", "--backend", backend]
         if config_text:
             Path(tmp, "b.toml").write_text(config_text)
             args += ["--config", f"{tmp}/b.toml"]
@@ -40,7 +42,7 @@ def broker(backend: str, config_text: str | None = None):
                     time.sleep(0.05)
             yield Path(tmp) / "s"
         finally:
-            proc.terminate()
+            proc.send_signal(stop)
             proc.wait(30)
 
 

@@ -15,6 +15,7 @@ one clock for every process). Writes bench/results/handoff_<backend>.json and .p
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import sys
@@ -51,13 +52,13 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
             torch.cuda.set_stream(stream)   # the worker's stream for all its work, set once
         fill = bytes(SIZE)
         steps = []
-        sent = [0]
+        sent = {"create": 0, "seal": 0}
         send = c._channel.send
 
-        def traced(op, **fields):   # when the seal leaves (a seal waits for its create's reply after)
+        def traced(op, **fields):   # when the create and the seal leave (neither waits for a reply)
             rid = send(op, **fields)
-            if op == "seal":
-                sent[0] = time.perf_counter_ns()
+            if op in sent:
+                sent[op] = time.perf_counter_ns()
             return rid
 
         c._channel.send = traced
@@ -79,7 +80,7 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
             t2 = time.perf_counter_ns()
             buf.seal(stream=stream)
             t3 = time.perf_counter_ns()
-            link.put((t0, sent[0] or t3))
+            link.put((t0, sent["seal"] or t3, sent["create"] or t1))
             steps.append((t1 - t0, t_view - t1, t2 - t_view, t3 - t2))
             acks.get()
             c.delete(f"h/{i}")
@@ -98,7 +99,7 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             torch.cuda.set_device(consumer)   # its stream, and the reads, on the consumer's GPU
             stream = torch.cuda.Stream()
             torch.cuda.set_stream(stream)
-        steps = []
+        steps, marks = [], []
         answered = [0]
         await_seal = c._handoff.await_seal
 
@@ -124,12 +125,15 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             t1 = time.perf_counter_ns()
             assert value == i % 251, (value, i)
             lease.release(stream=stream)
-            t0, t_sent = link.get()
+            t0, t_sent, t_create = link.get()
             steps.append((t_got - t0, (answered[0] or t_got) - t0, t_got - t_sent, t_view - t_got, t1 - t_view))
+            marks.append((t0, t_create, t_sent, answered[0] or t_got, t_got))
             out.put(t1 - t0)
             acks.put(True)
         _report_steps("consumer", ("start->got lease", "start->answered", "seal sent->got lease", "view", "read"),
                       steps)
+    if os.environ.get("HANDOFF_MARKS"):   # each hand-off's moments, for bench/handoff_timeline.py
+        Path(os.environ["HANDOFF_MARKS"]).write_text(json.dumps(marks[WARMUP:]))
 
 
 def _report_steps(who: str, names: tuple[str, ...], steps: list[tuple[int, ...]]) -> None:

@@ -22,14 +22,11 @@ The .prof files stay in --out (default profile-out/) for `python -m pstats` or s
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import multiprocessing as mp
 import pstats
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -50,28 +47,13 @@ def _profiled(target, path, *args):
         prof.dump_stats(path)
 
 
-@contextlib.contextmanager
 def _profiled_broker(out: Path, backend: str):
-    """A fresh broker under cProfile (its profile in ``out``/broker.prof); yields its socket dir."""
-    with tempfile.TemporaryDirectory() as tmp:
-        sock = f"{tmp}/s"
-        broker = subprocess.Popen([sys.executable, "-m", "cProfile", "-o", str(out / "broker.prof"), "-m",
-                                   "ipcpool", "--log-level", "WARNING", "broker", "--socket-dir", sock,
-                                   "--backend", backend])
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    with ipcpool.connect(sock):
-                        break
-                except ipcpool.BrokerGone:
-                    if broker.poll() is not None or time.monotonic() > deadline:
-                        raise SystemExit("the broker did not start") from None
-                    time.sleep(0.05)
-            yield sock
-        finally:
-            broker.send_signal(signal.SIGINT)   # cProfile writes its file on a clean exit
-            broker.wait(60)
+    """A fresh broker under cProfile (its profile in ``out``/broker.prof); yields its socket dir.
+    SIGINT: cProfile writes its file on a clean exit."""
+    from bench.common import broker
+
+    return broker(backend, runner=(sys.executable, "-m", "cProfile", "-o", str(out / "broker.prof"), "-m", "ipcpool"),
+                  stop=signal.SIGINT)
 
 
 def handoff(args) -> None:

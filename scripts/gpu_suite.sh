@@ -15,7 +15,8 @@ MODE (default: full):
           (bench/profiles.py grow)
   check   quick + the durable-memory probe + the VMM grow benchmark
   bench   the other benchmarks (round trip, hand-off on GPU and host, hot attach, host round
-          trip) and the per-step timings (scripts/micro_cuda.py); no tests
+          trip), the per-step timings (scripts/micro_cuda.py) and the hand-off's timeline across
+          its three processes (bench/handoff_timeline.py); no tests
   full    check + bench + the import-limit probe
   mps     the GPU tests under CUDA MPS, without the tests that kill CUDA processes (marker
           kills_clients): starts a private MPS control daemon (nvidia-cuda-mps-control -d, its
@@ -193,6 +194,7 @@ if has bench "bench full"; then
   timeout 240 python3 bench/gpu_roundtrip.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench.log"
   BENCH_RC=${PIPESTATUS[0]}
   timeout 240 python3 bench/handoff.py --backend cuda --handoffs 1000 2>&1 | tee "$OUT/handoff_cuda.log"
+  timeout 150 python3 bench/handoff_timeline.py --handoffs 300 --out-dir "$OUT" 2>&1 | tee "$OUT/handoff_timeline.log"
   timeout 300 python3 bench/hot_attach.py --gib 8 2>&1 | tee "$OUT/hot_attach.log"
   timeout 60 python3 scripts/micro_cuda.py 2>&1 | tee "$OUT/micro.log"
   timeout 120 python3 bench/handoff.py --backend host --handoffs 1000 2>&1 | tee "$OUT/handoff_host.log"
@@ -236,6 +238,7 @@ done
 grep -s "attach" "$OUT/profile_attach.log" | head -3
 grep -s "grow steps" "$OUT/profile_grow.log"
 cat "$OUT/micro.log" 2>/dev/null
+sed -n '/^segment/,/^broker handlers/p' "$OUT/handoff_timeline.log" 2>/dev/null
 if [ "$ARCHIVE" = 1 ]; then   # one file to copy off the machine
   archive=$(mktemp /tmp/gpu-results.XXXXXX.tgz)
   tar -czf "$archive" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$archive" "$OUT/results.tgz"

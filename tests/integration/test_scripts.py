@@ -80,3 +80,17 @@ def test_the_grow_profile_runs_on_the_host_backend(tmp_path):
     steps = re.search(r"grow steps under the profiler \(host\), µs: (.*); ([\d.]+) ms in all", out.stdout)
     assert steps and [s.split()[0] for s in steps[1].split(", ")] == ["2", "4", "8", "16"]
     assert sorted(p.name for p in tmp_path.glob("*.prof")) == ["broker.prof", "grower.prof"]
+
+
+def test_the_handoff_timeline_runs_on_the_host_backend(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "bench/handoff_timeline.py"), "--backend", "host",
+                          "--handoffs", "40", "--out-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [path] = tmp_path.glob("handoff_timeline_host_*.json")
+    result = json.loads(path.read_text())
+    segments = {s["label"]: s for s in result["segments"]}
+    for label in ("create reaches the broker", "broker handles the create", "whole hand-off"):
+        assert segments[label]["n"] == 40 and segments[label]["p50_us"] > 0, segments[label]
+    assert segments["whole hand-off"]["p50_us"] > segments["broker handles the create"]["p50_us"]
+    assert {"create", "seal", "get"} <= set(result["handlers_us"])
