@@ -148,7 +148,6 @@ class MissingDependency(IpcPoolError, ModuleNotFoundError):
     code = 30
 
 
-
 class DemoFailed(IpcPoolError):
     """``ipcpool demo`` could not run to the end; the message says which step failed and why.
     Raised by the command; its code is never sent."""
