@@ -31,16 +31,17 @@ from cuda.core import Event, EventOptions
 
 from .context import OnStream
 from .descriptors import event_handle, open_event
-from .errors import check
+from .errors import check, is_cuda_error
 
 _PLAIN = EventOptions()
+_IPC = EventOptions(ipc_enabled=True)
 _IPC_FLAGS = int(CUevent_flags.CU_EVENT_INTERPROCESS) | int(CUevent_flags.CU_EVENT_DISABLE_TIMING)
 
 
 class DriverEvent:
-    """An event held as a driver CUevent (``handle``): cuda.core gives an IPC event's handle out
-    only through a private descriptor, so interprocess events are made and opened with the driver
-    API. Offers what the backend uses of an event: ``is_done``, ``sync``, ``close``."""
+    """An event held as a driver CUevent (``handle``): a peer's event, opened from its handle
+    (cuda.core opens one only from a privately built descriptor), or a credit (``IpcEvent``).
+    Offers what the backend uses of a cuda.core Event: ``is_done``, ``sync``, ``close``."""
 
     __slots__ = ("handle",)
 
@@ -65,9 +66,10 @@ class DriverEvent:
 
 
 class IpcEvent(DriverEvent):
-    """An interprocess event of ours and its 64-byte handle (``ipc_handle``). Recorded here once
-    (``record_ipc``), or never: a credit (see ``BrokerPool.credit``) is recorded by a peer, so that
-    no command of ours, and with it no switch to our context on the GPU, is needed per credit."""
+    """An interprocess event of ours that is never recorded here, and its 64-byte handle
+    (``ipc_handle``): a credit (see ``BrokerPool.credit``) is recorded by a peer, so that no command
+    of ours, and with it no switch to our context on the GPU, is needed per credit. (cuda.core
+    makes IPC events only by recording them; ``record_ipc`` makes the ones recorded here.)"""
 
     __slots__ = ("ipc_handle",)
 
@@ -80,18 +82,28 @@ class IpcEvent(DriverEvent):
             raise
 
 
-def record_ipc(stream: Any) -> tuple[IpcEvent, bytes]:
-    """Record a fresh IPC event on ``stream``; return it and its 64-byte handle. The event is made
-    in the stream's context: cuEventRecord refuses an event and a stream of different contexts
-    (CUDA_ERROR_INVALID_HANDLE), and the current context may be another device's."""
-    with OnStream(stream):
-        event = IpcEvent()
-        try:
-            check(cuEventRecord(event.handle, stream.handle), "cuEventRecord")
-        except BaseException:
-            event.close()
+def record_ipc(stream: Any) -> tuple[Any, bytes]:
+    """Record a fresh IPC event on ``stream``; return it (a cuda.core Event) and its 64-byte handle.
+
+    cuda.core makes and records the event (its public ``EventOptions(ipc_enabled=True)``); only the
+    handle's bytes come from the driver call, which cuda.core gives out only through a private
+    descriptor. This is the hot path of every seal, ready and done event: the driver-API route
+    (cuEventCreate, cuIpcGetEventHandle, cuEventRecord, each through cuda.bindings, inside a
+    context check) cost 9-13 µs a record on an H100, cuda.core's 2-4 µs. The event is made in the
+    current context; where that is not the stream's (a peer device's stream, or no context
+    current), cuEventRecord refuses it, and the record is made again in the stream's context."""
+    try:
+        event = stream.record(options=_IPC)
+    except Exception as exc:
+        if not is_cuda_error(exc):
             raise
-    return event, event.ipc_handle
+        with OnStream(stream):
+            event = stream.record(options=_IPC)
+    try:
+        return event, event_handle(event.handle)
+    except BaseException:
+        event.close()
+        raise
 
 
 def wait_for(stream: Any, event: Any) -> None:
@@ -106,13 +118,24 @@ def wait_for(stream: Any, event: Any) -> None:
 def record_into(stream: Any, handle: bytes) -> None:
     """Record a peer's IPC event on ``stream`` (it behaves as a local event once opened); close
     our import at once: a recorded event is released only after the record has completed. Opened
-    in the stream's context, as ``record_ipc`` makes its event (the stream may be a peer device's)."""
-    with OnStream(stream):
-        event = open_ipc(handle)
-        try:
-            check(cuEventRecord(event.handle, stream.handle), "cuEventRecord on a peer's event")
-        finally:
-            event.close()
+    in the current context, and again in the stream's where that refuses the record (a peer
+    device's stream), as ``record_ipc`` makes its event: the context check costs more than the
+    record on the usual path (a writer's seal, on its pool's device)."""
+    try:
+        _open_and_record(stream, handle)
+    except Exception as exc:
+        if not is_cuda_error(exc):
+            raise
+        with OnStream(stream):
+            _open_and_record(stream, handle)
+
+
+def _open_and_record(stream: Any, handle: bytes) -> None:
+    event = open_ipc(handle)
+    try:
+        check(cuEventRecord(event.handle, stream.handle), "cuEventRecord on a peer's event")
+    finally:
+        event.close()
 
 
 def open_ipc(handle: bytes) -> DriverEvent:
