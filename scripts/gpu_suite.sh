@@ -180,6 +180,11 @@ if [ "$MODE" = attach ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || BENCH_RC=1
   timeout 150 python3 bench/profiles.py attach --gib 64 --count 4096 --out "$OUT/profile" --top 30 \
     > "$OUT/profile_attach.log" 2>&1
+  # The driver's own floor for the same 64 GiB: 1 GiB slabs as ipcpool uses, and 4 GiB ones.
+  timeout 200 python3 bench/attach_floor.py --gib 64 --slab-gib 1 --threads 1,8 --out-dir "$OUT" \
+    2>&1 | tee "$OUT/attach_floor.log"
+  timeout 100 python3 bench/attach_floor.py --gib 64 --slab-gib 4 --threads 1 --out-dir "$OUT/slab4" \
+    2>&1 | tee -a "$OUT/attach_floor.log"
 fi
 if [ "$MODE" = peer ]; then
   timeout 300 python3 bench/handoff.py --backend cuda --handoffs 1000 --devices 0,1 --out-dir "$OUT/handoff_peer" \
