@@ -155,12 +155,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="fresh attaching processes per layout (median kept)")
     ap.add_argument("--ipcpool-only", action="store_true",
                     help="only the ipcpool rows: no pinned-host copy, no safetensors file (large --gib)")
+    ap.add_argument("--slab-memory", choices=("pool", "vmm"), default="pool",
+                    help="what the pool's slabs are (the pool's slab_memory): pool allocations or VMM chunks")
     ap.add_argument("--out-dir", type=Path, default=None, help="where the JSON and PNG go (default bench/results)")
     args = ap.parse_args()
     total = args.gib << 30
     results = {"benchmark": "hot_attach", "machine": machine(), "device": gpu_device(), "gib": args.gib,
-               "rows": []}
-    with broker("cuda") as sock:
+               "slab_memory": args.slab_memory, "rows": []}
+    with broker("cuda", f'[[pools]]\nname = "default"\nslab_memory = "{args.slab_memory}"\n') as sock:
         for count in [1, *args.counts]:
             size = total // count   # above the pool import limit, objects are VMM chunks
             prefix = f"w{count}/"
@@ -182,7 +184,8 @@ def main() -> None:
             with ipcpool.connect(sock) as c:
                 for o in c.list(prefix):
                     c.delete(o["name"])
-    name = f"hot_attach_{args.gib}gib" if args.ipcpool_only else "hot_attach"
+    name = (f"hot_attach_{args.gib}gib" if args.ipcpool_only else "hot_attach") + \
+        ("_vmm_slabs" if args.slab_memory == "vmm" else "")
     if args.ipcpool_only:
         finish(name, results, args.out_dir)
         return

@@ -11,6 +11,7 @@ from typing import Any
 
 from .backend import BACKENDS
 from .backend.base import REUSE_POLICIES, PoolSpec
+from .backend.records import SLAB_MEMORY
 from .errors import ConfigError
 from .growboard import MAX_SLOTS, SLOTS
 from .sizes import parse_size
@@ -73,7 +74,7 @@ def _known(table: dict, keys: set[str], where: str) -> None:
 def _pool(table: Any, i: int) -> PoolSpec:
     where = f"pools[{i}]"
     _expect(table, dict, where)
-    _known(table, {"name", "max_size", "release_threshold", "device", "reuse", "peer_access"}, where)
+    _known(table, {"name", "max_size", "release_threshold", "device", "reuse", "peer_access", "slab_memory"}, where)
     name = _expect(table.get("name"), str, f"{where}.name")
     if not name or len(name) > 64 or not name.replace("-", "").replace("_", "").isalnum():
         raise ConfigError(f"{where}.name: 1-64 letters, digits, '-' or '_', got {name!r}")
@@ -87,6 +88,9 @@ def _pool(table: Any, i: int) -> PoolSpec:
     device = _expect(table.get("device", 0), int, f"{where}.device")
     if device < 0:
         raise ConfigError(f"{where}.device: must be >= 0")
+    slab_memory = _expect(table.get("slab_memory", "pool"), str, f"{where}.slab_memory")
+    if slab_memory not in SLAB_MEMORY:
+        raise ConfigError(f"{where}.slab_memory: one of {', '.join(SLAB_MEMORY)}, got {slab_memory!r}")
     return PoolSpec(
         name=name,
         max_size=_size(table.get("max_size", 0), f"{where}.max_size"),
@@ -94,6 +98,7 @@ def _pool(table: Any, i: int) -> PoolSpec:
         device=device,
         reuse=reuse,
         peer_access=tuple(_expect(p, int, f"{where}.peer_access[{j}]") for j, p in enumerate(peers)),
+        slab_memory=slab_memory,
     )
 
 

@@ -204,8 +204,9 @@ class Handoff:
             self._no_arena[pool] = time.monotonic() + 1.0
             return None
         client_pool = self._pools.get(pool)
-        words = reply.get("words")
-        arena = ClientArena(reply["alloc"], client_pool, client_pool.import_allocation(export_of(reply)),
+        words, export = reply.get("words"), export_of(reply)
+        fds = self._channel.alloc_fds(reply["alloc"], 1) if client_pool.needs_fds(export) else []   # a VMM slab's
+        arena = ClientArena(reply["alloc"], client_pool, client_pool.import_allocation(export, fds=fds),
                             words if isinstance(words, int) and 0 <= words <= boards.WORDS - boards.BLOCK else None)
         self._by_arena[arena.aid] = arena
         return arena

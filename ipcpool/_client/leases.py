@@ -1,10 +1,8 @@
 """What a client holds, and how it comes and goes: ``Buffer`` (an allocation, an object being
-written, or a lease) and the lease table that imports, keeps and releases them.
-
-An allocation is imported from the export its reply carries (a VMM-backed one from its chunk
-FDs, fetched over the control socket); a batch of leases (``get_many``) is imported pool by
-pool, each pool's set-up and its one shared event once. Small creates and allocations are carved
-without a round trip (``handoff``); the rest wait for the broker.
+written, or a lease) and the lease table that imports, keeps and releases them: one by one from the
+export a reply carries (with the chunk FDs fetched over the control socket where the memory needs
+them), or a batch (``get_many``) pool by pool, each pool's set-up and shared event once. Small
+creates and allocations are carved without a round trip (``handoff``); the rest wait for the broker.
 """
 
 from __future__ import annotations
@@ -174,8 +172,9 @@ class Leases:
     def _import(self, aid: int, pool: str, export: Export, stream: Any) -> ImportedMemory:
         """One allocation imported (a VMM-backed one from its chunk FDs); given back on failure."""
         try:
-            fds = self._channel.alloc_fds(aid, len(export.chunks)) if export.chunks else []
-            return self._pools.get(pool).import_allocation(export, stream, fds)
+            client_pool = self._pools.get(pool)
+            fds = self._channel.alloc_fds(aid, len(export.chunks)) if client_pool.needs_fds(export) else []
+            return client_pool.import_allocation(export, stream, fds)
         except BaseException:
             self._channel.send("free", alloc=aid)   # give it back; nothing was imported
             raise
@@ -331,21 +330,23 @@ class Leases:
         try:
             for p, idx in by_pool.items():
                 pool, event = pools[p], events[p]
-                plain = [i for i in idx if not chunks[i]]
-                if plain:
-                    exports = [Export(sizes[i], offsets[i], datas[data_col[i]], event, subs[i]) for i in plain]
-                    memories = self._pools.get(pool).import_many(exports, stream)
-                    for i, memory in zip(plain, memories):
-                        settled[i] = True
-                        slots[i] = Buffer(self, aids[i], pool, memory, False, name=names[i], meta=metas[i],
-                                          readonly=True)
-                for i in idx:
-                    if chunks[i]:   # mapped from its own chunk FDs
-                        settled[i] = True   # _import gives it back itself if it fails
-                        e = Export(sizes[i], offsets[i], datas[data_col[i]], event, subs[i], tuple(chunks[i]))
-                        memory = self._import(aids[i], pool, e, stream)
-                        slots[i] = Buffer(self, aids[i], pool, memory, False, name=names[i], meta=metas[i],
-                                          readonly=True)
+                client_pool = self._pools.get(pool)
+                exports = {i: Export(sizes[i], offsets[i], datas[data_col[i]], event, subs[i], tuple(chunks[i]))
+                           for i in idx}
+                # One by one, with their FDs: memory of chunks of its own, the first range of a VMM slab
+                # not mapped here yet. The rest in one batch.
+                first: dict[Any, int] = {}
+                for i in (i for i in idx if client_pool.needs_fds(exports[i])):
+                    first.setdefault(exports[i].data if subs[i] else i, i)
+                def lease(i: int, memory: ImportedMemory) -> Buffer:
+                    settled[i] = True
+                    return Buffer(self, aids[i], pool, memory, False, name=names[i], meta=metas[i], readonly=True)
+                for i in first.values():
+                    settled[i] = True   # _import gives it back itself if it fails
+                    slots[i] = lease(i, self._import(aids[i], pool, exports[i], stream))
+                rest = [i for i in idx if slots[i] is None]
+                for i, memory in zip(rest, client_pool.import_many([exports[i] for i in rest], stream) if rest else ()):
+                    slots[i] = lease(i, memory)
         except BaseException:
             for i in range(n):   # leases never imported go back now; the caller frees the rest
                 if not settled[i]:

@@ -24,18 +24,8 @@ from .records import REUSE_POLICIES, Export, PoolSpec, PoolStats
 from .stock import ChunkStock
 
 __all__ = [
-    "REUSE_POLICIES",
-    "BrokerBackend",
-    "BrokerGrowable",
-    "BrokerPool",
-    "ClientBackend",
-    "ClientGrowable",
-    "ClientPool",
-    "Export",
-    "ImportedMemory",
-    "PoolSpec",
-    "PoolStats",
-    "SessionContext",
+    "REUSE_POLICIES", "BrokerBackend", "BrokerGrowable", "BrokerPool", "ClientBackend", "ClientGrowable",
+    "ClientPool", "Export", "ImportedMemory", "PoolSpec", "PoolStats", "SessionContext",
 ]
 
 class SessionContext:
@@ -353,10 +343,14 @@ class ClientPool(ABC):
     @abstractmethod
     def import_allocation(self, export: Export, stream: Any = None, fds: list[int] = ()) -> ImportedMemory:
         """Map/import an allocation; on CUDA ``stream`` waits on the ready event (R1). ``fds``: the
-        chunk FDs of a VMM-backed export (owned; closed here)."""
+        chunk FDs of a VMM-backed export (owned; closed here), where ``needs_fds`` says so."""
+
+    def needs_fds(self, export: Export) -> bool:
+        """Whether importing ``export`` takes its chunk FDs (not for a range of a slab mapped here)."""
+        return bool(export.chunks)
 
     def import_many(self, exports: list[Export], stream: Any = None) -> list[ImportedMemory]:
-        """Import a batch (on CUDA: set-up once, each distinct ready event waited on once)."""
+        """Import a batch whose FDs none needs (on CUDA: set-up once, each ready event waited once)."""
         return [self.import_allocation(e, stream) for e in exports]
 
     @abstractmethod

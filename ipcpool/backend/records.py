@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 # Three reuse policies of a CUDA mempool; the host backend accepts and ignores them.
 REUSE_POLICIES = ("follow_event_dependencies", "allow_opportunistic", "allow_internal_dependencies")
+SLAB_MEMORY = ("pool", "vmm")   # what a CUDA pool's slabs are: pool allocations, or VMM chunks
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,7 @@ class PoolSpec:
     device: int = 0
     reuse: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(REUSE_POLICIES, True))
     peer_access: tuple[int, ...] = ()
+    slab_memory: str = "pool"   # what slabs are on CUDA: pool allocations, or "vmm" chunks
 
 
 @dataclass(frozen=True)

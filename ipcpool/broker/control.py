@@ -218,7 +218,9 @@ class ControlChannel:
             g, fds = self.tables.growables.fds(session, f["growable"], first)
             chunks, one_file = g.memory.chunks, g.memory.one_file
         elif "alloc" in f:
-            alloc = self.tables.registry.held_by(session, f["alloc"])
+            # An arena is held by the arena, not the session: its slab's FD is the session's too.
+            alloc = self.tables.handoffs.arena_alloc(session, f["alloc"]) or \
+                self.tables.registry.held_by(session, f["alloc"])
             chunks, one_file = alloc.export.chunks, False
             if not 0 <= first < len(chunks):
                 raise InvalidRequest(f"allocation {alloc.aid} has {len(chunks)} chunks, not chunk {first}")

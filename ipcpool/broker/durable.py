@@ -165,6 +165,8 @@ class Durability:
 
     def record_object(self, obj) -> None:
         """A sealed object: its chunk FDs (if any) to the store, its row to the table."""
+        if not _restorable(obj):
+            return
         self.store_object(obj)
         self._append({"+o": self._object_row(obj)})
 
@@ -213,7 +215,7 @@ class Durability:
         """Write a fresh snapshot of the table in place (at start, and when records outgrow it)."""
         if self._meta_fd is None or self._objects is None:
             return
-        objects = [self._object_row(o) for o in self._objects.objects.values() if o.sealed]
+        objects = [self._object_row(o) for o in self._objects.objects.values() if o.sealed and _restorable(o)]
         growables = [self._growable_row(g) for g in self._growables.by_name.values() if g.stored]
         pools = {name: pool.pool_info() for name, pool in self._pools.items()}
         table = {"version": META_VERSION, "objects": objects, "growables": growables, "pools": pools}
@@ -276,3 +278,10 @@ def replay(data: bytes) -> dict:
         elif "-g" in record:
             growables.pop(record["-g"], None)
     return {**table, "objects": list(objects.values()), "growables": list(growables.values())}
+
+
+def _restorable(obj) -> bool:
+    """Objects in a pool whose slabs are VMM chunks (``slab_memory = "vmm"``) are not stored: a
+    restarted broker restores pool memory from the pool's FD, and a VMM slab is not in it."""
+    e = obj.alloc.export
+    return not (e.sub and e.chunks)

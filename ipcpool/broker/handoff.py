@@ -111,6 +111,12 @@ class Handoffs:
             raise InvalidRequest(f"arena {aid} has no seal-board word {slot}")
         return arena.words + slot
 
+    def arena_alloc(self, session: Session, aid: int) -> Allocation | None:
+        """The allocation of ``session``'s arena ``aid`` (the arena holds it, not the session);
+        None where ``aid`` is not an open arena of ``session``."""
+        arena = self.arenas.get(aid)
+        return arena.alloc if arena is not None and arena.session is session and not arena.closed else None
+
     def _own(self, session: Session, aid: int) -> Arena:
         arena = self.arenas.get(aid)
         if arena is None or arena.session is not session or arena.closed:

@@ -6,6 +6,8 @@ import os
 import threading
 import time
 
+import pytest
+
 import ipcpool
 from ipcpool import board
 from tests.conftest import SPAWN, run_together
@@ -148,3 +150,16 @@ def test_small_allocations_need_no_round_trip(broker):
         assert c.async_errors == []
         stats = c.stats()["pools"]["default"]
         assert stats["allocations"] == 1 and stats["arena_free"] == stats["arena_bytes"]
+
+
+def test_an_arena_is_its_sessions_when_it_asks_for_chunk_fds(broker):
+    """A session may fetch the FDs of its own arena's memory (a VMM slab's, on CUDA), though the
+    arena, not the session, holds it; another session may not. Host memory has no chunks, so
+    the arena's owner hears that, not that the arena is not its."""
+    with ipcpool.connect(broker.socket_dir) as c, ipcpool.connect(broker.socket_dir) as other:
+        c.create("arena/probe", 4096).seal()
+        (aid,) = c._handoff._by_arena
+        with pytest.raises(ipcpool.InvalidRequest, match=f"allocation {aid} has 0 chunks"):
+            c._channel.chunk_fds(0, alloc=aid)
+        with pytest.raises(ipcpool.InvalidRequest, match=f"allocation {aid} is not held by this session"):
+            other._channel.chunk_fds(0, alloc=aid)

@@ -26,6 +26,7 @@ def test_full_config(tmp_path):
     assert pool.max_size == 2 << 30 and pool.release_threshold == 512 << 20
     assert pool.reuse["allow_opportunistic"] is False and pool.reuse["follow_event_dependencies"] is True
     assert pool.peer_access == (1,)
+    assert pool.slab_memory == "pool"   # the default
     assert cfg.allowed(1000, 1) and cfg.allowed(5, 27) and cfg.allowed(5, 0)
     assert cfg.quota_for(1000).bytes == 4096 and cfg.quota_for(7).bytes == 1 << 30
 
@@ -48,6 +49,8 @@ def test_full_config(tmp_path):
         ('pools = []', "pools"),
         ('busy_poll_us = -1', "busy_poll_us"),
         ('busy_poll_us = "fast"', "busy_poll_us"),
+        ('[[pools]]\nname = "a"\nslab_memory = "hbm"', "pools[0].slab_memory: one of pool, vmm"),
+        ('[[pools]]\nname = "a"\nslab_memory = 1', "pools[0].slab_memory"),
     ],
 )
 def test_bad_values_name_their_key(tmp_path, text, key):
@@ -104,3 +107,8 @@ def test_growth_board_counts_buffers_and_zero_turns_it_off():
     for bad in ("many", -1, (1 << 20) + 1):
         with pytest.raises(ConfigError, match="growth.board"):
             parse({"growth": {"board": bad}})
+
+
+def test_a_pools_slabs_may_be_vmm_memory():
+    cfg = parse({"pools": [{"name": "weights", "slab_memory": "vmm"}, {"name": "scratch"}]})
+    assert [p.slab_memory for p in cfg.pools] == ["vmm", "pool"]

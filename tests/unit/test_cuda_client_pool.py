@@ -2,6 +2,7 @@
 suite exercises the real ones)."""
 
 import contextlib
+import os
 
 import pytest
 
@@ -62,3 +63,61 @@ def test_a_failed_batch_import_frees_what_it_imported_before_the_leases_go_back(
     with pytest.raises(IpcPoolError, match="importing 2 allocations"):
         pool.import_many(exports)
     assert steps == ["free 0x1000", "sync"]   # freed, and the free complete, before raising
+
+
+def _pool_with_slabs(monkeypatch, steps):
+    monkeypatch.setattr(client_pool, "OnDevice", lambda device: contextlib.nullcontext())
+    pool = client_pool.CudaClientPool.__new__(client_pool.CudaClientPool)
+    pool._backend, pool._mr, pool.name, pool.device, pool._peers = Services(steps), None, "p", 0, []
+    pool.slab_size, pool._slabs, pool._closed = 1 << 20, {}, False
+    return pool
+
+
+VMM_SLAB = bytes(range(64))   # the key a broker gave a VMM slab
+
+
+def test_only_a_vmm_slab_not_mapped_yet_takes_fds(monkeypatch):
+    pool = _pool_with_slabs(monkeypatch, [])
+    vmm_range = Export(size=4096, offset=8192, data=VMM_SLAB, sub=True, chunks=(1 << 20,))
+    assert pool.needs_fds(vmm_range)
+    assert pool.needs_fds(Export(size=8 << 30, chunks=(4 << 30, 4 << 30)))   # memory of chunks of its own
+    assert not pool.needs_fds(Export(size=4096, offset=0, data=bytes(64), sub=True))   # a pool slab
+    pool._slabs[VMM_SLAB] = client_pool.CudaMemory(FakeBuffer(0x10000, []), 1 << 20, 0, whole=False)
+    assert not pool.needs_fds(vmm_range)
+
+
+def test_a_vmm_slab_range_is_a_view_of_the_slab_mapped_once(monkeypatch):
+    steps = []
+    pool = _pool_with_slabs(monkeypatch, steps)
+
+    def map_slab(export, fds):
+        steps.append(("map", export.data, len(fds)))
+        for fd in fds:
+            os.close(fd)
+        pool._slabs[export.data] = client_pool.CudaMemory(FakeBuffer(0x10000, steps), 1 << 20, 0, whole=False)
+
+    monkeypatch.setattr(pool, "_map_slab", map_slab)
+    first = Export(size=4096, offset=8192, data=VMM_SLAB, sub=True, chunks=(1 << 20,))
+    r, w = os.pipe()
+    os.close(w)
+    mem = pool.import_allocation(first, fds=[r])
+    assert steps == [("map", VMM_SLAB, 1)] and mem.ptr == 0x10000 + 8192 and not mem.whole
+    # The next range of that slab maps nothing; an FD handed along anyway is closed, not kept.
+    r2, w2 = os.pipe()
+    os.close(w2)
+    second = pool.import_allocation(Export(size=4096, offset=4096, data=VMM_SLAB, sub=True, chunks=(1 << 20,)),
+                                    fds=[r2])
+    assert second.ptr == 0x10000 + 4096 and len(steps) == 1
+    with pytest.raises(OSError):
+        os.fstat(r2)
+    (batch,) = pool.import_many([Export(size=64, offset=128, data=VMM_SLAB, sub=True, chunks=(1 << 20,))])
+    assert batch.ptr == 0x10000 + 128
+
+
+def test_a_vmm_slab_range_without_its_slab_is_refused(monkeypatch):
+    pool = _pool_with_slabs(monkeypatch, [])
+    stray = Export(size=4096, offset=0, data=VMM_SLAB, sub=True, chunks=(1 << 20,))
+    with pytest.raises(IpcPoolError, match="without the slab's FD"):
+        pool.import_many([stray])
+    with pytest.raises(IpcPoolError, match="one chunk of 1048576 bytes with its FD"):
+        pool.import_allocation(stray)   # (no FD fetched for it)

@@ -4,7 +4,8 @@ ordered after each ready event (R1), and released with a done event for the brok
 A pool is imported once from its FD; each allocation is imported from its 64-byte export data and
 the caller's stream waits on its ready event. Releasing frees the import on the caller's stream
 and records a fresh done event there for the broker to wait on. Slab ranges need neither: the
-slab is imported once and a range is addressed by its offset.
+slab is imported once (a pool pointer, or a VMM chunk mapped from its FD) and a range is addressed
+by its offset.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import time
 from typing import Any, Protocol
 
-from cuda.core import LEGACY_DEFAULT_STREAM, Buffer, DeviceMemoryResource, Stream
+from cuda.core import LEGACY_DEFAULT_STREAM, Buffer, Device, DeviceMemoryResource, Stream
 
 from ...errors import BackendUnavailable, ClosedError, InvalidRequest
 from ...protocol import HANDLE_BYTES
@@ -89,34 +90,40 @@ class CudaClientPool(ClientPool):
         self._slabs: dict[bytes, CudaMemory] = {}
         self._closed = False
 
+    def needs_fds(self, export: Export) -> bool:
+        return bool(export.chunks) and not (export.sub and export.data in self._slabs)
+
     def import_allocation(self, export: Export, stream: Any = None, fds: list[int] = ()) -> ImportedMemory:
-        if self._closed:
-            for fd in fds:
-                os.close(fd)
-            raise ClosedError(f"pool {self.name!r} is closed")
-        if export.chunks:
-            return self._map_chunks(export, stream, list(fds))
-        if export.sub and not export.ready_event and export.data in self._slabs:
-            # A range of a slab imported already, nothing to wait for: no driver call at all.
-            if export.offset + export.size > self.slab_size:
-                raise InvalidRequest("a slab range lies outside its slab")
-            return self._range(export)
-        if len(export.data) != HANDLE_BYTES:
-            raise InvalidRequest(f"pointer export data is {HANDLE_BYTES} bytes, got {len(export.data)}")
+        fds = list(fds)
         try:
+            if self._closed:
+                raise ClosedError(f"pool {self.name!r} is closed")
+            if export.chunks and not export.sub:
+                fds, given = [], fds
+                return self._map_chunks(export, stream, given)
+            if export.sub and export.offset + export.size > self.slab_size:
+                raise InvalidRequest("a slab range lies outside its slab")
+            if export.sub and not export.ready_event and export.data in self._slabs:
+                return self._range(export)   # its slab is here, nothing to wait for: no driver call at all
+            if len(export.data) != HANDLE_BYTES:
+                raise InvalidRequest(f"pointer export data is {HANDLE_BYTES} bytes, got {len(export.data)}")
             with OnDevice(self.device):
                 s = self._backend.stream(stream, self.device)
                 if export.ready_event:   # R1: before any use of the memory on s
                     order_after_event(s, export.ready_event, self._backend.event_spin_s)
                 if export.sub:
-                    if export.offset + export.size > self.slab_size:
-                        raise InvalidRequest("a slab range lies outside its slab")
+                    if export.chunks and export.data not in self._slabs:
+                        fds, given = [], fds
+                        self._map_slab(export, given)
                     return self._range(export)
                 buf = import_pointer(self._mr, export.data, export.size)
         except Exception as exc:
             if not is_cuda_error(exc):
                 raise
             raise translate(exc, f"importing {export.size} bytes from pool {self.name!r}") from exc
+        finally:
+            for fd in fds:   # those not handed on (a slab mapped already needs none)
+                os.close(fd)
         return CudaMemory(buf, export.size, self.device)
 
     def import_many(self, exports: list[Export], stream: Any = None) -> list[ImportedMemory]:
@@ -205,16 +212,38 @@ class CudaClientPool(ClientPool):
 
     def _range(self, export: Export) -> CudaMemory:
         """A range of a slab: a view into the slab's one import (no pointer import of its own)."""
-        return CudaMemory(None, export.size, self.device, whole=False, base=(self._slab(export.data), export.offset))
+        return CudaMemory(None, export.size, self.device, whole=False, base=(self._slab(export), export.offset))
 
-    def _slab(self, data: bytes) -> CudaMemory:
+    def _slab(self, export: Export) -> CudaMemory:
         """A slab of the broker's, imported once (slabs live as long as the pool)."""
-        slab = self._slabs.get(data)
+        slab = self._slabs.get(export.data)
         if slab is None:
+            if export.chunks:   # a VMM slab is mapped from its FD (import_allocation), never here
+                raise InvalidRequest("a range of a VMM slab came without the slab's FD")
             # Never freed through this import while the pool lives; closed with the pool.
-            buf = import_pointer(self._mr, data, self.slab_size)
-            slab = self._slabs[data] = CudaMemory(buf, self.slab_size, self.device, whole=False)
+            buf = import_pointer(self._mr, export.data, self.slab_size)
+            slab = self._slabs[export.data] = CudaMemory(buf, self.slab_size, self.device, whole=False)
         return slab
+
+    def _map_slab(self, export: Export, fds: list[int]) -> None:
+        """A VMM slab mapped from its chunk's FD (owned; closed here), kept as long as the pool."""
+        if tuple(export.chunks) != (self.slab_size,) or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise InvalidRequest(f"a VMM slab is one chunk of {self.slab_size} bytes with its FD")
+        try:
+            mapping = vmm.Mapping(self.device, vmm.granularity(self.device), peers=self._peers)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        mapping.extend([self.slab_size], fds)   # (closes the FDs)
+        try:
+            view = Buffer.from_handle(mapping.ptr, self.slab_size)
+        except BaseException:
+            mapping.close()
+            raise
+        self._slabs[export.data] = CudaMemory(view, self.slab_size, self.device, whole=False, mapping=mapping)
 
     def release(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> bytes:
         if not isinstance(memory, CudaMemory):
@@ -250,7 +279,12 @@ class CudaClientPool(ClientPool):
         # The legacy default stream is the current context's: make it the pool device's, as every
         # other free of an import here is (the caller's thread may have another device's, or none).
         with OnDevice(self.device):
+            if any(slab.mapping is not None for slab in self._slabs.values()):
+                Device(self.device).sync()   # unmapping does not wait for work still using it
             for slab in self._slabs.values():
-                slab.buffer.close(stream=LEGACY_DEFAULT_STREAM)
+                if slab.mapping is not None:
+                    slab.mapping.close()
+                else:
+                    slab.buffer.close(stream=LEGACY_DEFAULT_STREAM)
         self._slabs.clear()
         self._mr.close()

@@ -15,6 +15,7 @@ Lifetimes:
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from typing import Any
 
 from cuda.bindings.driver import (
@@ -92,13 +93,7 @@ def record_ipc(stream: Any) -> tuple[Any, bytes]:
     context check) cost 9-13 µs a record on an H100, cuda.core's 2-4 µs. The event is made in the
     current context; where that is not the stream's (a peer device's stream, or no context
     current), cuEventRecord refuses it, and the record is made again in the stream's context."""
-    try:
-        event = stream.record(options=_IPC)
-    except Exception as exc:
-        if not is_cuda_error(exc):
-            raise
-        with OnStream(stream):
-            event = stream.record(options=_IPC)
+    event = _in_streams_context(stream, lambda: stream.record(options=_IPC))
     try:
         return event, event_handle(event.handle)
     except BaseException:
@@ -121,13 +116,19 @@ def record_into(stream: Any, handle: bytes) -> None:
     in the current context, and again in the stream's where that refuses the record (a peer
     device's stream), as ``record_ipc`` makes its event: the context check costs more than the
     record on the usual path (a writer's seal, on its pool's device)."""
+    _in_streams_context(stream, lambda: _open_and_record(stream, handle))
+
+
+def _in_streams_context(stream: Any, record: Callable[[], Any]) -> Any:
+    """``record()`` in the current context, and again in ``stream``'s where the driver refuses
+    that (CUDA_ERROR_INVALID_HANDLE: a peer device's stream, or no context current)."""
     try:
-        _open_and_record(stream, handle)
+        return record()
     except Exception as exc:
         if not is_cuda_error(exc):
             raise
         with OnStream(stream):
-            _open_and_record(stream, handle)
+            return record()
 
 
 def _open_and_record(stream: Any, handle: bytes) -> None:

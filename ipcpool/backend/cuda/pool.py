@@ -89,7 +89,11 @@ class CudaPool(BrokerPool):
         self._peers = peers
         self._closed = False
         device = self.device
-        self._slabs = Slabs(spec.name, self._mr, spec.max_size, lambda: backend.reaper(device))
+        vmm_slabs = spec.slab_memory == "vmm"
+        if vmm_slabs:
+            vmm.check_supported(device)
+        self._slabs = Slabs(spec.name, self._mr, spec.max_size, lambda: backend.reaper(device),
+                            device if vmm_slabs else None, self._vmm_room)
         self.slab_size = self._slabs.size
         self.slab_item_max = self._slabs.item_max
         self._used_high = 0
@@ -111,6 +115,7 @@ class CudaPool(BrokerPool):
             "handle_type": "posix_fd",
             "vmm_above": IMPORT_LIMIT,   # larger allocations come as VMM chunks
             "slab_size": self.slab_size,
+            "slab_memory": self.spec.slab_memory,
         }
 
     # -- allocation
@@ -152,13 +157,22 @@ class CudaPool(BrokerPool):
             raise InvalidRequest("only a live slab range can be carved")
         alloc = Allocation(None, nbytes, None, arena.slab, arena.offset + offset)
         alloc.on_idle = on_idle
-        return alloc, Export(size=nbytes, offset=arena.offset + offset, data=arena.slab.data, sub=True)
+        return alloc, Export(size=nbytes, offset=arena.offset + offset, data=arena.slab.data, sub=True,
+                             chunks=arena.slab.chunks)
+
+    def _vmm_room(self, nbytes: int) -> None:
+        """VMM memory is the pool's too: max_size bounds it (the driver bounds only pool memory)."""
+        if self.spec.max_size and self._vmm_total() + nbytes > self.spec.max_size:
+            raise OutOfMemory(f"pool {self.spec.name!r}: {nbytes} bytes more would pass its max_size")
+
+    def _vmm_total(self) -> int:
+        """Bytes of VMM memory: allocations above the import limit and VMM slabs."""
+        return self._vmm_bytes + self._slabs.reserved - self._slabs.pool_reserved
 
     def _allocate_vmm(self, nbytes: int) -> tuple[object, Export]:
         """Memory a pool pointer import could not carry (see IMPORT_LIMIT): VMM chunks whose FDs
         the client maps into one range. cuMemCreate is synchronous: no ready event is needed."""
-        if self.spec.max_size and self._vmm_bytes + nbytes > self.spec.max_size:
-            raise OutOfMemory(f"pool {self.spec.name!r}: {nbytes} bytes more would pass its max_size")
+        self._vmm_room(nbytes)
         with OnDevice(self.device):
             vmm.check_supported(self.device)
             sizes = vmm.split(nbytes, vmm.granularity(self.device), VMM_CHUNK)
@@ -168,7 +182,10 @@ class CudaPool(BrokerPool):
         return Allocation(None, nbytes, None, chunks=chunks), export
 
     def chunk_fds(self, handle: object) -> list[int]:
-        return [c.fd for c in as_alloc(handle).chunks or ()]
+        alloc = as_alloc(handle)
+        if alloc.slab is not None:   # a range of a VMM slab: the slab's one chunk (Export.chunks)
+            return [alloc.slab.chunk.fd] if alloc.slab.chunk is not None else []
+        return [c.fd for c in alloc.chunks or ()]
 
     def restore(self, row: dict[str, Any], fds: list[int]) -> tuple[object, Export]:
         """A VMM-backed object a previous broker stored: its chunks, restored from their FDs, are
@@ -186,12 +203,12 @@ class CudaPool(BrokerPool):
     def _carve(self, nbytes: int) -> tuple[object, Export]:
         slab, offset = self._slabs.take(nbytes)
         self._used_high = max(self._used_high, self._used())
-        export = Export(size=nbytes, offset=offset, data=slab.data, sub=True)
+        export = Export(size=nbytes, offset=offset, data=slab.data, sub=True, chunks=slab.chunks)
         return Allocation(None, nbytes, None, slab, offset), export
 
     def _used(self) -> int:
         """Bytes handed out: the driver's count, with each slab counted by its ranges in use."""
-        return drv.get_u64(self._pool, "used") - self._slabs.reserved + self._slabs.used + self._vmm_bytes
+        return drv.get_u64(self._pool, "used") - self._slabs.pool_reserved + self._slabs.used + self._vmm_bytes
 
     def reexport(self, handle: object, export: Export, session: SessionContext) -> Export:
         """Another session opens this allocation: its stream follows the allocation (the first
@@ -341,7 +358,7 @@ class CudaPool(BrokerPool):
         used = self._used()
         self._used_high = max(self._used_high, used)
         return PoolStats(
-            reserved=drv.get_u64(p, "reserved") + self._vmm_bytes,
+            reserved=drv.get_u64(p, "reserved") + self._vmm_total(),
             used=used,
             reserved_high=drv.get_u64(p, "reserved_high"),
             used_high=self._used_high,   # ours: the driver's counts whole slabs
