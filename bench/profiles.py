@@ -2,7 +2,7 @@
 growth work (for a GPU machine; each also runs with ``--backend host``).
 
     python bench/profiles.py handoff [--backend cuda|host] [--handoffs 300] [--out DIR]
-    python bench/profiles.py attach [--backend cuda|host] [--gib 8] [--count 1024] [--out DIR]
+    python bench/profiles.py attach [--backend cuda|host] [--gib 8] [--count 1024] [--slab-memory pool|vmm] [--out DIR]
     python bench/profiles.py grow [--backend cuda|host] [--start-mib 2] [--max-mib 8192] [--out DIR]
 
 handoff  the ipcpool pair of bench/handoff.py, with the broker, the producer and the consumer each
@@ -168,7 +168,7 @@ def attach(args) -> None:
 
     out = Path(args.out)
     size = (args.gib << 30) // args.count
-    with broker("cuda") as sock:
+    with broker("cuda", f'[[pools]]\nname = "default"\nslab_memory = "{args.slab_memory}"\n') as sock:
         q = CTX.Queue()
         p = CTX.Process(target=hot_attach._load, args=(str(sock), "w/", args.count, size, q))
         p.start()
@@ -196,6 +196,8 @@ def main() -> None:
     a.add_argument("--backend", default="cuda", choices=("cuda", "host"), help="broker backend (default: cuda)")
     a.add_argument("--gib", type=int, default=8, help="GiB of objects resident in the broker (default: 8)")
     a.add_argument("--count", type=int, default=1024, help="how many objects (default: 1024)")
+    a.add_argument("--slab-memory", choices=("pool", "vmm"), default="pool",
+                   help="CUDA: what the pool's slabs are, pool allocations or VMM chunks (default: pool)")
     g = sub.add_parser("grow", help="a growable grown by doubling, the grower and the broker profiled")
     g.add_argument("--backend", default="cuda", choices=("cuda", "host"), help="broker backend (default: cuda)")
     g.add_argument("--start-mib", type=int, default=2, help="the size it is created at (default: 2)")

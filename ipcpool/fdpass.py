@@ -27,6 +27,12 @@ SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
 NGROUPS_MAX = 65536
 
 
+def close_all(fds) -> None:
+    """Close every FD in ``fds`` (an iterable of them)."""
+    for fd in fds:
+        os.close(fd)
+
+
 @dataclass(frozen=True)
 class PeerCred:
     pid: int

@@ -211,12 +211,28 @@ REQUESTS: dict[str, dict[str, Field]] = {
 # One-way requests: the broker acts and sends no reply (ordering per session is kept by ZeroMQ).
 ONE_WAY = frozenset({"free"})
 
+# FDs in one control reply at most (the kernel's own limit, SCM_MAX_FD, is 253): a batch attach
+# of 64 GiB in VMM slabs of 1 GiB fetches them all in one reply.
+FD_BATCH = 64
+
+
+def check_ids(key: str, ids: list) -> None:
+    if not ids:
+        raise InvalidRequest(f"{key}: at least one id")
+    for i, v in enumerate(ids):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 64:
+            raise InvalidRequest(f"{key}[{i}]: an id is an int in [0, 2**64)")
+
+
 # Requests on the control socket.
 CONTROL: dict[str, dict[str, Field]] = {
     "hello": {"version": _u64(), "pid": _u64(required=False)},
     "pool_fd": {"pool": _name()},
     # The chunk FDs of a growable buffer (from chunk ``first``) or of a VMM-backed allocation.
     "chunk_fds": {"growable": _object_name(required=False), "alloc": _u64(required=False), "first": _u64()},
+    # Every chunk FD of each allocation named (FD_BATCH in all at most), in order: how a batch
+    # attach fetches the FDs of the VMM slabs it lacks in one round trip, not one per slab.
+    "alloc_fds": {"allocs": Field(list, True, max_len=FD_BATCH, check=check_ids)},
     # The growable buffer ops of the message channel, answered here with the FDs of the chunks from
     # ``first`` (those the client has not mapped) in the same reply: one round trip each.
     "grow_create": {**REQUESTS["grow_create"]},
@@ -231,7 +247,6 @@ CONTROL: dict[str, dict[str, Field]] = {
 # that word holds; a session's first reply of GROWABLE_CONTROL also says ``board``: its first FD
 # is the board's.
 GROWABLE_CONTROL = frozenset({"grow_create", "grow_attach", "grow", "grow_sync"})
-FD_BATCH = 16   # FDs in one control reply at most
 
 
 def _show(value: Any, limit: int = 64) -> str:

@@ -246,6 +246,36 @@ class Channel:
             raise
         return out
 
+    def allocs_fds(self, wanted: list[tuple[int, int]]) -> dict[int, list[int]]:
+        """The chunk FDs of several VMM-backed allocations, ``(alloc, count)`` each: as many as
+        fit in one reply per round trip (``alloc_fds``); one too large alone goes batch by batch."""
+        out: dict[int, list[int]] = {}
+        groups: list[list[int]] = [[]]
+        held = 0
+        try:
+            for aid, count in wanted:
+                if count > protocol.FD_BATCH:
+                    out[aid] = self.alloc_fds(aid, count)
+                    continue
+                if held + count > protocol.FD_BATCH:
+                    groups.append([])
+                    held = 0
+                groups[-1].append(aid)
+                held += count
+            for group in filter(None, groups):
+                reply, fds = self.control_call({"op": "alloc_fds", "allocs": group})
+                counts = reply.get("counts", [])
+                bad = len(counts) != len(group) or sum(counts) != len(fds)
+                for aid, n in zip(group, counts):
+                    out[aid], fds = fds[:n], fds[n:]
+                if bad:
+                    fdpass.close_all(fds)
+                    raise ProtocolError("alloc_fds reply: its counts do not match its FDs")
+        except BaseException:
+            fdpass.close_all(fd for fds in out.values() for fd in fds)
+            raise
+        return out
+
     # -- requests -----------------------------------------------------------------------------
     def check_open(self) -> None:
         if self.closed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import protocol
+from .. import fdpass, protocol
 from ..backend.base import ClientBackend, Export, ImportedMemory
 from ..errors import BrokerGone, ClosedError, InvalidRequest, IpcPoolError, ObjectExists, ProtocolError
 from ..meta import wire_meta
@@ -169,11 +169,12 @@ class Leases:
         memory = self._import(reply["alloc"], reply["pool"], export_of(reply), stream)
         return self._keep(reply["alloc"], reply["pool"], memory, owner, name, reply.get("meta"), readonly)
 
-    def _import(self, aid: int, pool: str, export: Export, stream: Any) -> ImportedMemory:
-        """One allocation imported (a VMM-backed one from its chunk FDs); given back on failure."""
+    def _import(self, aid: int, pool: str, export: Export, stream: Any, fds: list[int] | None = None) -> ImportedMemory:
+        """One allocation imported (a VMM-backed one from its chunk FDs: ``fds``, else fetched); given back on failure."""
         try:
             client_pool = self._pools.get(pool)
-            fds = self._channel.alloc_fds(aid, len(export.chunks)) if client_pool.needs_fds(export) else []
+            if fds is None:
+                fds = self._channel.alloc_fds(aid, len(export.chunks)) if client_pool.needs_fds(export) else []
             return client_pool.import_allocation(export, stream, fds)
         except BaseException:
             self._channel.send("free", alloc=aid)   # give it back; nothing was imported
@@ -333,17 +334,20 @@ class Leases:
                 client_pool = self._pools.get(pool)
                 exports = {i: Export(sizes[i], offsets[i], datas[data_col[i]], event, subs[i], tuple(chunks[i]))
                            for i in idx}
-                # One by one, with their FDs: memory of chunks of its own, the first range of a VMM slab
-                # not mapped here yet. The rest in one batch.
+                # With FDs: memory of chunks of its own, a VMM slab's first range here; the rest in a batch.
                 first: dict[Any, int] = {}
                 for i in (i for i in idx if client_pool.needs_fds(exports[i])):
                     first.setdefault(exports[i].data if subs[i] else i, i)
                 def lease(i: int, memory: ImportedMemory) -> Buffer:
                     settled[i] = True
                     return Buffer(self, aids[i], pool, memory, False, name=names[i], meta=metas[i], readonly=True)
-                for i in first.values():
-                    settled[i] = True   # _import gives it back itself if it fails
-                    slots[i] = lease(i, self._import(aids[i], pool, exports[i], stream))
+                fds = self._channel.allocs_fds([(aids[i], len(exports[i].chunks)) for i in first.values()])
+                try:   # all their FDs in one round trip
+                    for i in first.values():
+                        settled[i] = True   # _import gives it back itself if it fails
+                        slots[i] = lease(i, self._import(aids[i], pool, exports[i], stream, fds.pop(aids[i])))
+                finally:
+                    fdpass.close_all(fd for got in fds.values() for fd in got)
                 rest = [i for i in idx if slots[i] is None]
                 for i, memory in zip(rest, client_pool.import_many([exports[i] for i in rest], stream) if rest else ()):
                     slots[i] = lease(i, memory)
@@ -369,9 +373,8 @@ class Leases:
         try:
             return self.views.typed_many(leases, [lease._memory for lease in leases], kind)
         except BaseException:
-            for lease in leases:
-                if not lease.freed:
-                    lease.free()
+            for lease in (x for x in leases if not x.freed):
+                lease.free()
             raise
 
     # -- releasing ------------------------------------------------------------------------------
@@ -383,10 +386,7 @@ class Leases:
             if self._channel.closed or self.handoff.free(buf, stream):   # carved: freed by where it lies
                 return
             done = self.handoff.release(buf.pool, buf._memory, stream)
-            fields = {"alloc": buf.alloc_id}
-            if done:
-                fields["done_event"] = done
-            self._channel.send("free", **fields)
+            self._channel.send("free", alloc=buf.alloc_id, **({"done_event": done} if done else {}))
 
     def release_all(self, name: str, stream: Any) -> int:
         leases = [b for b in self.buffers.values() if b.name == name and b.readonly]

@@ -190,6 +190,9 @@ class ControlChannel:
             elif op == "chunk_fds":
                 reply, fds = self._chunk_fds(session, fields)
                 self.send(session, protocol.ok_reply(rid, **reply), tuple(fds))
+            elif op == "alloc_fds":
+                reply, fds = self._alloc_fds(session, fields["allocs"])
+                self.send(session, protocol.ok_reply(rid, **reply), tuple(fds))
             elif op in protocol.GROWABLE_CONTROL:
                 reply = self.handlers.handle(session, op, fields, rid)
                 g = self.tables.growables.attached(session, fields["name"])
@@ -218,9 +221,7 @@ class ControlChannel:
             g, fds = self.tables.growables.fds(session, f["growable"], first)
             chunks, one_file = g.memory.chunks, g.memory.one_file
         elif "alloc" in f:
-            # An arena is held by the arena, not the session: its slab's FD is the session's too.
-            alloc = self.tables.handoffs.arena_alloc(session, f["alloc"]) or \
-                self.tables.registry.held_by(session, f["alloc"])
+            alloc = self._held(session, f["alloc"])
             chunks, one_file = alloc.export.chunks, False
             if not 0 <= first < len(chunks):
                 raise InvalidRequest(f"allocation {alloc.aid} has {len(chunks)} chunks, not chunk {first}")
@@ -229,6 +230,24 @@ class ControlChannel:
             raise InvalidRequest("chunk_fds names a growable buffer or an allocation")
         batch, fds = _fd_batch(chunks, one_file, first, fds)
         return {"chunks": batch}, fds
+
+
+    def _alloc_fds(self, session: Session, aids: list[int]) -> tuple[dict, list[int]]:
+        """Every chunk FD of each allocation in ``aids``, in order, and how many each has."""
+        counts, fds = [], []
+        for aid in aids:
+            alloc = self._held(session, aid)
+            got = alloc.pool.chunk_fds(alloc.handle)
+            counts.append(len(got))
+            fds += got
+        if len(fds) > protocol.FD_BATCH:
+            raise InvalidRequest(f"those allocations have {len(fds)} chunk FDs; one reply carries at most "
+                                 f"{protocol.FD_BATCH} (ask for fewer at once, or use chunk_fds)")
+        return {"counts": counts}, fds
+
+    def _held(self, session: Session, aid: int):
+        # An arena is held by the arena, not the session: its slab's FD is the session's too.
+        return self.tables.handoffs.arena_alloc(session, aid) or self.tables.registry.held_by(session, aid)
 
 
 def _fd_batch(chunks: list[int], one_file: bool, first: int, fds: list[int],

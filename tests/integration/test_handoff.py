@@ -163,3 +163,27 @@ def test_an_arena_is_its_sessions_when_it_asks_for_chunk_fds(broker):
             c._channel.chunk_fds(0, alloc=aid)
         with pytest.raises(ipcpool.InvalidRequest, match=f"allocation {aid} is not held by this session"):
             other._channel.chunk_fds(0, alloc=aid)
+
+
+def test_alloc_fds_answers_several_allocations_in_one_reply_and_only_the_sessions(broker):
+    """``alloc_fds`` (how a batch attach fetches the VMM slabs it lacks, in one round trip): each
+    allocation's chunk FDs and their count, in order (host memory has none); an allocation the
+    session does not hold, a list too long and ids that are no ids are refused, and the session
+    goes on."""
+    with ipcpool.connect(broker.socket_dir, arena_bytes=0) as c, ipcpool.connect(broker.socket_dir) as other:
+        bufs = [c.allocate(1 << 20) for _ in range(3)]   # no arena: each an allocation of its own
+        aids = [b.alloc_id for b in bufs]
+        reply, fds = c._channel.control_call({"op": "alloc_fds", "allocs": aids})
+        assert reply["counts"] == [0, 0, 0] and fds == []
+        assert c._channel.allocs_fds([(a, 0) for a in aids]) == {a: [] for a in aids}
+        with pytest.raises(ipcpool.InvalidRequest, match=f"allocation {aids[1]} is not held by this session"):
+            other._channel.control_call({"op": "alloc_fds", "allocs": [aids[1]]})
+        with pytest.raises(ipcpool.ProtocolError, match="alloc_fds: field 'allocs' longer than 64"):
+            c._channel.control_call({"op": "alloc_fds", "allocs": aids * 22})
+        for bad, what in (([], "at least one id"), ([True], r"allocs\[0\]: an id is an int"),
+                          ([aids[0], -1], r"allocs\[1\]: an id is an int")):
+            with pytest.raises(ipcpool.InvalidRequest, match=what):
+                c._channel.control_call({"op": "alloc_fds", "allocs": bad})
+        assert c.allocate(4096).size == 4096   # the session goes on
+        for b in bufs:
+            b.free()
