@@ -57,7 +57,7 @@ class Client:
         self._pools = Pools(channel, self._backend)
         self._leases = Leases(channel, self._pools, self._backend, settings.arena_bytes)
         self._handoff = self._leases.handoff
-        self._growables = Growables(channel, self._backend)
+        self._growables = Growables(channel, self._backend, settings.growable_span)
         # What arrives unasked, and the replies to requests sent without waiting, go to the parts.
         channel.on_reply, channel.on_notice = self._handoff.on_reply, self._handoff.on_notice
         channel.on_grown = self._growables.on_grown

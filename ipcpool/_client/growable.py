@@ -199,9 +199,10 @@ class _Fetch:
 class Growables:
     """The growable buffers a client has attached, and the requests that make, grow and map them."""
 
-    def __init__(self, channel: Channel, backend: ClientBackend):
+    def __init__(self, channel: Channel, backend: ClientBackend, span: int | None = None):
         self._channel = channel
         self._backend = backend
+        self._span = span   # address space to reserve per buffer (Settings.growable_span)
         self.attached: dict[str, GrowableBuffer] = {}
         self._board: BoardView | None = None   # the broker's growth board, read-only (see sync)
 
@@ -254,7 +255,7 @@ class Growables:
         fetch = _Fetch(self._channel, name, reply.get("batch", []), fds)
         mapping = None
         try:
-            mapping = self._backend.import_growable(reply["info"])
+            mapping = self._backend.import_growable(reply["info"], self._span)
             g = GrowableBuffer(self, reply, mapping)
             g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
             g._stamped(reply)

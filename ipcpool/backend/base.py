@@ -386,8 +386,9 @@ class ClientBackend(ABC):
     def import_pool(self, info: dict[str, Any], fd: int) -> ClientPool:
         """Import a pool; takes ownership of ``fd`` (closes it, also on failure)."""
 
-    def import_growable(self, info: dict[str, Any]) -> ClientGrowable:
-        """An empty mapping of a growable buffer; ``extend`` maps its chunks."""
+    def import_growable(self, info: dict[str, Any], span: int | None = None) -> ClientGrowable:
+        """An empty mapping of a growable buffer; ``extend`` maps its chunks. ``span``: address
+        space to reserve for it, where the backend reserves any (None: the backend's default)."""
         raise BackendUnavailable(f"the {self.name} backend has no growable buffers")
 
     def close(self) -> None:

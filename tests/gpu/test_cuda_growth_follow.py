@@ -81,11 +81,13 @@ def test_a_batch_of_chunks_is_granted_access_in_one_call(cuda_broker, monkeypatc
         g.close()
 
 
-def test_a_chunk_straddling_two_reservations_is_mapped_in_place_or_moved(cuda_broker):
+def test_a_chunk_straddling_two_reservations_is_mapped_in_place_or_moved(cuda_broker, monkeypatch):
     """64 MiB mapped of a 128 MiB reservation, then a grow to 512 MiB: its first chunk crosses
     into the range reserved right after. Where the driver refuses that mapping the buffer moves;
     either way every byte is kept. The path taken is printed: it settles what the driver does."""
     import cupy
+
+    monkeypatch.setenv("IPCPOOL_GROWABLE_SPAN", "0")   # reservations of twice the size
 
     with ipcpool.connect(cuda_broker.socket_dir) as c:
         g = c.create_growable("follow/straddle", 64 * MiB)

@@ -76,9 +76,36 @@ def _follower(sock, name, todo, done):
         g.close()
 
 
-def test_a_follower_sees_every_grow_on_both_paths_and_data_is_kept(cuda_broker):
+def test_by_default_a_growable_spans_its_device_and_never_moves(cuda_broker):
+    """Each process reserves address space for the device's whole memory: grown by doubling from
+    2 MiB to 4 GiB the pointer never moves, here nor in a process that follows."""
     import cupy
 
+    total = cupy.cuda.runtime.memGetInfo()[1]
+    with ipcpool.connect(cuda_broker.socket_dir) as c, ipcpool.connect(cuda_broker.socket_dir) as d:
+        g = c.create_growable("vmm/span", 2 * MiB)
+        h = d.attach_growable("vmm/span")
+        assert g.reserved >= total and h.reserved >= total
+        ptr, size = g.ptr, 2 * MiB
+        as_cupy(g.ptr, g.size).fill(7)
+        cupy.cuda.Device().synchronize()
+        while size < 4 * GiB:
+            size *= 2
+            r = g.grow(size)
+            assert r.grown and not r.moved and g.ptr == ptr and g.size == size
+        r = h.sync()
+        assert r.grown and not r.moved and h.size == 4 * GiB
+        assert int(cupy.count_nonzero(as_cupy(h.ptr, 2 * MiB) != 7)) == 0
+        h.close()
+        g.close()
+        c.delete_growable("vmm/span")
+
+
+def test_a_follower_sees_every_grow_on_both_paths_and_data_is_kept(cuda_broker, monkeypatch):
+    import cupy
+
+    # Reservations of twice the size, as the moving path needs (the default spans the device).
+    monkeypatch.setenv("IPCPOOL_GROWABLE_SPAN", "0")   # here and in the follower it spawns
     todo, done = SPAWN.Queue(), SPAWN.Queue()
     with ipcpool.connect(cuda_broker.socket_dir) as c:
         g = c.create_growable("vmm/a", 64 * MiB)

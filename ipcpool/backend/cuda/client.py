@@ -35,11 +35,14 @@ class CudaClientGrowable(ClientGrowable):
     """A growable buffer mapped here: a ``vmm.Mapping`` with room to grow in place, which the
     growable's device and the peers ``growable_access`` finds may access."""
 
-    def __init__(self, device: int, gran: int, peers: tuple[int, ...] | list[int] = ()):
+    def __init__(self, device: int, gran: int, peers: tuple[int, ...] | list[int] = (), span: int | None = None):
         check_device(device)
         self.device = device
         self.peers = growable_access(device, list(peers))
-        self._mapping = vmm.Mapping(device, gran, headroom=2, peers=self.peers)
+        # By default address space for the device's whole memory, where the driver grants it:
+        # growth then maps in place, never at a new range nor after a reservation on the way.
+        span = drv.total_memory(device) if span is None else span
+        self._mapping = vmm.Mapping(device, gran, headroom=2, peers=self.peers, span=span)
 
     ptr = property(lambda self: self._mapping.ptr)
     size = property(lambda self: self._mapping.size)
@@ -86,10 +89,10 @@ class CudaClientBackend(ClientBackend):
         except (KeyError, TypeError, ValueError) as exc:
             raise BackendUnavailable(f"bad pool info for {info.get('name')!r}: {exc}") from exc
 
-    def import_growable(self, info: dict[str, Any]) -> ClientGrowable:
+    def import_growable(self, info: dict[str, Any], span: int | None = None) -> ClientGrowable:
         try:
             return CudaClientGrowable(int(info["device"]), int(info["granularity"]),
-                                      [int(p) for p in info.get("peer_access", ())])
+                                      [int(p) for p in info.get("peer_access", ())], span)
         except (KeyError, TypeError, ValueError) as exc:
             raise BackendUnavailable(f"bad growable info {info!r}: {exc}") from exc
 

@@ -65,6 +65,10 @@ def device_count() -> int:
     return int(check(cu.cuDeviceGetCount(), "cuDeviceGetCount"))
 
 
+def total_memory(device: int) -> int:
+    return int(check(cu.cuDeviceTotalMem(device), "cuDeviceTotalMem"))
+
+
 def access_descs(devices: list[int]) -> list[Any]:
     """Read-write access for each of ``devices`` (structs only: no driver call)."""
     descs = []

@@ -6,7 +6,8 @@ store. Client side, a ``Mapping`` imports chunk FDs and maps them one after anot
 space it reserved, granting read-write access to its device and the peers it was given (one
 ``cuMemSetAccess`` per batch of chunks, over the batch's whole range: the driver asks for a fully
 mapped range of whole allocations, not for one allocation). Growth maps new chunks right after the
-current ones: inside the reservation, or in a range reserved right after it where that is free
+current ones: inside the reservation (a growable's first one spans its device's memory where the
+driver grants that: growth then stays there), or in a range reserved right after it where that is free
 (the fast path); otherwise, or where the driver refuses to map a chunk across the end of one
 reservation into the next, every chunk is mapped again at a new, larger range (the slow path). The
 old range stays mapped until ``close``, so work in flight on the old pointer stays valid; the data
@@ -149,12 +150,13 @@ class Mapping:
     """A client's contiguous mapping of chunks (imported from FDs) on one device, which ``peers``
     (devices the caller has checked can access it: cuDeviceCanAccessPeer) may access too."""
 
-    def __init__(self, device: int, gran: int, headroom: int = 1, peers: tuple[int, ...] = ()):
+    def __init__(self, device: int, gran: int, headroom: int = 1, peers: tuple[int, ...] = (), span: int = 0):
         self.device = device
         self.access = [device] + [p for p in dict.fromkeys(peers) if p != device]
         self._descs = access_descs(self.access)
         self.gran = gran
         self.headroom = headroom    # reserve this many times the size: room to grow in place
+        self.span = span            # and at least this much (see _reserve)
         self.ptr = 0
         self.size = 0
         self.reserved = 0
@@ -199,8 +201,7 @@ class Mapping:
                 self.size = total
                 return False
         # Slow path: a new range; map every chunk there (the old range stays until close).
-        length = round_up(total * self.headroom, self.gran)
-        base = int(check(cu.cuMemAddressReserve(length, self.gran, 0, 0), "cuMemAddressReserve"))
+        base, length = self._reserve(total)
         self._ranges.append((base, length))
         self._map(base, self._handles + new)   # one access call for the whole range
         moved = bool(self.ptr)
@@ -208,6 +209,18 @@ class Mapping:
         self._handles += new
         self.size = total
         return moved
+
+    def _reserve(self, total: int) -> tuple[int, int]:
+        """A new range for ``total`` bytes and room to grow: ``span`` bytes where the driver grants
+        that much address space (a growable asks for its device's memory, so that it never moves
+        and never reserves again), else ``headroom`` times ``total``."""
+        length = round_up(total * self.headroom, self.gran)
+        if self.span > length:
+            span = round_up(self.span, self.gran)
+            err, base = cu.cuMemAddressReserve(span, self.gran, 0, 0)
+            if err == cu.CUresult.CUDA_SUCCESS:
+                return int(base), span
+        return int(check(cu.cuMemAddressReserve(length, self.gran, 0, 0), "cuMemAddressReserve")), length
 
     def _straddles(self, new: list[tuple[Any, int]]) -> bool:
         """Would one of ``new``, mapped after the current ones, cross the start of a reservation?"""

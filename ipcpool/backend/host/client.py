@@ -92,5 +92,5 @@ class HostClientBackend(ClientBackend):
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise BackendUnavailable(f"cannot map host pool {info.get('name')!r}: {exc}") from exc
 
-    def import_growable(self, info: dict[str, Any]) -> ClientGrowable:
+    def import_growable(self, info: dict[str, Any], span: int | None = None) -> ClientGrowable:
         return HostClientGrowable()
