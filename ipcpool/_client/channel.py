@@ -72,14 +72,6 @@ def _close_unclosed(pid: int, dealer: zmq.Socket, control: socket.socket) -> Non
                   "use `with ipcpool.connect() as c:`", ResourceWarning, stacklevel=2)
 
 
-def _not_mine(msg: dict) -> bool:
-    return False
-
-
-def _ignore(msg: dict) -> None:
-    pass
-
-
 class Channel:
     """One session's sockets. Every part of the client holds it; it holds none of them, only the
     hooks they set. It lives as long as anything of the session does (buffers hold it through
@@ -99,9 +91,9 @@ class Channel:
         self.async_errors: list[IpcPoolError] = []
         self.watches: dict[int, collections.deque] = {}   # watch id -> seals announced, not yet taken
         # Set by the client's parts: what arrives unasked goes there.
-        self.on_reply: Callable[[dict], bool] = _not_mine    # True: a reply the hook consumed
-        self.on_notice: Callable[[dict], bool] = _not_mine   # True: a notice the hook consumed
-        self.on_grown: Callable[[dict], None] = _ignore
+        self.on_reply: Callable[[dict], bool] = lambda msg: False    # True: a reply the hook consumed
+        self.on_notice: Callable[[dict], bool] = lambda msg: False   # True: a notice the hook consumed
+        self.on_grown: Callable[[dict], None] = lambda msg: None
         self.on_progress: Callable[[], None] = lambda: None  # any reply: the broker moved on (R4)
         self._control = self._open_control()
         self._control_ready = select.poll()   # readable: a control reply to take (see _control_reply)
@@ -124,6 +116,7 @@ class Channel:
             self._control.close()
             raise
         self._finalizer = weakref.finalize(self, _close_unclosed, os.getpid(), self._dealer, self._control)
+        self.send("ping")   # not waited for: the broker learns our message channel now (see settle)
 
     # -- session set-up -----------------------------------------------------------------------
     def _open_control(self) -> socket.socket:
@@ -221,9 +214,12 @@ class Channel:
         room arrives. And the message channel connects in the background: the broker's ROUTER drops
         what it sends to a peer whose connection it has not seen yet, so a session that spoke on
         the control socket alone would miss the notices of growth. A ping settles both; it is only
-        sent when something is unanswered, or nothing was heard yet (once per session)."""
+        sent when something is unanswered, or nothing was heard yet (once per session, and the
+        ping sent at connect is usually answered by then)."""
         if not self._heard or self._last_sent > self._last_answered:
-            self.call("ping")
+            self.drain()
+            if not self._heard or self._last_sent > self._last_answered:
+                self.call("ping")
 
     def chunk_fds(self, first: int, **which) -> tuple[list[int], list[int]]:
         """One batch of chunk FDs over the control socket, of a growable buffer or a VMM-backed
