@@ -46,6 +46,7 @@ from .tables import Tables
 log = logging.getLogger(__name__)
 
 ZMQ_BACKLOG = 64     # message-channel connections the kernel queues for libzmq's accept
+STOCK_IDLE_S = 0.005   # the growth stock is refilled once no request came for this long
 
 
 def _prepare_dir(path: Path) -> None:
@@ -71,6 +72,7 @@ class Broker:
         self._monitor = None
         self._stop = False
         self._spin_until = 0.0   # poll without sleeping until then (busy_poll_us after a request)
+        self._last_request = 0.0   # when the last request came (the stock waits for a quiet spell)
         self.started = time.time()
         self.registry: Registry | None = None
         self.notifier = Notifier()
@@ -280,9 +282,14 @@ class Broker:
         elif self.registry is not None and self.backend.pending_frees:
             timeout_ms = min(timeout_ms, 2)   # frees wait on done events: look again soon
         # The growth stock is refilled while idle: after a burst of requests, not during one.
+        # Making a chunk and its FD takes up to a millisecond, and a request arriving meanwhile
+        # waits: a burst of grows (each one a request a few hundred µs after the last) must not
+        # meet one, so the refill starts only once no request came for STOCK_IDLE_S.
         refill = not spinning and self.registry is not None and self.growables.stock_wanted()
         if refill:
-            timeout_ms = 0
+            quiet_in = self._last_request + STOCK_IDLE_S - time.monotonic()
+            refill = quiet_in <= 0
+            timeout_ms = 0 if refill else min(timeout_ms, int(quiet_in * 1000) + 1)
         events = dict(self._poller.poll(timeout_ms))
         if self._wake_r.fileno() in events:
             try:
@@ -303,7 +310,8 @@ class Broker:
                 elif fd in table.by_fd:
                     self.control.on_message(table.by_fd[fd])
                     # A grow is a control request: the next one of a burst is read without a wake-up too.
-                    self._spin_until = time.monotonic() + self.config.busy_poll_us / 1e6
+                    self._last_request = time.monotonic()
+                    self._spin_until = self._last_request + self.config.busy_poll_us / 1e6
                 elif fd in table.by_pidfd:
                     table.process_gone(table.by_pidfd[fd])
         if table.pending:
@@ -328,7 +336,8 @@ class Broker:
                 return
             self._on_message(frames)
             self.handoffs.settle()   # a range a request made idle goes back before the next request
-            self._spin_until = time.monotonic() + self.config.busy_poll_us / 1e6
+            self._last_request = time.monotonic()
+            self._spin_until = self._last_request + self.config.busy_poll_us / 1e6
 
     def send(self, ident: bytes, msg: dict) -> None:
         try:

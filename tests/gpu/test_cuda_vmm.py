@@ -101,6 +101,27 @@ def test_by_default_a_growable_spans_its_device_and_never_moves(cuda_broker):
         c.delete_growable("vmm/span")
 
 
+def test_the_growth_stock_waits_out_a_burst_of_grows_then_fills_again(cuda_broker):
+    """Grows take chunks from the broker's stock; making new ones waits until no request came for
+    a while (a chunk and its FD take up to a millisecond, which a burst of grows must not wait
+    for), then the stock is full again."""
+    with ipcpool.connect(cuda_broker.socket_dir) as c:
+        full = c.stats()["pools"]["default"]["stock_bytes"]
+        assert full >= 64 * MiB
+        g = c.create_growable("stock/burst", 2 * MiB)
+        size = 2 * MiB
+        while size < 64 * MiB:
+            size *= 2
+            g.grow(size)
+        assert c.stats()["pools"]["default"]["stock_bytes"] < full   # right after the burst
+        deadline = time.monotonic() + 10
+        while c.stats()["pools"]["default"]["stock_bytes"] < full and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.stats()["pools"]["default"]["stock_bytes"] == full
+        g.close()
+        c.delete_growable("stock/burst")
+
+
 def test_a_follower_sees_every_grow_on_both_paths_and_data_is_kept(cuda_broker, monkeypatch):
     import cupy
 
