@@ -84,7 +84,6 @@ class Channel:
         self.get_spin_s = settings.get_spin_s
         self.lock = threading.RLock()
         self.closed = False
-        self._heard = False   # something came on the message channel: the broker's ROUTER knows us
         self._last_sent = 0       # the id of the newest request on the message channel ...
         self._last_answered = 0   # ... and of the newest one answered (all before it were read)
         self._next_id = 1
@@ -116,7 +115,8 @@ class Channel:
             self._control.close()
             raise
         self._finalizer = weakref.finalize(self, _close_unclosed, os.getpid(), self._dealer, self._control)
-        self.send("ping")   # not waited for: the broker learns our message channel now (see settle)
+        self._heard = False   # something came on the message channel: the broker's ROUTER knows us
+        self._ping = self.send("ping")   # not waited for (see settle)
 
     # -- session set-up -----------------------------------------------------------------------
     def _open_control(self) -> socket.socket:
@@ -213,13 +213,16 @@ class Channel:
         ordered: a free sent without waiting may still be on its way when a grow that needs its
         room arrives. And the message channel connects in the background: the broker's ROUTER drops
         what it sends to a peer whose connection it has not seen yet, so a session that spoke on
-        the control socket alone would miss the notices of growth. A ping settles both; it is only
-        sent when something is unanswered, or nothing was heard yet (once per session, and the
-        ping sent at connect is usually answered by then)."""
-        if not self._heard or self._last_sent > self._last_answered:
-            self.drain()
-            if not self._heard or self._last_sent > self._last_answered:
-                self.call("ping")
+        the control socket alone would miss the notices of growth. A ping settles both; one is sent
+        at connect, and waited for here only if nothing was heard since; another only when a
+        later message is unanswered."""
+        if self._heard and self._last_sent <= self._last_answered:
+            return
+        self.drain()
+        if self._last_sent == self._ping and not self._heard:
+            self.wait_reply(self._ping, self.timeout)
+        elif not self._heard or self._last_sent > self._last_answered:
+            self.call("ping")
 
     def chunk_fds(self, first: int, **which) -> tuple[list[int], list[int]]:
         """One batch of chunk FDs over the control socket, of a growable buffer or a VMM-backed
