@@ -10,7 +10,7 @@ on CUDA asks for the new chunks only once it sees the word change.
 
 Each pool whose backend makes chunks at a cost (CUDA) keeps a stock of them (``backend.stock``,
 ``[growth] stock`` in the config): grows take from it first; it is refilled one chunk at a time
-from the broker's idle pass. The stock counts against the pool's max_size, and yields to buffers:
+from the broker's idle pass, once no request came for 5 ms. The stock counts against the pool's max_size, and yields to buffers:
 a grow may use the room it holds, and the stock sheds what no longer fits.
 """
 
