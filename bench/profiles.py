@@ -116,8 +116,9 @@ def grow(args) -> None:
         print(f"\n===== {name}: by own time =====")
         pstats.Stats(str(out / f"{name}.prof")).sort_stats("tottime").print_stats(args.top)
     # The broker's own time is mostly its idle poll and start-up: its request path, by total time.
-    print("\n===== broker: ipcpool's functions by total time =====")
-    pstats.Stats(str(out / "broker.prof")).sort_stats("cumulative").print_stats(r"ipcpool/(broker|backend)", args.top)
+    print("\n===== broker: the grow's path by total time =====")
+    path = r"ipcpool/(broker/(control|handlers|growables|notices)|backend/(stock|cuda/(growable|vmm|context)))\.py:\d+\((?!<module>)"
+    pstats.Stats(str(out / "broker.prof")).sort_stats("cumulative").print_stats(path, args.top)
 
 
 def _attach_profiled(sock, prefix, count, path, out, host=False):
