@@ -204,9 +204,9 @@ class Handoff:
             self._no_arena[pool] = time.monotonic() + 1.0
             return None
         client_pool = self._pools.get(pool)
-        words, export = reply.get("words"), export_of(reply)
-        fds = self._channel.alloc_fds(reply["alloc"], 1) if client_pool.needs_fds(export) else []   # a VMM slab's
-        arena = ClientArena(reply["alloc"], client_pool, client_pool.import_allocation(export, fds=fds),
+        words = reply.get("words")
+        memory = self._pools.import_allocation(reply["alloc"], pool, export_of(reply))   # (a VMM slab's FD too)
+        arena = ClientArena(reply["alloc"], client_pool, memory,
                             words if isinstance(words, int) and 0 <= words <= boards.WORDS - boards.BLOCK else None)
         self._by_arena[arena.aid] = arena
         return arena

@@ -172,10 +172,7 @@ class Leases:
     def _import(self, aid: int, pool: str, export: Export, stream: Any, fds: list[int] | None = None) -> ImportedMemory:
         """One allocation imported (a VMM-backed one from its chunk FDs: ``fds``, else fetched); given back on failure."""
         try:
-            client_pool = self._pools.get(pool)
-            if fds is None:
-                fds = self._channel.alloc_fds(aid, len(export.chunks)) if client_pool.needs_fds(export) else []
-            return client_pool.import_allocation(export, stream, fds)
+            return self._pools.import_allocation(aid, pool, export, stream, fds)
         except BaseException:
             self._channel.send("free", alloc=aid)   # give it back; nothing was imported
             raise

@@ -1,11 +1,13 @@
-"""The pools a client imported, each on first use with its seal board, and the export a reply
-carries (what a pool imports an allocation from)."""
+"""The pools a client imported, each on first use with its seal board, the export a reply
+carries (what a pool imports an allocation from), and importing one (its chunk FDs fetched where
+the pool needs them)."""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from ..backend.base import ClientBackend, ClientPool, Export
+from ..backend.base import ClientBackend, ClientPool, Export, ImportedMemory
 from ..board import Board
 from ..errors import ProtocolError
 from .channel import Channel
@@ -39,6 +41,15 @@ class Pools:
                 raise
             self.boards[name] = board
         return pool
+
+    def import_allocation(self, aid: int, pool: str, export: Export, stream: Any = None,
+                          fds: list[int] | None = None) -> ImportedMemory:
+        """Allocation ``aid`` imported into ``pool``: from ``fds`` where given, else with its chunk
+        FDs fetched over the control socket where the pool needs them (``ClientPool.needs_fds``)."""
+        client_pool = self.get(pool)
+        if fds is None:
+            fds = self._channel.alloc_fds(aid, len(export.chunks)) if client_pool.needs_fds(export) else []
+        return client_pool.import_allocation(export, stream, fds)
 
     def close(self) -> None:
         for pool in self.imported.values():
