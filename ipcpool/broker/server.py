@@ -71,8 +71,9 @@ class Broker:
         self._poller = zmq.Poller()
         self._monitor = None
         self._stop = False
-        self._spin_until = 0.0   # poll without sleeping until then (busy_poll_us after a request)
-        self._last_request = 0.0   # when the last request came (the stock waits for a quiet spell)
+        # When the last request came: the loop polls without sleeping for busy_poll_us after it,
+        # and the growth stock waits for a quiet spell (STOCK_IDLE_S).
+        self._last_request = 0.0
         self.started = time.time()
         self.registry: Registry | None = None
         self.notifier = Notifier()
@@ -276,7 +277,7 @@ class Broker:
             timeout_ms = max(0, min(timeout_ms, int((deadline - time.monotonic()) * 1000) + 1))
         if not self.guard.zmq_open:   # look again soon whether the message channel may open again
             timeout_ms = min(timeout_ms, 200)
-        spinning = time.monotonic() < self._spin_until
+        spinning = time.monotonic() < self._last_request + self.config.busy_poll_us / 1e6
         if spinning:   # right after a request: don't sleep (busy_poll_us)
             timeout_ms = 0
         elif self.registry is not None and self.backend.pending_frees:
@@ -311,7 +312,6 @@ class Broker:
                     self.control.on_message(table.by_fd[fd])
                     # A grow is a control request: the next one of a burst is read without a wake-up too.
                     self._last_request = time.monotonic()
-                    self._spin_until = self._last_request + self.config.busy_poll_us / 1e6
                 elif fd in table.by_pidfd:
                     table.process_gone(table.by_pidfd[fd])
         if table.pending:
@@ -337,7 +337,6 @@ class Broker:
             self._on_message(frames)
             self.handoffs.settle()   # a range a request made idle goes back before the next request
             self._last_request = time.monotonic()
-            self._spin_until = self._last_request + self.config.busy_poll_us / 1e6
 
     def send(self, ident: bytes, msg: dict) -> None:
         try:
