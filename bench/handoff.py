@@ -143,7 +143,9 @@ def _report_steps(who: str, names: tuple[str, ...], steps: list[tuple[int, ...]]
     for k, name in enumerate(names):
         xs = sorted(s[k] for s in steps)
         cols.append(f"{name} {xs[len(xs) // 2] / 1000:.1f} µs")
-    print(f"  {who} step p50: " + ", ".join(cols), file=sys.stderr, flush=True)
+    # one write, newline included: the producer and the consumer print at the same moment
+    sys.stderr.write(f"  {who} step p50: " + ", ".join(cols) + "\n")
+    sys.stderr.flush()
 
 
 def run_pair(label, producer, consumer, n, socket_dir=None, backend=None, pipe=False) -> dict:

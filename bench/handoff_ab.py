@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -55,8 +56,32 @@ def run_tree(tree: Path, handoffs: int, backend: str, timeout: float) -> dict:
             return {"error": f"no result in {timeout:g} s"}
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[7:])
+            return {**json.loads(line[7:]), "steps": parse_steps(proc.stderr)}
     return {"error": (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]}
+
+
+STEP_LINE = re.compile(r"(producer|consumer) step p50: ")
+STEP = re.compile(r"([^,\n]+?) ([0-9.]+) µs")
+
+
+def parse_steps(stderr: str) -> dict[str, float]:
+    """The per-step p50s the tree's pair prints on stderr ("producer step p50: create 59.7 µs,
+    ..."), as {"producer create": 59.7, ...}: where a difference between trees lies. The two
+    processes print at the same moment, and a line of one may land inside the other's, so each
+    process's steps are read from its marker up to the next marker."""
+    steps = {}
+    marks = list(STEP_LINE.finditer(stderr))
+    for m, nxt in zip(marks, [*marks[1:], None]):
+        text = stderr[m.end(): nxt.start() if nxt else len(stderr)]
+        for name, us in STEP.findall(text):
+            steps[f"{m.group(1)} {name.strip()}"] = float(us)
+    return steps
+
+
+def step_medians(runs: list[dict]) -> dict[str, float]:
+    """Each step's median over a tree's runs (steps a run did not print are left out)."""
+    names = dict.fromkeys(k for r in runs for k in r.get("steps", {}))
+    return {k: statistics.median(r["steps"][k] for r in runs if k in r.get("steps", {})) for k in names}
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -65,7 +90,8 @@ def summarize(runs: list[dict]) -> dict:
         return {"runs": runs}
     p50s = [r["p50_us"] for r in ok]
     return {"runs": runs, "p50_median_us": statistics.median(p50s), "p50_min_us": min(p50s),
-            "p50_max_us": max(p50s), "p99_median_us": statistics.median(r["p99_us"] for r in ok)}
+            "p50_max_us": max(p50s), "p99_median_us": statistics.median(r["p99_us"] for r in ok),
+            "step_p50_medians_us": step_medians(ok)}
 
 
 def plot(result: dict, path: Path) -> None:
@@ -86,6 +112,17 @@ def plot(result: dict, path: Path) -> None:
     ax.set_title(f"ipcpool hand-off, {result['backend']}, {result['handoffs']} per run")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+def print_steps(trees: dict[str, dict]) -> None:
+    """Each step's median p50 per tree, side by side."""
+    names = list(dict.fromkeys(k for row in trees.values() for k in row.get("step_p50_medians_us", {})))
+    if not names:
+        return
+    print(f"\n{'step (median of p50s, µs)':<36}" + "".join(f"{t:>12}" for t in trees))
+    for k in names:
+        cells = (row.get("step_p50_medians_us", {}).get(k) for row in trees.values())
+        print(f"{k:<36}" + "".join(f"{v:>12.1f}" if v is not None else f"{'-':>12}" for v in cells))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = f"{row['vs_first']:.2f}x" if base else "-"
         print(f"{t:<12}{row['p50_median_us']:>11.1f}{row['p50_min_us']:>8.1f}{row['p50_max_us']:>8.1f}"
               f"{row['p99_median_us']:>12.1f}{ratio:>14}")
+    print_steps(result["trees"])
     path = save(f"handoff_ab_{args.backend}_{time.strftime('%Y%m%d-%H%M%S')}", result, plot, args.out_dir)
     print(f"-> {path}")
     return 0 if all("p50_median_us" in row for row in result["trees"].values()) else 1

@@ -72,7 +72,12 @@ def test_the_interleaved_handoff_comparison_runs_on_the_host_backend(tmp_path):
     for row in result["trees"].values():
         assert len(row["runs"]) == 2 and all(r["p50_us"] > 0 for r in row["runs"])
         assert row["p50_min_us"] <= row["p50_median_us"] <= row["p50_max_us"]
+        # the pair's per-step p50s, parsed from its stderr: where a difference between trees lies
+        steps = row["step_p50_medians_us"]
+        assert {"producer create", "producer seal", "consumer start->got lease", "consumer read"} <= set(steps)
+        assert all(v > 0 for v in steps.values())
     assert result["trees"]["again"]["vs_first"] == 1.0
+    assert "step (median of p50s, µs)" in out.stdout
 
 
 def test_the_interleaved_handoff_comparison_refuses_a_tree_without_the_benchmark(tmp_path):

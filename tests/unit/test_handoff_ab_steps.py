@@ -1,0 +1,23 @@
+"""The interleaved hand-off comparison reads each process's per-step p50s from stderr, where the
+producer's and the consumer's lines may run into one another."""
+
+from bench.handoff_ab import parse_steps, step_medians
+
+
+def test_steps_are_read_per_process_even_when_two_lines_run_together():
+    stderr = ("ipcpool: 1,050 of 1,050 in 6.9 s\n"
+              "  producer step p50: create 55.5 µs, seal 59.9 µs"
+              "  consumer step p50: start->got lease 252.2 µs, read 30.3 µs\n\n")
+    assert parse_steps(stderr) == {"producer create": 55.5, "producer seal": 59.9,
+                                   "consumer start->got lease": 252.2, "consumer read": 30.3}
+
+
+def test_no_step_lines_give_no_steps():
+    assert parse_steps("Traceback (most recent call last):\n  ...\n") == {}
+
+
+def test_each_step_is_the_median_over_the_runs_that_printed_it():
+    runs = [{"steps": {"producer create": 50.0, "consumer read": 30.0}},
+            {"steps": {"producer create": 70.0}},
+            {"steps": {"producer create": 60.0, "consumer read": 40.0}}]
+    assert step_medians(runs) == {"producer create": 60.0, "consumer read": 35.0}
