@@ -7,6 +7,7 @@ creates and allocations are carved without a round trip (``handoff``); the rest 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .. import fdpass, protocol
@@ -262,8 +263,9 @@ class Leases:
             channel = self._channel
             channel.check_open()
             # One batch ahead where a reply names no event (one lives until our next message, R4):
-            # the broker builds the next reply while this one is imported. Its pools first: the
-            # broker answers the control socket only after the requests queued ahead.
+            # the broker builds the next reply while this one is imported. It is asked for once
+            # this one's pools and FDs are here (``_adopt_batch``): the broker answers the control
+            # socket only after the requests queued ahead.
             rids = [channel.send("get_many", names=batches[0])]
             answered = 0
             try:
@@ -271,10 +273,10 @@ class Leases:
                     answered += 1   # (a refusal is this reply too)
                     reply = channel.wait_reply(rids[k], channel.timeout)
                     more = k + 1 < len(batches)
-                    if more and not any(reply.get("events", ())):
-                        self._import_pools(reply)
-                        rids.append(channel.send("get_many", names=batches[k + 1]))
-                    self._adopt_batch(reply, batch, stream, out)
+                    early = more and not any(reply.get("events", ()))
+                    self._adopt_batch(reply, batch, stream, out,
+                                      (lambda: rids.append(channel.send("get_many", names=batches[k + 1])))
+                                      if early else None)
                     if more and len(rids) == k + 1:
                         rids.append(channel.send("get_many", names=batches[k + 1]))
             except BaseException as exc:
@@ -285,16 +287,6 @@ class Leases:
                     self._give_back(rids[answered:])
                 raise
         return out
-
-    def _import_pools(self, reply: dict) -> None:
-        """The pools a batch's leases live in, imported ahead; if that fails, they go back."""
-        try:
-            for pool in reply.get("pools", ()):
-                self._pools.get(pool)
-        except BaseException:
-            for aid in reply.get("alloc", ()):
-                self._channel.send("free", alloc=aid)
-            raise
 
     def _give_back(self, rids: list[int]) -> None:
         """After a failed batch: the leases of those asked after it go straight back."""
@@ -308,9 +300,13 @@ class Leases:
             for aid in reply.get("alloc", ()):
                 self._channel.send("free", alloc=aid)
 
-    def _adopt_batch(self, r: dict, names: list[str], stream: Any, out: list[Buffer]) -> None:
+    def _adopt_batch(self, r: dict, names: list[str], stream: Any, out: list[Buffer],
+                     ahead: Callable[[], None] | None = None) -> None:
         """Import a batch of leases (columns, see ``batch_fields``) pool by pool: each pool's
-        set-up and its one shared event once. VMM-backed ones are mapped from their own FDs."""
+        set-up and its one shared event once. VMM-backed ones are mapped from their own FDs, all
+        of the batch's in one round trip. ``ahead`` (asking for the next batch) is called once the
+        pools and FDs are here: the broker answers the control socket only after the requests
+        queued before it, so the next batch asked for earlier would hold up this one's FDs."""
         n = len(names)
         cols = [r.get(k, ()) for k in _COLUMNS]
         if any(len(c) != n for c in cols):
@@ -325,7 +321,9 @@ class Leases:
                 by_pool.setdefault(pool_col[i], []).append(i)
         slots: list[Buffer | None] = [None] * n
         settled = [False] * n   # imported, or given back already
+        fds: dict[int, list[int]] = {}
         try:
+            plan = []   # per pool: its name, its import, the batch's indices, exports, those with FDs
             for p, idx in by_pool.items():
                 pool, event = pools[p], events[p]
                 client_pool = self._pools.get(pool)
@@ -335,25 +333,26 @@ class Leases:
                 first: dict[Any, int] = {}
                 for i in (i for i in idx if client_pool.needs_fds(exports[i])):
                     first.setdefault(exports[i].data if subs[i] else i, i)
-                def lease(i: int, memory: ImportedMemory) -> Buffer:
-                    settled[i] = True
-                    return Buffer(self, aids[i], pool, memory, False, name=names[i], meta=metas[i], readonly=True)
-                fds = self._channel.allocs_fds([(aids[i], len(exports[i].chunks)) for i in first.values()])
-                try:   # all their FDs in one round trip
-                    for i in first.values():
-                        settled[i] = True   # _import gives it back itself if it fails
-                        slots[i] = lease(i, self._import(aids[i], pool, exports[i], stream, fds.pop(aids[i])))
-                finally:
-                    fdpass.close_all(fd for got in fds.values() for fd in got)
+                plan.append((pool, client_pool, idx, exports, list(first.values())))
+            fds = self._channel.allocs_fds([(aids[i], len(ex[i].chunks)) for *_, ex, firsts in plan for i in firsts])
+            if ahead is not None:
+                ahead()
+            for pool, client_pool, idx, exports, firsts in plan:
+                for i in firsts:
+                    settled[i] = True   # _import gives it back itself if it fails
+                    memory = self._import(aids[i], pool, exports[i], stream, fds.pop(aids[i]))
+                    slots[i] = Buffer(self, aids[i], pool, memory, False, name=names[i], meta=metas[i], readonly=True)
                 rest = [i for i in idx if slots[i] is None]
                 for i, memory in zip(rest, client_pool.import_many([exports[i] for i in rest], stream) if rest else ()):
-                    slots[i] = lease(i, memory)
+                    settled[i] = True
+                    slots[i] = Buffer(self, aids[i], pool, memory, False, name=names[i], meta=metas[i], readonly=True)
         except BaseException:
             for i in range(n):   # leases never imported go back now; the caller frees the rest
                 if not settled[i]:
                     self._channel.send("free", alloc=aids[i])
             raise
         finally:
+            fdpass.close_all(fd for got in fds.values() for fd in got)
             kept = [b for b in slots if b is not None]
             self.buffers.update({id(b): b for b in kept})
             out.extend(kept)
