@@ -11,18 +11,11 @@ import pytest
 from ipcpool import protocol
 from ipcpool._client.channel import Channel
 from ipcpool.errors import ProtocolError
+from tests.fds import is_open
 
 
 def _fds(n: int) -> list[int]:
     return [os.open(os.devnull, os.O_RDONLY) for _ in range(n)]
-
-
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-        return True
-    except OSError:
-        return False
 
 
 class FakeControl:
@@ -60,4 +53,4 @@ def test_a_reply_whose_counts_do_not_match_its_fds_closes_everything():
     fake = FakeControl({1: 2, 2: 3}, lie=True)
     with pytest.raises(ProtocolError, match="alloc_fds reply: its counts do not match its FDs"):
         Channel.allocs_fds(fake, [(1, 2), (2, 3)])
-    assert fake.given and not any(_is_open(fd) for fd in fake.given)
+    assert fake.given and not any(is_open(fd) for fd in fake.given)

@@ -12,6 +12,7 @@ import threading
 
 from ipcpool import protocol
 from ipcpool._client.leases import Leases
+from tests.fds import is_open
 
 SLAB = 1 << 20
 
@@ -86,21 +87,13 @@ def _attach(monkeypatch, events: bytes = b""):
     return channel, got
 
 
-def _open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-        return True
-    except OSError:
-        return False
-
-
 def test_the_next_batch_is_asked_for_once_this_ones_fds_are_here(monkeypatch):
     channel, got = _attach(monkeypatch)
     assert [b.name for b in got] == [f"o{i}" for i in range(8)]
     assert channel.log == [("get_many", ["o0", "o1", "o2", "o3"]), ("alloc_fds", [0, 2]),
                            ("get_many", ["o4", "o5", "o6", "o7"]), ("import_many", 2),
                            ("alloc_fds", [4, 6]), ("import_many", 2)]
-    assert channel.opened and not any(_open(fd) for fd in channel.opened)
+    assert channel.opened and not any(is_open(fd) for fd in channel.opened)
 
 
 def test_after_a_reply_that_names_an_event_the_next_batch_waits_for_its_import(monkeypatch):
