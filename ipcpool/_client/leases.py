@@ -273,12 +273,13 @@ class Leases:
                     answered += 1   # (a refusal is this reply too)
                     reply = channel.wait_reply(rids[k], channel.timeout)
                     more = k + 1 < len(batches)
-                    early = more and not any(reply.get("events", ()))
-                    self._adopt_batch(reply, batch, stream, out,
-                                      (lambda: rids.append(channel.send("get_many", names=batches[k + 1])))
-                                      if early else None)
-                    if more and len(rids) == k + 1:
+                    def ask_next() -> None:   # (called within this turn of the loop)
                         rids.append(channel.send("get_many", names=batches[k + 1]))
+                    # After a reply that names an event, the next batch only once this one is imported.
+                    self._adopt_batch(reply, batch, stream, out,
+                                      ask_next if more and not any(reply.get("events", ())) else None)
+                    if more and len(rids) == k + 1:
+                        ask_next()
             except BaseException as exc:
                 for buf in out:
                     buf.free(stream)
@@ -322,6 +323,10 @@ class Leases:
         slots: list[Buffer | None] = [None] * n
         settled = [False] * n   # imported, or given back already
         fds: dict[int, list[int]] = {}
+        def lease(i: int, pool: str, memory: ImportedMemory) -> Buffer:
+            settled[i] = True
+            return Buffer(self, aids[i], pool, memory, False, name=names[i], meta=metas[i], readonly=True)
+
         try:
             plan = []   # per pool: its name, its import, the batch's indices, exports, those with FDs
             for p, idx in by_pool.items():
@@ -340,12 +345,10 @@ class Leases:
             for pool, client_pool, idx, exports, firsts in plan:
                 for i in firsts:
                     settled[i] = True   # _import gives it back itself if it fails
-                    memory = self._import(aids[i], pool, exports[i], stream, fds.pop(aids[i]))
-                    slots[i] = Buffer(self, aids[i], pool, memory, False, name=names[i], meta=metas[i], readonly=True)
+                    slots[i] = lease(i, pool, self._import(aids[i], pool, exports[i], stream, fds.pop(aids[i])))
                 rest = [i for i in idx if slots[i] is None]
                 for i, memory in zip(rest, client_pool.import_many([exports[i] for i in rest], stream) if rest else ()):
-                    settled[i] = True
-                    slots[i] = Buffer(self, aids[i], pool, memory, False, name=names[i], meta=metas[i], readonly=True)
+                    slots[i] = lease(i, pool, memory)
         except BaseException:
             for i in range(n):   # leases never imported go back now; the caller frees the rest
                 if not settled[i]:
