@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from cuda.core import LEGACY_DEFAULT_STREAM, Buffer, Device, DeviceMemoryResource, Stream
 
+from ... import fdpass
 from ...errors import BackendUnavailable, ClosedError, InvalidRequest
 from ...protocol import HANDLE_BYTES
 from ..base import ClientPool, Export, ImportedMemory
@@ -122,8 +123,7 @@ class CudaClientPool(ClientPool):
                 raise
             raise translate(exc, f"importing {export.size} bytes from pool {self.name!r}") from exc
         finally:
-            for fd in fds:   # those not handed on (a slab mapped already needs none)
-                os.close(fd)
+            fdpass.close_all(fds)   # those not handed on (a slab mapped already needs none)
         return CudaMemory(buf, export.size, self.device)
 
     def import_many(self, exports: list[Export], stream: Any = None) -> list[ImportedMemory]:
@@ -184,8 +184,7 @@ class CudaClientPool(ClientPool):
                 raise
             raise translate(exc, f"mapping {export.size} bytes of pool {self.name!r}") from exc
         finally:
-            for fd in fds:
-                os.close(fd)
+            fdpass.close_all(fds)
         return CudaMemory(view, export.size, self.device, mapping=mapping)
 
     def order_after(self, event: bytes, stream: Any = None) -> None:
@@ -228,14 +227,12 @@ class CudaClientPool(ClientPool):
     def _map_slab(self, export: Export, fds: list[int]) -> None:
         """A VMM slab mapped from its chunk's FD (owned; closed here), kept as long as the pool."""
         if tuple(export.chunks) != (self.slab_size,) or len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
+            fdpass.close_all(fds)
             raise InvalidRequest(f"a VMM slab is one chunk of {self.slab_size} bytes with its FD")
         try:
             mapping = vmm.Mapping(self.device, vmm.granularity(self.device), peers=self._peers)
         except BaseException:
-            for fd in fds:
-                os.close(fd)
+            fdpass.close_all(fds)
             raise
         mapping.extend([self.slab_size], fds)   # (closes the FDs)
         try:
