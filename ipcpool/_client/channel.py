@@ -115,7 +115,6 @@ class Channel:
             self._control.close()
             raise
         self._finalizer = weakref.finalize(self, _close_unclosed, os.getpid(), self._dealer, self._control)
-        self._heard = False   # something came on the message channel: the broker's ROUTER knows us
         self._ping = self.send("ping")   # not waited for (see settle)
 
     # -- session set-up -----------------------------------------------------------------------
@@ -209,19 +208,15 @@ class Channel:
 
     def settle(self) -> None:
         """Before a request on the control socket that must come after what this session sent on
-        the message channel, and whose notices must reach it there. The two sockets are not
-        ordered: a free sent without waiting may still be on its way when a grow that needs its
-        room arrives. And the message channel connects in the background: the broker's ROUTER drops
-        what it sends to a peer whose connection it has not seen yet, so a session that spoke on
-        the control socket alone would miss the notices of growth. A ping settles both; one is sent
-        at connect, and waited for here only if nothing was heard since; another only when a
-        later message is unanswered."""
-        if self._heard and self._last_sent <= self._last_answered:
+        the message channel. The two sockets are not ordered: a free sent without waiting may
+        still be on its way when a grow that needs its room arrives. A ping settles it, sent only
+        when a message is unanswered. The connect's own ping is not waited for: nothing came
+        before it, and the growth notices the broker has for a session it has not heard from on
+        the message channel wait there until it has (``broker.notices``)."""
+        if self._last_sent <= self._last_answered or self._last_sent == self._ping:
             return
         self.drain()
-        if self._last_sent == self._ping and not self._heard:
-            self.wait_reply(self._ping, self.timeout)
-        elif not self._heard or self._last_sent > self._last_answered:
+        if self._last_sent > self._last_answered:
             self.call("ping")
 
     def chunk_fds(self, first: int, **which) -> tuple[list[int], list[int]]:
@@ -325,7 +320,6 @@ class Channel:
 
     def _take_reply(self, rid: int, data: bytes) -> dict:
         reply = protocol.unpack(data, protocol.MAX_REPLY)
-        self._heard = True
         if "notify" not in reply and isinstance(reply.get("id"), int):
             self._last_answered = max(self._last_answered, reply["id"])
         if "notify" in reply:   # a notification, not a reply

@@ -8,8 +8,9 @@ total is then the binary digits of its size: taken largest first while they fit,
 chunks and exactly the size asked (a grow never gets more than it asked for); what the stock lacks
 is made at the time, as without a stock. A buffer grown by doubling takes one chunk per step.
 
-Refill makes one chunk per call, the largest missing, never beyond the room it is given (the pool's
-max_size less what it holds). The broker calls it from its idle pass, never while a request waits.
+Refill makes one chunk per call, the largest missing (or the largest missing up to a size), never
+beyond the room it is given (the pool's max_size less what it holds). The broker calls it from its
+idle pass, and right after answering a grow for one small chunk (see ``broker.growables``).
 Backend-neutral: the backend gives ``make(size)`` and the chunks' ``close``; the host keeps no stock
 (its chunk is a longer memfd, which costs about nothing to make when asked).
 """
@@ -72,18 +73,18 @@ class ChunkStock(Generic[C]):
             else:
                 self._release(chunk)
 
-    def wanted(self, room: int) -> int | None:
-        """The size to make next: the largest one missing that fits in ``room`` bytes; None when
-        there is none (full, or no room)."""
+    def wanted(self, room: int, most: int | None = None) -> int | None:
+        """The size to make next: the largest one missing that fits in ``room`` bytes (and is at
+        most ``most``); None when there is none (full, or no room)."""
         for size in self.sizes:
-            if not self._held[size] and size <= room:
+            if not self._held[size] and size <= room and (most is None or size <= most):
                 return size
         return None
 
-    def refill_one(self, room: int) -> bool:
+    def refill_one(self, room: int, most: int | None = None) -> bool:
         """Make one chunk (see ``wanted``); False when there was none to make. A failure to make
         it (the device is full) raises, and the stock is as it was."""
-        size = self.wanted(room)
+        size = self.wanted(room, most)
         if size is None:
             return False
         chunk = self._make(size)

@@ -10,8 +10,13 @@ on CUDA asks for the new chunks only once it sees the word change.
 
 Each pool whose backend makes chunks at a cost (CUDA) keeps a stock of them (``backend.stock``,
 ``[growth] stock`` in the config): grows take from it first; it is refilled one chunk at a time
-from the broker's idle pass, once no request came for 5 ms. The stock counts against the pool's max_size, and yields to buffers:
-a grow may use the room it holds, and the stock sheds what no longer fits.
+from the broker's idle pass, once no request came for 5 ms, and right after each answer to a create
+or grow that took from it, with one chunk of at most QUICK_CHUNK (``refill_quick``): made while the
+client maps its reply, it is there for the next step of a burst that starts small (a buffer
+created at the granularity and doubled takes that size twice). Bigger chunks can take a
+millisecond, which a request arriving meanwhile would wait: those wait for the quiet spell.
+The stock counts against the pool's max_size, and yields to buffers: a grow may use the room it
+holds, and the stock sheds what no longer fits.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ log = logging.getLogger(__name__)
 
 MAX_CHUNKS = 1024   # per buffer: a reply lists them all, and a client maps each
 MAX_GROWABLE = 1 << 48   # bytes of one buffer at most (256 TiB: above any device or host memory)
+QUICK_CHUNK = 64 << 20   # refilled right after a grow's answer: tens of µs to make (H100)
 
 
 def pool_limit(pool) -> int:
@@ -134,19 +140,25 @@ class GrowableTable:
         self._stock_settled = not wanted
         return wanted
 
-    def refill_stock(self) -> bool:
-        """Make one chunk for the first stock that wants one; False when none did (or it failed)."""
+    def refill_stock(self, most: int | None = None) -> bool:
+        """Make one chunk (at most ``most`` bytes) for the first stock that wants one; False when
+        none did (or it failed)."""
         if time.monotonic() < self._refill_after:
             return False
         for pool_name, stock in self.stocks.items():
             try:
-                if stock.refill_one(self._room(pool_name) - stock.bytes):
+                if stock.refill_one(self._room(pool_name) - stock.bytes, most):
                     return True
             except IpcPoolError as exc:   # the device is full now: try again in a while
                 log.warning("pool %r: no chunk made for the growth stock: %s", pool_name, exc)
                 self._refill_after = time.monotonic() + 1.0
                 return False
         return False
+
+    def refill_quick(self) -> None:
+        """After answering a control request: one small chunk where a create or grow took one."""
+        if self.stock_wanted():
+            self.refill_stock(QUICK_CHUNK)
 
     def _fit_stock(self, pool_name: str) -> None:
         """After a pool's buffers grew: the stock gives up what no longer fits its max_size."""

@@ -3,6 +3,10 @@
 A seal settles the gets waiting for it and tells its pending readers and the watchers of its
 prefix; an object that will never be sealed fails its waiting gets and tells its pending readers;
 a growable buffer that grew tells its other holders; a wait that timed out is answered.
+A growth notice for a session the message channel has not heard from yet (it spoke on the
+control socket alone, its DEALER still connecting) waits until it is heard (``heard``): the
+ROUTER would drop it. A client therefore never waits for its connect's ping before a growable
+request.
 
 Each message goes out through ``send`` the moment it is made, before the request that caused it
 goes on: the readers of a seal hear of it before the seal's durable record is written.
@@ -70,7 +74,18 @@ class Notices:
             note = {"notify": "grown", "growable": g.name, "gen": g.gen, "size": g.memory.size,
                     "chunks": len(g.memory.chunks)}
             for other in others:
-                self.send(other.token, note)
+                if other.heard:
+                    self.send(other.token, note)
+                else:   # each note says the whole state: the newest is all it needs
+                    other.unheard_growth[g.name] = note
+
+    def heard(self, session: Session) -> None:
+        """The session's first message on the message channel: the ROUTER knows it now, and
+        the growth notices kept for it go (before the answer to that message)."""
+        session.heard = True
+        notes, session.unheard_growth = session.unheard_growth, {}
+        for note in notes.values():
+            self.send(session.token, note)
 
     def timed_out(self, now: float) -> None:
         """Gets whose wait for a seal ran out by ``now`` are answered so."""

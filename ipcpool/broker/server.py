@@ -310,6 +310,8 @@ class Broker:
                     self.control.on_hello(fd)
                 elif fd in table.by_fd:
                     self.control.on_message(table.by_fd[fd])
+                    if self.registry is not None:
+                        self.growables.refill_quick()   # after the answer: while the client maps it
                     # A grow is a control request: the next one of a burst is read without a wake-up too.
                     self._last_request = time.monotonic()
                 elif fd in table.by_pidfd:
@@ -351,6 +353,8 @@ class Broker:
         try:
             if session is None:
                 raise PeerRefused("unknown or expired session token; reconnect with ipcpool.connect()")
+            if not session.heard:
+                self.notices.heard(session)
             if len(frames) != 2:
                 raise ProtocolError(f"expected one message frame, got {len(frames) - 1}")
             msg = protocol.unpack(frames[1])

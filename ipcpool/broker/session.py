@@ -23,6 +23,10 @@ class Session:
     said_bye: bool = False
     orphaned: bool = False   # control socket closed; waiting for the process to be gone
     has_growth_board: bool = False   # its FD went with a growable reply (once per session)
+    # Until its first message on the message channel the ROUTER does not know the session and
+    # drops what is sent to it: growth notices wait here meanwhile (the newest per buffer).
+    heard: bool = False
+    unheard_growth: dict[str, dict] = field(default_factory=dict)
 
     def close_conn(self) -> None:
         if self.conn.fileno() >= 0:

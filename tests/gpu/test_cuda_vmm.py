@@ -101,23 +101,31 @@ def test_by_default_a_growable_spans_its_device_and_never_moves(cuda_broker):
         c.delete_growable("vmm/span")
 
 
-def test_the_growth_stock_waits_out_a_burst_of_grows_then_fills_again(cuda_broker):
-    """Grows take chunks from the broker's stock; making new ones waits until no request came for
-    a while (a chunk and its FD take up to a millisecond, which a burst of grows must not wait
-    for), then the stock is full again."""
+def test_the_growth_stock_remakes_small_chunks_at_once_and_big_ones_after_a_burst(cuda_broker):
+    """Grows take chunks from the broker's stock. A chunk of up to QUICK_CHUNK is made again right
+    after the answer (while the client maps it): a burst of small grows leaves the stock full.
+    A bigger one waits until no request came for a while (it may take a millisecond, which a
+    burst must not wait for), then the stock is full again."""
+    from ipcpool.broker.growables import QUICK_CHUNK
+
+    def stock():
+        return c.stats()["pools"]["default"]["stock_bytes"]
+
     with ipcpool.connect(cuda_broker.socket_dir) as c:
-        full = c.stats()["pools"]["default"]["stock_bytes"]
-        assert full >= 64 * MiB
+        full = stock()
+        assert full >= 2 * QUICK_CHUNK + 2 * MiB   # it holds a chunk bigger than QUICK_CHUNK
         g = c.create_growable("stock/burst", 2 * MiB)
         size = 2 * MiB
-        while size < 64 * MiB:
+        while size < QUICK_CHUNK:
             size *= 2
             g.grow(size)
-        assert c.stats()["pools"]["default"]["stock_bytes"] < full   # right after the burst
+        assert stock() == full                          # every chunk taken was small: made again
+        g.grow(size + 2 * QUICK_CHUNK)                  # takes the stock's chunk of 2 x QUICK_CHUNK
+        assert stock() < full                           # right after: not made during the burst
         deadline = time.monotonic() + 10
-        while c.stats()["pools"]["default"]["stock_bytes"] < full and time.monotonic() < deadline:
+        while stock() < full and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert c.stats()["pools"]["default"]["stock_bytes"] == full
+        assert stock() == full
         g.close()
         c.delete_growable("stock/burst")
 

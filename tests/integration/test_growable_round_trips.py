@@ -4,10 +4,13 @@ grow, and none for an attached process to follow another's grow."""
 import collections
 import contextlib
 import os
+import socket
 import time
 
+import zmq
+
 import ipcpool
-from ipcpool import protocol
+from ipcpool import fdpass, paths, protocol
 
 MiB = 1 << 20
 
@@ -41,15 +44,50 @@ def grower_and_follower(broker, name: str, nbytes: int):
         g.close()
 
 
-def test_a_fresh_session_pings_its_message_channel_at_connect_so_notices_reach_it(broker):
-    """The ping goes at connect, unawaited; the first growable request waits for its answer (the
-    broker's ROUTER then knows the session) and sends no ping of its own."""
+def test_a_fresh_session_does_not_wait_for_its_message_channel_before_a_growable_request(broker):
+    """The connect's ping goes unawaited, and the first growable requests send no ping of their
+    own: nothing was sent before them to come after."""
     with ipcpool.connect(broker.socket_dir) as c:
         sent = count_requests(c)
         c.create_growable("rt/p", MiB).close()
-        assert c._channel._heard   # the connect's ping was answered before the create went
         c.create_growable("rt/q", MiB).close()
         assert sent == {"control:grow_create": 2, "grow_detach": 2}
+
+
+def test_a_growth_notice_waits_in_the_broker_until_the_session_is_heard_on_the_message_channel(broker):
+    """A session that attached on the control socket alone is not yet known to the broker's
+    ROUTER, which would drop a notice: the broker keeps the newest one per buffer and sends it
+    ahead of the answer to the session's first message there."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(str(broker.socket_dir / paths.CONTROL_NAME))
+    ctx = zmq.Context()
+    try:
+        fdpass.send(s, {"op": "hello", "version": protocol.PROTOCOL_VERSION, "id": 1})
+        hello, _ = fdpass.recv(s)
+        with ipcpool.connect(broker.socket_dir) as c:
+            g = c.create_growable("rt/late", MiB)
+            fdpass.send(s, {"op": "grow_attach", "name": "rt/late", "id": 2})
+            reply, fds = fdpass.recv(s)
+            for fd in fds:
+                os.close(fd)
+            assert reply["ok"] and reply["size"] == MiB
+            g.grow(4 * MiB)
+            g.grow(8 * MiB)          # two grows before the session is heard: the newest note is kept
+            d = ctx.socket(zmq.DEALER)
+            d.setsockopt(zmq.IDENTITY, hello["token"])
+            d.setsockopt(zmq.RCVTIMEO, 5000)
+            d.setsockopt(zmq.LINGER, 0)
+            d.connect(hello["endpoint"])
+            d.send(protocol.pack({"op": "ping", "id": 3}))
+            note, answer = protocol.unpack(d.recv()), protocol.unpack(d.recv())
+            assert (note["notify"], note["growable"], note["gen"], note["size"]) == ("grown", "rt/late", 2, 8 * MiB)
+            assert answer["id"] == 3 and answer["ok"]
+            g.grow(16 * MiB)         # heard now: the next note goes at once
+            assert protocol.unpack(d.recv())["size"] == 16 * MiB
+            g.close()
+    finally:
+        ctx.destroy(linger=0)   # closes the DEALER too, also when an assertion failed
+        s.close()
 
 
 def test_create_attach_and_grow_are_one_round_trip_each(broker):

@@ -58,6 +58,16 @@ def test_refill_makes_the_largest_missing_chunk_first_and_counts_it():
     assert not stock.refill_one(1 << 60) and stock.wanted(1 << 60) is None   # full
 
 
+def test_a_refill_capped_in_size_makes_only_the_small_chunks():
+    # What the broker does right after a grow's answer: a small chunk now, big ones when quiet.
+    stock = new_stock(target=14 * MiB)
+    assert stock.wanted(1 << 60, most=4 * MiB) == 4 * MiB
+    assert stock.refill_one(1 << 60, most=4 * MiB) and stock.refill_one(1 << 60, most=4 * MiB)
+    assert not stock.refill_one(1 << 60, most=4 * MiB) and stock.made == [4 * MiB, 2 * MiB]
+    assert stock.wanted(1 << 60) == 8 * MiB                   # left for the idle pass
+    assert stock.wanted(1 << 60, most=MiB) is None            # smaller than any size: none
+
+
 def test_a_doubling_buffer_takes_one_stocked_chunk_per_step_and_exactly_its_size():
     stock = new_stock()
     fill(stock)
