@@ -125,13 +125,13 @@ class Client:
     def get(self, name: str, *, stream: Any = None, timeout: float | None = None) -> Buffer:
         """A read lease on object ``name``; on CUDA ``stream`` waits for the seal. Blocks until the
         object is sealed, or ``timeout`` seconds pass (WaitTimeout); ``timeout=0`` never waits."""
-        return self._leases.get(name, stream, timeout)
+        return _ready([self._leases.get(name, stream, timeout)], stream)[0]
 
     def get_many(self, names: list[str], *, stream: Any = None) -> list[Buffer]:
         """Read leases on many sealed objects in one request (all or none; no waiting): how a
         restarted worker attaches to its weights."""
         with gcpause.paused():
-            return self._leases.get_many(names, stream)
+            return _ready(self._leases.get_many(names, stream), stream)
 
     def release(self, lease: Buffer, stream: Any = None) -> None:
         """Let go of a lease (the same as ``lease.release(stream)``)."""
@@ -259,3 +259,19 @@ class Client:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"session {self.session}"
         return f"<ipcpool.Client {self.backend_name} {self.socket_dir} {state}>"
+
+
+def _ready(leases: list[Buffer], stream: Any) -> list[Buffer]:
+    """Leases whose memory is imported, every one (a CUDA slab may still be importing in the
+    background); on a failure all are freed and it is raised. get_tensors needs no such wait:
+    its views wait for each slab as they reach it, and free all on a failure."""
+    try:
+        for lease in leases:
+            lease._memory.ready()
+    except BaseException:
+        for lease in leases:
+            if not lease.freed:
+                lease.free(stream)
+        raise
+    return leases
+

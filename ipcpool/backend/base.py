@@ -319,6 +319,9 @@ class ImportedMemory(ABC):
     def dlpack_device(self) -> tuple[int, int]:
         raise AttributeError("__dlpack_device__: not CUDA memory")
 
+    def ready(self) -> None:
+        """Wait for an import still running in the background (CUDA slabs); raise its failure."""
+
     def slab(self) -> tuple[ImportedMemory, int] | None:
         """(the larger allocation this is a range of, its offset there), where the backend keeps
         one imported for many small ones (CUDA slabs): a framework can view the whole once."""

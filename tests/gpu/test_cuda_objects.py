@@ -261,6 +261,49 @@ def test_get_tensors_views_slab_ranges_and_whole_allocations(start_broker):
         assert got == want
 
 
+def _attach_across_slabs(socket_dir, names, out):
+    import torch
+
+    stream = torch.cuda.Stream()
+    with ipcpool.connect(socket_dir) as c:
+        leases = c.get_many(names, stream=stream)
+        slabs = len({id(b._memory.slab()[0]) for b in leases if b._memory.slab() is not None})
+        with torch.cuda.stream(stream):
+            sums = [int(torch.from_dlpack(b).view(torch.uint8).sum(dtype=torch.int64)) for b in leases]
+        for b in leases:
+            b.release(stream=stream)
+        tensors = c.get_tensors(names, stream=stream)   # the slabs imported above: views only
+        with torch.cuda.stream(stream):
+            typed = [int(tensors[n].sum(dtype=torch.int64)) for n in names]
+    with ipcpool.connect(socket_dir) as c:   # a fresh session: get_tensors imports the slabs itself
+        tensors = c.get_tensors(names, stream=stream)
+        with torch.cuda.stream(stream):
+            fresh = [int(tensors[n].sum(dtype=torch.int64)) for n in names]
+    out.put((slabs, sums, typed, fresh))
+
+
+def test_a_batch_over_several_slabs_imports_them_behind_the_leases(start_broker):
+    """A batch whose objects lie in several slabs: the slabs after the first import on the
+    client's worker thread while the leases and views are made; every byte arrives, through
+    get_many and through get_tensors (which waits for each slab as its views reach it)."""
+    import torch
+
+    # 64 MiB slabs, objects of up to 4 MiB in them: sixty of 3 MiB take three or more
+    b = start_broker(backend="cuda", config_text='[[pools]]\nname = "default"\nmax_size = "512M"\n')
+    names, size = [f"s/{i}" for i in range(60)], 3 << 20
+    stream = torch.cuda.Stream()
+    with ipcpool.connect(b.socket_dir) as c:
+        for i, name in enumerate(names):
+            buf = c.create(name, size, stream=stream, meta={"dtype": "uint8", "shape": [size]})
+            with torch.cuda.stream(stream):
+                torch.from_dlpack(buf).view(torch.uint8).fill_(i + 1)
+            buf.seal(stream=stream)
+        stream.synchronize()
+        (slabs, sums, typed, fresh), = run_procs(_attach_across_slabs, [(b.socket_dir, names)])
+    want = [(i + 1) * size for i in range(60)]
+    assert slabs >= 3 and sums == want and typed == want and fresh == want
+
+
 def _tensor_reader(socket_dir, count, out):
     import torch
 

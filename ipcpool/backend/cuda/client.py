@@ -6,6 +6,8 @@ from __future__ import annotations
 import collections
 import os
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from cuda.core import LEGACY_DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM, Device, Stream
@@ -81,6 +83,7 @@ class CudaClientBackend(ClientBackend):
         # earlier message) and it has completed.
         self._done: collections.deque[tuple[int, Any]] = collections.deque()
         self._lock = threading.Lock()
+        self._worker: ThreadPoolExecutor | None = None   # slab imports (client_pool), made when first needed
         self._closed = False
 
     def import_pool(self, info: dict[str, Any], fd: int) -> ClientPool:
@@ -95,6 +98,13 @@ class CudaClientBackend(ClientBackend):
                                       [int(p) for p in info.get("peer_access", ())], span)
         except (KeyError, TypeError, ValueError) as exc:
             raise BackendUnavailable(f"bad growable info {info!r}: {exc}") from exc
+
+    def background(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Run ``fn(*args)`` on the one worker thread (slab imports: client_pool)."""
+        with self._lock:
+            if self._worker is None:
+                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ipcpool-import")
+            return self._worker.submit(fn, *args)
 
     # -- streams
     def stream(self, obj: Any, device: int) -> Stream:
@@ -148,6 +158,8 @@ class CudaClientBackend(ClientBackend):
         if self._closed:
             return
         self._closed = True
+        if self._worker is not None:   # (the pools waited for their imports already)
+            self._worker.shutdown(wait=True)
         with self._lock:
             # Our frees must have run before the events go: the broker may still be about to open
             # them (if it cannot, it frees at once, which is safe only after our frees completed).

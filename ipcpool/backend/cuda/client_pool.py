@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 from cuda.core import LEGACY_DEFAULT_STREAM, Buffer, Device, DeviceMemoryResource, Stream
@@ -26,7 +28,7 @@ from .context import OnDevice, OnStream, check_device
 from .descriptors import import_pointer
 from .errors import is_cuda_error, translate
 from .events import open_ipc, record_into, record_ipc, wait_for
-from .memory import CudaMemory, StreamSource
+from .memory import CudaMemory, PendingSlab, StreamSource
 
 
 class ClientServices(StreamSource, Protocol):
@@ -36,6 +38,9 @@ class ClientServices(StreamSource, Protocol):
 
     def keep_done(self, event: Any) -> None:
         """Keep a done event of ours alive until the broker has certainly opened it (R4)."""
+
+    def background(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Run ``fn(*args)`` on the backend's worker thread (slab imports)."""
 
 
 def order_after_event(stream: Stream, handle: bytes, spin_s: float) -> None:
@@ -140,6 +145,9 @@ class CudaClientPool(ClientPool):
                 s = self._backend.stream(stream, self.device)
                 for handle in dict.fromkeys(e.ready_event for e in exports if e.ready_event):
                     order_after_event(s, handle, self._backend.event_spin_s)   # R1, once per distinct event
+                # The slabs on the worker, in the order the ranges come: the leases need none yet.
+                for data in [d for d in dict.fromkeys(e.data for e in exports if e.sub) if d not in self._slabs]:
+                    self._pending(data, self._import_slab, data)
                 for e in exports:
                     if e.sub:
                         out.append(self._range(e))
@@ -220,27 +228,49 @@ class CudaClientPool(ClientPool):
             if export.chunks:   # a VMM slab is mapped from its FD (import_allocation), never here
                 raise InvalidRequest("a range of a VMM slab came without the slab's FD")
             # Never freed through this import while the pool lives; closed with the pool.
-            buf = import_pointer(self._mr, export.data, self.slab_size)
+            buf, _ = self._import_slab(export.data)
             slab = self._slabs[export.data] = CudaMemory(buf, self.slab_size, self.device, whole=False)
         return slab
 
+    def _import_slab(self, data: bytes) -> tuple[Buffer, None]:
+        """A slab's pool pointer imported (here or on the worker thread)."""
+        try:
+            with OnDevice(self.device):
+                return import_pointer(self._mr, data, self.slab_size), None
+        except Exception as exc:
+            if not is_cuda_error(exc):
+                raise
+            raise translate(exc, f"importing a slab of pool {self.name!r}") from exc
+
     def _map_slab(self, export: Export, fds: list[int]) -> None:
-        """A VMM slab mapped from its chunk's FD (owned; closed here), kept as long as the pool."""
+        """A VMM slab mapped from its chunk's FD (owned; closed by the worker), kept as long as the pool."""
         if tuple(export.chunks) != (self.slab_size,) or len(fds) != 1:
             fdpass.close_all(fds)
             raise InvalidRequest(f"a VMM slab is one chunk of {self.slab_size} bytes with its FD")
+        self._pending(export.data, self._mapped_slab, fds)
+
+    def _mapped_slab(self, fds: list[int]) -> tuple[Buffer, vmm.Mapping]:
         try:
-            mapping = vmm.Mapping(self.device, vmm.granularity(self.device), peers=self._peers)
-        except BaseException:
-            fdpass.close_all(fds)
-            raise
-        mapping.extend([self.slab_size], fds)   # (closes the FDs)
-        try:
-            view = Buffer.from_handle(mapping.ptr, self.slab_size)
-        except BaseException:
-            mapping.close()
-            raise
-        self._slabs[export.data] = CudaMemory(view, self.slab_size, self.device, whole=False, mapping=mapping)
+            with OnDevice(self.device):
+                try:
+                    mapping = vmm.Mapping(self.device, vmm.granularity(self.device), peers=self._peers)
+                except BaseException:
+                    fdpass.close_all(fds)
+                    raise
+                mapping.extend([self.slab_size], fds)   # (closes the FDs)
+                try:
+                    return Buffer.from_handle(mapping.ptr, self.slab_size), mapping
+                except BaseException:
+                    mapping.close()
+                    raise
+        except Exception as exc:
+            if not is_cuda_error(exc):
+                raise
+            raise translate(exc, f"mapping a slab of pool {self.name!r}") from exc
+
+    def _pending(self, data: bytes, job: Callable[..., tuple[Buffer, Any]], *args: Any) -> None:
+        future = self._backend.background(job, *args)
+        self._slabs[data] = PendingSlab(future, self.slab_size, self.device, lambda: self._slabs.pop(data, None))
 
     def release(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> bytes:
         if not isinstance(memory, CudaMemory):
@@ -275,6 +305,11 @@ class CudaClientPool(ClientPool):
         self._closed = True
         # The legacy default stream is the current context's: make it the pool device's, as every
         # other free of an import here is (the caller's thread may have another device's, or none).
+        for slab in list(self._slabs.values()):   # imports still running finish first
+            try:
+                slab.ready()
+            except Exception:   # noqa: BLE001 (a failed one holds nothing: it left the table)
+                pass
         with OnDevice(self.device):
             if any(slab.mapping is not None for slab in self._slabs.values()):
                 Device(self.device).sync()   # unmapping does not wait for work still using it

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 from cuda.core import Buffer, Stream
@@ -37,11 +39,20 @@ class CudaMemory(ImportedMemory):
         self.whole = whole   # False: a range of a slab the pool keeps imported
         self.mapping = mapping   # VMM chunks mapped here (memory above the import limit)
         self._slab = base        # a slab range: (the slab, as memory of its own; our offset in it)
-        self._ptr = int(buffer.handle) if buffer is not None else base[0].ptr + base[1]
+        # A range's pointer is taken from its slab when first asked: the slab may still be
+        # importing (``PendingSlab``).
+        self._ptr = int(buffer.handle) if buffer is not None else None
 
     @property
     def ptr(self) -> int:
-        return self._ptr
+        p = self._ptr
+        if p is None:
+            slab, offset = self._slab
+            p = self._ptr = slab.ptr + offset
+        return p
+
+    def ready(self) -> None:
+        self.ptr   # noqa: B018 (a range waits for its slab)
 
     def slab(self) -> tuple[CudaMemory, int] | None:
         return self._slab
@@ -50,7 +61,7 @@ class CudaMemory(ImportedMemory):
     def buffer(self) -> Buffer:
         self._live()
         if self._buffer is None:
-            self._buffer = Buffer.from_handle(self._ptr, self.size, owner=self._slab[0].buffer)
+            self._buffer = Buffer.from_handle(self.ptr, self.size, owner=self._slab[0].buffer)
         return self._buffer
 
     @property
@@ -70,7 +81,7 @@ class CudaMemory(ImportedMemory):
             "version": 3,
             "shape": (self.size,),
             "typestr": "|u1",
-            "data": (self._ptr, False),
+            "data": (self.ptr, False),
             "strides": None,
             "stream": None,
         }
@@ -96,7 +107,7 @@ class CudaMemory(ImportedMemory):
         with OnDevice(self.device):
             s = backend.stream(stream, self.device)
             try:
-                drv.copy_from_host(self._ptr + offset, src, int(s.handle))
+                drv.copy_from_host(self.ptr + offset, src, int(s.handle))
             except Exception as exc:
                 if not is_cuda_error(exc):
                     raise   # not a driver failure: passes unchanged
@@ -110,3 +121,36 @@ class CudaMemory(ImportedMemory):
         self._released = True
         buf, self._buffer = self._buffer, None
         return buf
+
+
+class PendingSlab(CudaMemory):
+    """A slab imported on the client backend's worker thread (``CudaClientPool``): its ranges are
+    leased and viewed while the next slabs import (the driver calls release the GIL). Its pointer,
+    Buffer and mapping wait for the import; a failed one raises there, and the pool forgets it."""
+
+    def __init__(self, future: Future, size: int, device: int, forget: Callable[[], None]):
+        super().__init__(None, size, device, whole=False)
+        self._future: Future | None = future
+        self._forget = forget
+
+    def ready(self) -> None:
+        if self._future is None:
+            return
+        try:
+            self._buffer, self.mapping = self._future.result()
+        except BaseException:
+            self._forget()   # a later lease of the slab imports it again
+            raise
+        self._ptr = int(self._buffer.handle)
+        self._future = None
+
+    @property
+    def ptr(self) -> int:
+        self.ready()
+        return self._ptr
+
+    @property
+    def buffer(self) -> Buffer:
+        self._live()
+        self.ready()
+        return self._buffer
