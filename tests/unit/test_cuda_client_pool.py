@@ -1,6 +1,7 @@
 """A CUDA client pool's batch import, as pure logic: the driver calls are stand-ins here (the GPU
 suite exercises the real ones)."""
 
+import concurrent.futures
 import contextlib
 import os
 
@@ -39,6 +40,16 @@ class Services:
 
     def keep_done(self, event):
         self.steps.append("keep_done")
+
+    def background(self, fn, *args):
+        """The worker thread's job, run at once: its result (or failure) in a Future."""
+        self.steps.append("background")
+        future = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:   # noqa: BLE001 (handed on through the Future, as the worker does)
+            future.set_exception(exc)
+        return future
 
 
 def test_a_failed_batch_import_frees_what_it_imported_before_the_leases_go_back(monkeypatch):
@@ -121,3 +132,33 @@ def test_a_vmm_slab_range_without_its_slab_is_refused(monkeypatch):
         pool.import_many([stray])
     with pytest.raises(IpcPoolError, match="one chunk of 1048576 bytes with its FD"):
         pool.import_allocation(stray)   # (no FD fetched for it)
+
+
+def test_a_batch_imports_its_pool_slabs_on_the_worker_and_a_failed_one_raises_where_it_is_used(monkeypatch):
+    steps = []
+    pool = _pool_with_slabs(monkeypatch, steps)
+    results = iter([0x10000, None, 0x30000])
+
+    def import_pointer(mr, data, size):
+        ptr = next(results)
+        steps.append(("import", data[0]))
+        if ptr is None:
+            exc = IpcPoolError("cuMemPoolImportPointer failed: CUDA_ERROR_INVALID_VALUE")
+            exc.cuda_result = 1
+            raise exc
+        return FakeBuffer(ptr, steps)
+
+    monkeypatch.setattr(client_pool, "import_pointer", import_pointer)
+    slab_a, slab_b = bytes([1] * 64), bytes([2] * 64)
+    ranges = [Export(size=64, offset=off, data=slab, sub=True) for slab, off in
+              ((slab_a, 0), (slab_b, 0), (slab_a, 256), (slab_b, 512))]
+    got = pool.import_many(ranges)
+    # Each slab once, on the worker, in the order the ranges name them; the ranges are made first.
+    assert steps == ["background", ("import", 1), "background", ("import", 2)]
+    assert got[0].ptr == 0x10000 and got[2].ptr == 0x10000 + 256
+    with pytest.raises(IpcPoolError, match="importing a slab of pool 'p'"):
+        got[1].ready()             # the failure raises where the range is first used
+    assert slab_b not in pool._slabs and slab_a in pool._slabs   # forgotten: a later lease imports it again
+    (again,) = pool.import_many([Export(size=64, offset=512, data=slab_b, sub=True)])
+    assert again.ptr == 0x30000 + 512
+

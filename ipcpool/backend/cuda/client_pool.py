@@ -145,8 +145,10 @@ class CudaClientPool(ClientPool):
                 s = self._backend.stream(stream, self.device)
                 for handle in dict.fromkeys(e.ready_event for e in exports if e.ready_event):
                     order_after_event(s, handle, self._backend.event_spin_s)   # R1, once per distinct event
-                # The slabs on the worker, in the order the ranges come: the leases need none yet.
-                for data in [d for d in dict.fromkeys(e.data for e in exports if e.sub) if d not in self._slabs]:
+                # Pool slabs on the worker, in the order the ranges come: the leases need none yet.
+                # (A VMM slab is mapped from its FD, in import_allocation.)
+                for data in [d for d in dict.fromkeys(e.data for e in exports if e.sub and not e.chunks)
+                             if d not in self._slabs]:
                     self._pending(data, self._import_slab, data)
                 for e in exports:
                     if e.sub:
