@@ -176,26 +176,36 @@ class CudaClientPool(ClientPool):
 
     def _map_chunks(self, export: Export, stream: Any, fds: list[int]) -> ImportedMemory:
         """Memory above the import limit: its VMM chunks mapped into one range of ours."""
+        def r1() -> None:   # a sealed object's writer: R1 as for any lease
+            if export.ready_event:
+                order_after_event(self._backend.stream(stream, self.device), export.ready_event,
+                                  self._backend.event_spin_s)
+
+        view, mapping = self._mapped(list(export.chunks), fds, export.size, f"{export.size} bytes", r1)
+        return CudaMemory(view, export.size, self.device, mapping=mapping)
+
+    def _mapped(self, sizes: list[int], fds: list[int], nbytes: int, what: str,
+                then: Callable[[], None] = lambda: None) -> tuple[Buffer, vmm.Mapping]:
+        """Chunks mapped one after another into a range of ours from their FDs (owned: closed,
+        also on a failure), as a Buffer of ``nbytes``; ``then`` runs once they are mapped. Here,
+        or on the worker thread for a VMM slab."""
         try:
             with OnDevice(self.device):
                 mapping = vmm.Mapping(self.device, vmm.granularity(self.device), peers=self._peers)
-                mapping.extend(list(export.chunks), fds)
-                fds = []
+                given, fds = fds, []
+                mapping.extend(sizes, given)   # (closes them, also when it fails)
                 try:
-                    s = self._backend.stream(stream, self.device)
-                    if export.ready_event:   # a sealed object's writer: R1 as for any lease
-                        order_after_event(s, export.ready_event, self._backend.event_spin_s)
-                    view = Buffer.from_handle(mapping.ptr, export.size)
+                    then()
+                    return Buffer.from_handle(mapping.ptr, nbytes), mapping
                 except BaseException:
                     mapping.close()
                     raise
         except Exception as exc:
             if not is_cuda_error(exc):
                 raise
-            raise translate(exc, f"mapping {export.size} bytes of pool {self.name!r}") from exc
+            raise translate(exc, f"mapping {what} of pool {self.name!r}") from exc
         finally:
             fdpass.close_all(fds)
-        return CudaMemory(view, export.size, self.device, mapping=mapping)
 
     def order_after(self, event: bytes, stream: Any = None) -> None:
         if not event:
@@ -249,26 +259,7 @@ class CudaClientPool(ClientPool):
         if tuple(export.chunks) != (self.slab_size,) or len(fds) != 1:
             fdpass.close_all(fds)
             raise InvalidRequest(f"a VMM slab is one chunk of {self.slab_size} bytes with its FD")
-        self._pending(export.data, self._mapped_slab, fds)
-
-    def _mapped_slab(self, fds: list[int]) -> tuple[Buffer, vmm.Mapping]:
-        try:
-            with OnDevice(self.device):
-                try:
-                    mapping = vmm.Mapping(self.device, vmm.granularity(self.device), peers=self._peers)
-                except BaseException:
-                    fdpass.close_all(fds)
-                    raise
-                mapping.extend([self.slab_size], fds)   # (closes the FDs)
-                try:
-                    return Buffer.from_handle(mapping.ptr, self.slab_size), mapping
-                except BaseException:
-                    mapping.close()
-                    raise
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            raise translate(exc, f"mapping a slab of pool {self.name!r}") from exc
+        self._pending(export.data, self._mapped, [self.slab_size], fds, self.slab_size, "a slab")
 
     def _pending(self, data: bytes, job: Callable[..., tuple[Buffer, Any]], *args: Any) -> None:
         future = self._backend.background(job, *args)
