@@ -92,6 +92,7 @@ class GrowableTable:
         self.stocks: dict[str, ChunkStock] = {}   # pool -> its chunks made ahead (CUDA)
         self._refill_after = 0.0   # a refill failed (the device is full): not again before then
         self._stock_settled = False   # nothing to make until buffers change (saves pool queries)
+        self._grew = False   # a create or grow since the last refill_quick
         self._ids = itertools.count(1)
 
     def _check_size(self, pool_name: str, nbytes: int, more: int) -> None:
@@ -156,8 +157,10 @@ class GrowableTable:
         return False
 
     def refill_quick(self) -> None:
-        """After answering a control request: one small chunk where a create or grow took one."""
-        if self.stock_wanted():
+        """After answering a control request: one small chunk, once per create or grow (the
+        others, and a stock that lacks only big chunks, cost nothing here)."""
+        if self._grew:
+            self._grew = False
             self.refill_stock(QUICK_CHUNK)
 
     def _fit_stock(self, pool_name: str) -> None:
@@ -166,6 +169,7 @@ class GrowableTable:
         if stock is not None:
             stock.shed(self._room(pool_name))
             self._stock_settled = False   # what was taken is made again while idle
+            self._grew = True             # ... and a small chunk of it at once (refill_quick)
 
     def close_stocks(self) -> None:
         """Release every stocked chunk (at shutdown: they are no buffer's, nothing stores them)."""
