@@ -8,6 +8,7 @@ access on an *imported* pool, peer checks and stream queries.
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any
 
 from cuda.bindings import driver as cu
@@ -61,10 +62,12 @@ def can_access_peer(accessing: int, resident: int) -> bool:
     return bool(check(cu.cuDeviceCanAccessPeer(accessing, resident), "cuDeviceCanAccessPeer"))
 
 
+@functools.cache   # fixed for the process's life (CUDA_VISIBLE_DEVICES is read at cuInit)
 def device_count() -> int:
     return int(check(cu.cuDeviceGetCount(), "cuDeviceGetCount"))
 
 
+@functools.cache
 def total_memory(device: int) -> int:
     return int(check(cu.cuDeviceTotalMem(device), "cuDeviceTotalMem"))
 
