@@ -237,7 +237,10 @@ CONTROL: dict[str, dict[str, Field]] = {
     # ``first`` (those the client has not mapped) in the same reply: one round trip each.
     "grow_create": {**REQUESTS["grow_create"]},
     "grow_attach": {**REQUESTS["grow_attach"]},
-    "grow": {**REQUESTS["grow"], "first": _u64(required=False)},
+    # ``loan``: chunks lent to this session (ipcpool.broker.loans) to grow by, if the buffer still
+    # has ``first`` chunks; the reply says ``took`` (else it grew as without them).
+    "grow": {**REQUESTS["grow"], "first": _u64(required=False),
+             "loan": Field(list, False, max_len=FD_BATCH, check=check_ids)},
     # The size and chunks a growable has now, with the FDs from ``first``: how a process whose
     # backend cannot see a grow by itself (CUDA) follows one without waiting for its notice (and
     # only once its word on the growth board changed: see ipcpool.growboard).

@@ -5,8 +5,10 @@ also, in one process: what making a chunk and its FD costs against importing tha
 
     python scripts/grow_phases.py [--backend cuda|host] [--max-mib 8192] [--repeat 3]
 
-The timings wrap the client's own methods (``Channel.control_call`` and the mapping's ``extend``
-and ``follow``), so they measure ipcpool's real path, one step at a time, in a fresh broker.
+The timings wrap the client's own methods (``Channel.control_send`` and ``control_recv``, and the
+mapping's ``extend``, ``follow``, and on CUDA ``map_ahead`` and ``keep``: a grow by chunks lent
+ahead maps them between its request and the reply, so its round trip is what the mapping did not
+hide), so they measure ipcpool's real path, one step at a time, in a fresh broker.
 """
 
 from __future__ import annotations
@@ -117,11 +119,12 @@ def main() -> None:
     while size <= args.max_mib << 20:
         sizes.append(size)
         size *= 2
-    timed(Channel, "control_call", "round trip")
+    timed(Channel, "control_send", "round trip")
+    timed(Channel, "control_recv", "round trip")
     cls = mapping_class(args.backend)
-    timed(cls, "extend", "mapping")
-    if hasattr(cls, "follow"):
-        timed(cls, "follow", "mapping")
+    for name in ("extend", "follow", "map_ahead", "keep"):
+        if hasattr(cls, name):
+            timed(cls, name, "mapping")
     sync = device_sync(args.backend)
     with broker(args.backend) as sock, ipcpool.connect(sock) as c:
         runs = []

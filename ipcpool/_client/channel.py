@@ -179,11 +179,21 @@ class Channel:
     def control_call(self, msg: dict) -> tuple[dict, list[int]]:
         """A request on the control socket and its reply, with the FDs it carries (owned by the
         caller; closed here when the reply is an error)."""
+        self.control_send(msg)
+        return self.control_recv()
+
+    def control_send(self, msg: dict) -> None:
+        """The first half of ``control_call``: the caller may work while the broker answers."""
         try:
-            try:
-                fdpass.send(self._control, msg)
-            except (ConnectionError, BrokenPipeError):
-                pass   # closed by the broker: the reply it sent first (why) may still be there to read
+            fdpass.send(self._control, msg)
+        except (ConnectionError, BrokenPipeError):
+            pass   # closed by the broker: the reply it sent first (why) may still be there to read
+        except (socket.timeout, TimeoutError) as exc:
+            raise BrokerGone(f"the broker did not read a request within {self.timeout:.0f} s") from exc
+
+    def control_recv(self) -> tuple[dict, list[int]]:
+        """The second half of ``control_call``: the reply to the request sent."""
+        try:
             got = self._control_reply()
         except (socket.timeout, TimeoutError) as exc:
             raise BrokerGone(f"the broker did not answer within {self.timeout:.0f} s") from exc

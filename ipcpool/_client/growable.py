@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backend.base import ClientBackend, ClientGrowable
-from ..errors import ClosedError, InvalidRequest
+from ..errors import ClosedError, InvalidRequest, IpcPoolError
 from ..growboard import BoardView
 from .channel import Channel
+from .loans import ChunkLoans
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class GrowableBuffer:
         self._growables = growables
         self._mapping = mapping
         self.name: str = fields["name"]
+        self.pool: str = str(fields.get("pool", ""))
         info = fields.get("info", {})
         self.device: int = int(info.get("device", -1))
         self.granularity: int = int(info.get("granularity", 0))
@@ -175,6 +177,12 @@ class GrowableBuffer:
         return f"<GrowableBuffer {self.name!r} {state} gen={self.generation}>"
 
 
+def _step(g: GrowableBuffer, nbytes: int) -> int:
+    """The bytes a grow to ``nbytes`` adds (the broker rounds up to the granularity)."""
+    gran = max(g.granularity, 1)
+    return max(0, -(-nbytes // gran) * gran - g._mapping.size)
+
+
 class _Fetch:
     """Chunk FDs for ``GrowableBuffer._map_to``: those a reply carried, then more from the control
     socket a batch at a time. ``close`` closes what the mapping did not need."""
@@ -205,6 +213,7 @@ class Growables:
         self._span = span   # address space to reserve per buffer (Settings.growable_span)
         self.attached: dict[str, GrowableBuffer] = {}
         self._board: BoardView | None = None   # the broker's growth board, read-only (see sync)
+        self._loans = ChunkLoans(backend)   # chunks lent ahead of our grows (broker.loans)
 
     def create(self, name: str, nbytes: int, pool: str, compression: bool) -> GrowableBuffer:
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
@@ -231,9 +240,21 @@ class Growables:
         self._channel.call("grow_delete", name=name)
 
     def _control(self, msg: dict) -> tuple[dict, list[int]]:
-        """A growable request on the control socket; the growth board is kept from the first reply
-        that carries it (its first FD)."""
-        reply, fds = self._channel.control_call(msg)
+        """A growable request on the control socket and its reply (see ``_reply``)."""
+        self._channel.control_send(msg)
+        return self._reply()
+
+    def _reply(self) -> tuple[dict, list[int]]:
+        """A growable reply, less the FDs kept here: the growth board's, kept from the first reply
+        that carries it (its first FD), and those of chunks lent (its last ones, ``lend``)."""
+        reply, fds = self._channel.control_recv()
+        lent = reply.get("lend")
+        if isinstance(lent, list) and lent and fds:
+            n = min(len(lent), len(fds))
+            fds, lent_fds = fds[: len(fds) - n], fds[len(fds) - n :]
+            info = reply.get("info") if isinstance(reply.get("info"), dict) else {}
+            device = info.get("device", -1)
+            self._loans.add(str(reply.get("pool", "")), device if isinstance(device, int) else -1, lent, lent_fds)
         if reply.get("board") is True and fds:
             fd = fds.pop(0)
             if self._board is None:
@@ -273,8 +294,35 @@ class Growables:
         with self._channel.lock:
             self._channel.check_open()
             self._channel.settle()   # a free sent just before must be counted before this grow
-            return self._apply(g, *self._control({"op": "grow", "name": g.name, "nbytes": nbytes,
-                                                   "first": g._chunks}))
+            msg = {"op": "grow", "name": g.name, "nbytes": nbytes, "first": g._chunks}
+            plan = [] if g.compression else self._loans.plan(g.pool, _step(g, nbytes))
+            if not plan:
+                return self._apply(g, *self._control(msg))
+            # Grow by loaned chunks: imported and mapped while the broker records the grow.
+            self._channel.control_send({**msg, "loan": [c.lid for c in plan]})
+            handles = self._loans.import_handles(plan)
+            ahead = g._mapping.map_ahead(handles) if handles else None
+            try:
+                reply, fds = self._reply()
+            except BaseException:
+                g._mapping.drop(ahead)
+                self._loans.release(g.device, handles)
+                raise
+            took = bool(reply.get("took"))
+            if took:
+                self._loans.taken(g.pool, plan)
+            if not took or handles is None:   # another process grew it first, or no import:
+                g._mapping.drop(ahead)         # mapped as without a loan (from the broker's FDs)
+                self._loans.release(g.device, handles)
+                return self._apply(g, reply, fds)
+            old_ptr = g._mapping.ptr
+            try:
+                moved = g._mapping.keep(handles, ahead)
+            except IpcPoolError:   # not mapped: from the broker's FDs, as without a loan
+                self._loans.release(g.device, handles)
+                return self._apply(g, reply, fds)
+            g._chunks += len(plan)
+            return self._apply(g, reply, fds, moved=moved and old_ptr != 0, old_ptr=old_ptr)
 
     def sync(self, g: GrowableBuffer) -> Remap:
         with self._channel.lock:
@@ -294,16 +342,20 @@ class Growables:
             g._announce(reply["gen"], reply["size"], len(reply["chunks"]))
             return self._apply(g, reply, fds)
 
-    def _apply(self, g: GrowableBuffer, reply: dict, fds: list[int]) -> Remap:
+    def _apply(self, g: GrowableBuffer, reply: dict, fds: list[int], moved: bool = False,
+               old_ptr: int | None = None) -> Remap:
         """Map what a grow or sync reply says the buffer now is (its FDs first, then any more it
-        needs), and keep the reply's stamp."""
+        needs), and keep the reply's stamp. ``moved`` and ``old_ptr``: what a grow by loaned
+        chunks, mapped before, did."""
         fetch = _Fetch(self._channel, g.name, reply.get("batch", []), fds)
         try:
             remap = g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
         finally:
             fetch.close()
         g._stamped(reply)
-        return remap
+        if old_ptr is None:
+            return remap
+        return Remap(True, moved or remap.moved, remap.ptr, remap.size, old_ptr)
 
     def detach(self, g: GrowableBuffer) -> None:
         with self._channel.lock:
@@ -311,6 +363,8 @@ class Growables:
             g._mapping.close()   # unmapped before the broker may release a chunk
             if not self._channel.closed:
                 self._channel.call("grow_detach", name=g.name)
+            if not any(o.pool == g.pool for o in self.attached.values()):
+                self._loans.end(g.pool)   # as the broker ends it: our last buffer of the pool
 
     def on_grown(self, note: dict) -> None:
         """The broker's notice that another process grew a buffer: ``sync`` maps it later."""
@@ -325,6 +379,7 @@ class Growables:
             for g in list(self.attached.values()):
                 g.close()
         finally:
+            self._loans.end_all()
             if self._board is not None:
                 self._board.close()
                 self._board = None

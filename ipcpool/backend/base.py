@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import BackendUnavailable, InvalidRequest, IpcPoolError
 from .records import REUSE_POLICIES, Export, PoolSpec, PoolStats
+from .growables import BrokerGrowable, ClientGrowable
 from .stock import ChunkStock
 
 __all__ = [
@@ -234,67 +235,6 @@ class BrokerBackend(ABC):
         """Release backend-wide resources (after every pool is closed)."""
 
 
-class BrokerGrowable(ABC):
-    """A growable buffer's memory in the broker: physical chunks, never moved and never copied."""
-
-    chunks: list[int]   # chunk sizes, in address order
-    one_file = False    # True: one FD holds every chunk at its offset (host); else one FD per chunk
-
-    @property
-    def size(self) -> int:
-        return sum(self.chunks)
-
-    @abstractmethod
-    def info(self) -> dict[str, Any]:
-        """What a client needs to map it besides the FDs: device, granularity, compression."""
-
-    @abstractmethod
-    def grow(self, nbytes: int, stock: ChunkStock | None = None) -> None:
-        """Add chunks until the size is at least ``nbytes`` (rounded up to the granularity), those
-        of ``stock`` first where they fit."""
-
-    @abstractmethod
-    def fds(self, first: int) -> list[int]:
-        """The FDs of chunks ``first`` onwards, or the one file's (owned here; sent as-is)."""
-
-    @abstractmethod
-    def close(self) -> None:
-        """Release the memory. Called once every client has unmapped it (their mappings would keep
-        the physical memory alive anyway: the driver and the kernel count references)."""
-
-
-class ClientGrowable(ABC):
-    """A client's mapping of a growable buffer: one contiguous address range of every chunk."""
-
-    ptr: int
-    size: int
-    reserved: int   # bytes of address space reserved at ``ptr`` (room to grow in place)
-    # True: ``follow`` sees every grow the broker has answered, from what this process holds (the
-    # host's memfd), so a sync needs no request. False: a sync asks the broker (CUDA).
-    follows = False
-
-    @abstractmethod
-    def extend(self, chunks: list[int], fds: list[int]) -> bool:
-        """Map ``chunks`` (sizes, in order, after those mapped) from ``fds`` (owned; closed here).
-        Returns True when the range moved: every chunk was remapped at a new ``ptr``. The old
-        range stays mapped until ``close`` (work still in flight on it stays valid)."""
-
-    def follow(self, size: int) -> bool | None:
-        """Map at least ``size`` bytes from what this process already holds, without asking the
-        broker (more where more is there already); True when the range moved (as ``extend``).
-        None where it cannot: the new memory's FDs must come from the broker (CUDA: each chunk is
-        an FD of its own, so following a grow stays a round trip there)."""
-        return None
-
-    def view(self) -> memoryview | None:
-        """The bytes, where the CPU can address them (host memory)."""
-        return None
-
-    @abstractmethod
-    def close(self) -> None:
-        """Unmap everything (after the caller's work on it finished) and release the imports."""
-
-
 class ImportedMemory(ABC):
     """One imported allocation in a client: the memory protocol ``Buffer`` and ``interop`` use.
     Each kind of memory answers what it is; a capability it lacks is None, never a missing name."""
@@ -393,6 +333,15 @@ class ClientBackend(ABC):
         """An empty mapping of a growable buffer; ``extend`` maps its chunks. ``span``: address
         space to reserve for it, where the backend reserves any (None: the backend's default)."""
         raise BackendUnavailable(f"the {self.name} backend has no growable buffers")
+
+    maps_loans = False   # maps chunks lent ahead of grows (``broker.loans``): the two below
+
+    def import_loaned(self, device: int, fd: int) -> Any:
+        """A lent chunk's handle in this process (``fd`` stays the caller's)."""
+        raise BackendUnavailable(f"the {self.name} backend maps no lent chunks")
+
+    def release_loaned(self, device: int, handle: Any) -> None:
+        """Release a lent chunk's handle that no buffer took."""
 
     def close(self) -> None:
         """Release backend-wide client resources."""

@@ -8,6 +8,11 @@ total is then the binary digits of its size: taken largest first while they fit,
 chunks and exactly the size asked (a grow never gets more than it asked for); what the stock lacks
 is made at the time, as without a stock. A buffer grown by doubling takes one chunk per step.
 
+Chunks may be lent to a session ahead of its grows (``lend``; see ``broker.loans``): a lent chunk
+is still counted here (in ``bytes``, and as the chunk of its size, so that refill does not make it
+again) until a grow uses it (``lent_used``) or the loan ends (``lent_back``, which releases it:
+the borrower held its FD, so it is never lent or handed to anyone else).
+
 Refill makes one chunk per call, the largest missing (or the largest missing up to a size), never
 beyond the room it is given (the pool's max_size less what it holds). The broker calls it from its
 idle pass, and right after answering a grow for one small chunk (see ``broker.growables``).
@@ -49,7 +54,8 @@ class ChunkStock(Generic[C]):
         self._make = make
         self._release = release
         self._held: dict[int, list[C]] = {size: [] for size in self.sizes}
-        self.bytes = 0   # held now: counted against the pool's max_size, charged to nobody
+        self._lent: dict[int, int] = {size: 0 for size in self.sizes}   # chunks of each size out on loan
+        self.bytes = 0   # held now or lent: counted against the pool's max_size
 
     def take(self, nbytes: int) -> tuple[list[C], int]:
         """Chunks for a grow of ``nbytes`` (rounded up to the granularity): stocked ones, largest
@@ -77,7 +83,7 @@ class ChunkStock(Generic[C]):
         """The size to make next: the largest one missing that fits in ``room`` bytes (and is at
         most ``most``); None when there is none (full, or no room)."""
         for size in self.sizes:
-            if not self._held[size] and size <= room and (most is None or size <= most):
+            if not self._held[size] and not self._lent[size] and size <= room and (most is None or size <= most):
                 return size
         return None
 
@@ -92,9 +98,34 @@ class ChunkStock(Generic[C]):
         self.bytes += size
         return True
 
+    def lend(self, most: int, count: int) -> list[C]:
+        """Up to ``most`` bytes (``count`` chunks) of the held chunks, smallest first (a burst that starts small
+        needs those first), now lent: out of ``take``'s reach, and not made again."""
+        out: list[C] = []
+        for size in reversed(self.sizes):
+            held = self._held[size]
+            while held and size <= most and len(out) < count:
+                out.append(held.pop())
+                self._lent[size] += 1
+                most -= size
+        return out
+
+    def lent_used(self, chunk: C) -> None:
+        """A lent chunk became a buffer's: no longer the stock's (its size is made again)."""
+        self._lent[chunk.size] -= 1
+        self.bytes -= chunk.size
+
+    def lent_back(self, chunks: list[C]) -> None:
+        """Lent chunks no grow used, at the loan's end: released, never lent again."""
+        for chunk in chunks:
+            self._lent[chunk.size] -= 1
+            self.bytes -= chunk.size
+            self._release(chunk)
+
     def shed(self, room: int) -> int:
-        """Release chunks, smallest first, until at most ``room`` bytes are held: the stock yields
-        to what a pool's buffers need. Returns the bytes released."""
+        """Release held chunks, smallest first, until at most ``room`` bytes are held (lent ones
+        are the borrowers' to use): the stock yields to what a pool's buffers need. Returns the
+        bytes released."""
         freed = 0
         for size in reversed(self.sizes):
             held = self._held[size]

@@ -39,6 +39,7 @@ from .tables import Tables
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 1024   # connections that sent no hello yet
+LEND_FDS = 16        # chunks lent in one reply at most (a stock holds one chunk of each size)
 
 
 class ControlChannel:
@@ -195,17 +196,7 @@ class ControlChannel:
                 self.send(session, protocol.ok_reply(rid, **reply), tuple(fds))
             elif op in protocol.GROWABLE_CONTROL:
                 reply = self.handlers.handle(session, op, fields, rid)
-                g = self.tables.growables.attached(session, fields["name"])
-                chunks, first = g.memory.chunks, fields.get("first", 0)   # the client maps from there
-                fds = g.memory.fds(first) if first < len(chunks) else []
-                board = self.tables.growables.board
-                if board is None or session.has_growth_board:
-                    batch, fds = _fd_batch(chunks, g.memory.one_file, first, fds)
-                    self.send(session, protocol.ok_reply(rid, **reply, batch=batch), tuple(fds))
-                else:   # the growth board first, then the chunks (one FD fewer of them)
-                    batch, fds = _fd_batch(chunks, g.memory.one_file, first, fds, protocol.FD_BATCH - 1)
-                    self.send(session, protocol.ok_reply(rid, **reply, batch=batch, board=True), (board.fd, *fds))
-                    session.has_growth_board = True
+                self._growable_reply(session, op, fields, rid, reply)
             else:
                 raise ProtocolError(f"{op} is not valid once the session is open")
         except IpcPoolError as exc:
@@ -213,6 +204,26 @@ class ControlChannel:
         except Exception as exc:   # the backend's own failure, else a bug of ours: keep serving
             err = unexpected(self.sessions.backend, exc, f"session {session.sid} (control)")
             self.send(session, protocol.error_reply(rid, err))
+
+    def _growable_reply(self, session: Session, op: str, f: dict, rid: int, reply: dict) -> None:
+        """A growable op's answer with its FDs: the growth board's (the session's first such
+        reply: ``board``), the chunks' from the client's ``first`` on (those it did not just take
+        from its loan: ``batch``), then chunks lent to it after a create or grow (``lend``)."""
+        g = self.tables.growables.attached(session, f["name"])
+        first = f.get("first", 0) + (len(f["loan"]) if reply.get("took") else 0)
+        chunks = g.memory.chunks
+        fds = g.memory.fds(first) if first < len(chunks) else []
+        board = self.tables.growables.board
+        head: tuple[int, ...] = ()
+        if board is not None and not session.has_growth_board:
+            head, reply["board"] = (board.fd,), True
+            session.has_growth_board = True
+        batch, fds = _fd_batch(chunks, g.memory.one_file, first, fds, protocol.FD_BATCH - len(head))
+        lent = []
+        if op in ("grow_create", "grow") and len(head) + len(fds) + LEND_FDS <= protocol.FD_BATCH:
+            lent = self.tables.growables.lend(session, g, LEND_FDS, created=op == "grow_create")
+            reply["lend"] = [[lid, c.size] for lid, c in lent]
+        self.send(session, protocol.ok_reply(rid, **reply, batch=batch), (*head, *fds, *(c.fd for _, c in lent)))
 
     def _chunk_fds(self, session: Session, f: dict) -> tuple[dict, list[int]]:
         """At most FD_BATCH chunk FDs from chunk ``first``, with the sizes of the chunks they map."""

@@ -16,7 +16,8 @@ client maps its reply, it is there for the next step of a burst that starts smal
 created at the granularity and doubled takes that size twice). Bigger chunks can take a
 millisecond, which a request arriving meanwhile would wait: those wait for the quiet spell.
 The stock counts against the pool's max_size, and yields to buffers: a grow may use the room it
-holds, and the stock sheds what no longer fits.
+holds, and the stock sheds what no longer fits. What it holds is lent to the sessions that grow
+(``broker.loans``): their next grows take no chunk FD and no import.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..backend.base import BrokerGrowable
 from ..backend.stock import ChunkStock
 from ..errors import AllocationTooLarge, InvalidRequest, IpcPoolError, ObjectExists, ObjectNotFound, OutOfMemory
 from ..growboard import SLOTS, GrowthBoard
+from .loans import Loans
 from .registry import Registry
 from .session import Session
 
@@ -68,7 +71,7 @@ class Growable:
 
     def fields(self) -> dict:
         """What a client needs to map it (besides the FDs)."""
-        return {"name": self.name, "size": self.memory.size, "chunks": list(self.memory.chunks),
+        return {"name": self.name, "pool": self.pool, "size": self.memory.size, "chunks": list(self.memory.chunks),
                 "gen": self.gen, "info": self.memory.info(), "compression_requested": self.compression_requested,
                 "word": self.word, "stamp": self.stamp}
 
@@ -90,6 +93,7 @@ class GrowableTable:
         self.by_name: dict[str, Growable] = {}
         self.bytes_by_pool: collections.Counter = collections.Counter()
         self.stocks: dict[str, ChunkStock] = {}   # pool -> its chunks made ahead (CUDA)
+        self.loans = Loans()   # of those chunks, lent to sessions ahead of their grows
         self._refill_after = 0.0   # a refill failed (the device is full): not again before then
         self._stock_settled = False   # nothing to make until buffers change (saves pool queries)
         self._grew = False   # a create or grow since the last refill_quick
@@ -163,16 +167,52 @@ class GrowableTable:
             self._grew = False
             self.refill_stock(QUICK_CHUNK)
 
-    def _fit_stock(self, pool_name: str) -> None:
+    def _fit_stock(self, pool_name: str, quick: bool = True) -> None:
         """After a pool's buffers grew: the stock gives up what no longer fits its max_size."""
         stock = self.stocks.get(pool_name)
         if stock is not None:
             stock.shed(self._room(pool_name))
             self._stock_settled = False   # what was taken is made again while idle
-            self._grew = True             # ... and a small chunk of it at once (refill_quick)
+            self._grew |= quick           # ... and a small chunk of it at once (refill_quick)
+
+    def lend(self, session: Session, g: Growable, count: int, created: bool = False) -> list[tuple[int, Any]]:
+        """Lend ``session`` what the stock of ``g``'s pool holds (``broker.loans``), as far as its
+        quota allows, ``count`` chunks at most: (id, chunk) each; none where ``g`` cannot take them
+        or is another uid's. ``created``: ``g`` was just made, from the stock's chunk of its size,
+        which the next step of a buffer grown by doubling needs again: that one is made first."""
+        stock = self.stocks.get(g.pool)
+        if stock is None or session.cred.uid != g.uid or not g.memory.takes_from(stock):
+            return []
+        if created:
+            self.refill_quick()
+        quota = self.registry.config.quota_for(g.uid).bytes
+        room = quota - self.registry.bytes_by_uid[g.uid] if quota else MAX_GROWABLE
+        return self.loans.lend(session, g.pool, stock, room, count)
+
+    def _take_loan(self, session: Session, g: Growable, nbytes: int, ids: list[int] | None, first: int | None) -> bool:
+        """Grow ``g`` with the loaned chunks ``ids`` where they are exactly the step to ``nbytes``
+        and ``g`` is as the client mapped it (``first`` chunks); False (nothing taken) else."""
+        stock = self.stocks.get(g.pool)
+        if (not ids or first != len(g.memory.chunks) or stock is None or session.cred.uid != g.uid
+                or not g.memory.takes_from(stock)):
+            return False
+        step = -(-nbytes // stock.gran) * stock.gran - g.memory.size
+        chunks = self.loans.take(session, g.pool, ids, step)
+        if chunks is None:
+            return False
+        g.memory.add(chunks)
+        for c in chunks:
+            stock.lent_used(c)
+        return True
+
+    def _end_loan(self, session: Session, pool_name: str) -> None:
+        self.loans.end(session, pool_name, self.stocks.get(pool_name))
+        self._stock_settled = False   # sizes to make again
 
     def close_stocks(self) -> None:
         """Release every stocked chunk (at shutdown: they are no buffer's, nothing stores them)."""
+        for session, pool_name in self.loans.all():
+            self._end_loan(session, pool_name)
         for stock in self.stocks.values():
             stock.close()
         self.stocks.clear()
@@ -238,24 +278,30 @@ class GrowableTable:
         g.holders[session] += 1
         return g
 
-    def grow(self, session: Session, name: str, nbytes: int) -> tuple[Growable, list[Session]]:
-        """Grow to at least ``nbytes``; returns it and the other sessions to tell."""
+    def grow(self, session: Session, name: str, nbytes: int, loan: list[int] | None = None,
+             first: int | None = None) -> tuple[Growable, list[Session], bool]:
+        """Grow to at least ``nbytes``, with the loaned chunks ``loan`` where they fit (see
+        ``_take_loan``); returns it, the other sessions to tell, and whether the loan was taken."""
         g = self.attached(session, name)
         if nbytes <= g.memory.size:
-            return g, []
+            return g, [], False
         if len(g.memory.chunks) >= MAX_CHUNKS:
             raise InvalidRequest(f"growable buffer {name!r} has {MAX_CHUNKS} chunks; grow it in larger steps")
         before = g.memory.size
         self._check_size(g.pool, nbytes, nbytes - before)
         self.registry.check_quota(g.uid, nbytes - before)
-        g.memory.grow(nbytes, self.stocks.get(g.pool))
+        took = self._take_loan(session, g, nbytes, loan, first)
+        if not took:
+            g.memory.grow(nbytes, self.stocks.get(g.pool))
         self.registry.bytes_by_uid[g.uid] += g.memory.size - before
         self.bytes_by_pool[g.pool] += g.memory.size - before
-        self._fit_stock(g.pool)
+        # A grower that took its loan may be mapping the next step already: no refill of ours
+        # on the device meanwhile (the stock's chunk is made again once quiet).
+        self._fit_stock(g.pool, quick=not took)
         g.gen += 1
         if self.board is not None:   # before anyone is answered or told (see ipcpool.growboard)
             g.stamp = self.board.stamp(g.word)
-        return g, [s for s in g.holders if s is not session]
+        return g, [s for s in g.holders if s is not session], took
 
     def fds(self, session: Session, name: str, first: int) -> tuple[Growable, list[int]]:
         g = self.attached(session, name)
@@ -269,6 +315,8 @@ class GrowableTable:
         g.holders[session] -= 1
         if g.holders[session] <= 0:
             del g.holders[session]
+            if not any(session in o.holders for o in self.by_name.values() if o.pool == g.pool):
+                self._end_loan(session, g.pool)   # its last buffer of the pool
         return self._destroy_if_done(g)
 
     def delete(self, name: str) -> Growable | None:
@@ -278,6 +326,8 @@ class GrowableTable:
 
     def end_session(self, session: Session) -> list[Growable]:
         """Detach ``session`` from every buffer; returns those this destroyed."""
+        for pool_name in self.loans.pools(session):
+            self._end_loan(session, pool_name)
         destroyed = []
         for g in list(self.by_name.values()):
             if g.holders.pop(session, None) is not None and self._destroy_if_done(g) is not None:
@@ -309,7 +359,8 @@ class GrowableTable:
             row["growables"] += 1
             row["growable_bytes"] += g.memory.size
         for pool_name, stock in self.stocks.items():   # only pools that keep a stock show one
-            out.setdefault(pool_name, {"growables": 0, "growable_bytes": 0})["stock_bytes"] = stock.bytes
+            row = out.setdefault(pool_name, {"growables": 0, "growable_bytes": 0})
+            row["stock_bytes"], row["lent_bytes"] = stock.bytes, self.loans.bytes_in(pool_name)
         return out
 
     def list(self, prefix: str = "") -> list[dict]:

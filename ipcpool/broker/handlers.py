@@ -197,11 +197,11 @@ class Handlers:
     def op_grow(self, session: Session, f: dict, rid: int) -> dict:
         g = self.tables.growables.attached(session, f["name"])
         gen = g.gen
-        g, others = self.tables.growables.grow(session, f["name"], f["nbytes"])
+        g, others, took = self.tables.growables.grow(session, f["name"], f["nbytes"], f.get("loan"), f.get("first"))
         if g.gen != gen:   # a grow to no more than the size changes nothing: nothing to record
             self.tables.durable.record_growable(g)   # only chunks not stored yet
             self.notices.grown(g, others)
-        return g.fields()
+        return {**g.fields(), "took": took}
 
     def op_grow_sync(self, session: Session, f: dict, rid: int) -> dict:
         """Control socket only: the buffer as it is now (the reply carries the FDs it lacks)."""

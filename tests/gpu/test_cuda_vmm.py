@@ -101,31 +101,33 @@ def test_by_default_a_growable_spans_its_device_and_never_moves(cuda_broker):
         c.delete_growable("vmm/span")
 
 
-def test_the_growth_stock_remakes_small_chunks_at_once_and_big_ones_after_a_burst(cuda_broker):
-    """Grows take chunks from the broker's stock. A chunk of up to QUICK_CHUNK is made again right
-    after the answer (while the client maps it): a burst of small grows leaves the stock full.
-    A bigger one waits until no request came for a while (it may take a millisecond, which a
-    burst must not wait for), then the stock is full again."""
+def test_the_growth_stock_remakes_a_small_chunk_at_once_and_what_a_loan_took_after_a_burst(cuda_broker):
+    """Grows take chunks from the broker's stock, or from the part of it lent to the grower
+    (broker.loans). A grow served from the stock has a chunk of up to QUICK_CHUNK made again
+    right after its answer (while the client maps it); the chunks a burst of grows took from the
+    loan are made again only once no request came for a while (making one may take a
+    millisecond, which the burst must not wait for), then the stock is full again."""
     from ipcpool.broker.growables import QUICK_CHUNK
 
     def stock():
-        return c.stats()["pools"]["default"]["stock_bytes"]
+        row = c.stats()["pools"]["default"]
+        return row["stock_bytes"], row["lent_bytes"]
 
     with ipcpool.connect(cuda_broker.socket_dir) as c:
-        full = stock()
+        full, _ = stock()
         assert full >= 2 * QUICK_CHUNK + 2 * MiB   # it holds a chunk bigger than QUICK_CHUNK
         g = c.create_growable("stock/burst", 2 * MiB)
+        assert stock() == (full, full)                  # all lent, the 2 MiB it took made first
         size = 2 * MiB
-        while size < QUICK_CHUNK:
+        while size < 2 * QUICK_CHUNK:                   # from the loan: 2, 4, ... MiB
             size *= 2
             g.grow(size)
-        assert stock() == full                          # every chunk taken was small: made again
-        g.grow(size + 2 * QUICK_CHUNK)                  # takes the stock's chunk of 2 x QUICK_CHUNK
-        assert stock() < full                           # right after: not made during the burst
+        held, lent = stock()
+        assert held == lent == full - (size - 2 * MiB)  # right after: not made during the burst
         deadline = time.monotonic() + 10
-        while stock() < full and time.monotonic() < deadline:
+        while stock()[0] < full and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert stock() == full
+        assert stock()[0] == full
         g.close()
         c.delete_growable("stock/burst")
 

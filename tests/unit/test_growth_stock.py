@@ -180,6 +180,12 @@ class StockGrowable:
         taken, need = stock.take(nbytes - self.size) if stock else ([], nbytes - self.size)
         self._chunks += taken + ([FakeChunk(need)] if need > 0 else [])
 
+    def takes_from(self, stock):
+        return True
+
+    def add(self, chunks):
+        self._chunks += chunks
+
     def close(self):
         for c in self._chunks:
             c.close()
@@ -210,7 +216,8 @@ def table():
 
 
 class FakeSession:
-    cred = type("Cred", (), {"uid": 1000})()
+    def __init__(self, uid=1000):
+        self.cred = type("Cred", (), {"uid": uid})()
 
 
 def test_the_table_fills_the_stock_at_start_grows_from_it_and_refills_while_idle(table):
@@ -220,7 +227,8 @@ def test_the_table_fills_the_stock_at_start_grows_from_it_and_refills_while_idle
     s = FakeSession()
     g = table.create(s, "g", 6 * MiB, "default", False)
     assert g.memory.chunks == [4 * MiB, 2 * MiB] and stock.bytes == 8 * MiB
-    assert table.stats()["default"] == {"growables": 1, "growable_bytes": 6 * MiB, "stock_bytes": 8 * MiB}
+    assert table.stats()["default"] == {"growables": 1, "growable_bytes": 6 * MiB, "stock_bytes": 8 * MiB,
+                                        "lent_bytes": 0}
     assert table.stock_wanted()                                   # the idle pass makes them again
     while table.refill_stock():
         pass
@@ -264,3 +272,68 @@ def test_a_pool_whose_device_cannot_stock_chunks_starts_without_a_stock():
     t.open_stocks(256 * MiB)
     assert t.stocks == {} and not t.stock_wanted() and "stock_bytes" not in str(t.stats())
     registry.close()
+
+
+# -- chunks lent to the sessions that grow (broker.loans) ----------------------------------------
+def test_a_loan_is_the_stocks_held_chunks_and_never_made_twice(table):
+    stock, s = table.stocks["default"], FakeSession()
+    g = table.create(s, "g", 2 * MiB, "default", False)            # takes the 2 MiB chunk
+    lent = table.lend(s, g, 16)
+    assert sorted(c.size for _, c in lent) == [4 * MiB, 8 * MiB]   # all it held, smallest first
+    assert table.registry.bytes_by_uid[1000] == 2 * MiB            # the buffer's: a loan is the stock's
+    assert stock.bytes == 12 * MiB and table.stats()["default"]["lent_bytes"] == 12 * MiB
+    while table.refill_stock():                                   # only the 2 MiB taken is made again
+        pass
+    assert stock.made.count(4 * MiB) == 1 and stock.bytes == 14 * MiB
+    assert table.lend(FakeSession(1001), g, 16) == []                # another uid: its buffer, not its loan
+
+
+def test_a_grow_takes_the_loaned_chunks_it_names_only_where_they_are_the_step_and_the_buffer_unchanged(table):
+    s = FakeSession()
+    g = table.create(s, "g", 2 * MiB, "default", False)
+    ids = {c.size: (lid, c) for lid, c in table.lend(s, g, 16)}
+    four, eight = ids[4 * MiB], ids[8 * MiB]
+    # the wrong size for the step, a chunk not lent, and a stale ``first``: grown as without a loan
+    assert table.grow(s, "g", 4 * MiB, [four[0]], 1)[2] is False and g.memory.size == 4 * MiB
+    assert table.grow(s, "g", 8 * MiB, [999], 2)[2] is False and g.memory.size == 8 * MiB
+    assert table.grow(s, "g", 12 * MiB, [four[0]], 1)[2] is False and g.memory.size == 12 * MiB
+    assert table.registry.bytes_by_uid[1000] == 12 * MiB
+    n = len(g.memory.chunks)
+    _, others, took = table.grow(s, "g", 24 * MiB, [eight[0], four[0]], n)
+    assert took and g.memory._chunks[n:] == [eight[1], four[1]] and g.memory.size == 24 * MiB
+    assert table.registry.bytes_by_uid[1000] == 24 * MiB           # charged as any grow
+    assert table.stats()["default"]["lent_bytes"] == 0 and g.gen == 4
+    assert table.grow(s, "g", 36 * MiB, [four[0]], n + 2)[2] is False   # taken once only
+
+
+def test_a_loan_ends_with_the_last_buffer_of_its_pool_or_the_session_and_its_chunks_are_released(table):
+    released = []
+    stock, s = table.stocks["default"], FakeSession()
+    g = table.create(s, "g", 2 * MiB, "default", False)
+    table.create(s, "h", 2 * MiB, "default", False)
+    for _, c in table.lend(s, g, 16):
+        c._log = released
+    table.detach(s, "g")                                          # "h" is still held: the loan stays
+    assert released == [] and table.stats()["default"]["lent_bytes"] == 12 * MiB
+    table.detach(s, "h")
+    assert sorted(released) == [4 * MiB, 8 * MiB] and table.stats()["default"]["lent_bytes"] == 0
+    assert table.registry.bytes_by_uid[1000] == 4 * MiB and stock.bytes == 0   # the two buffers only
+    assert table.stock_wanted()                                   # the sizes are made again, new
+    t = FakeSession(uid=1001)
+    table.attach(t, "g")
+    other = table.create(t, "x", 2 * MiB, "default", False)
+    while table.refill_stock():
+        pass
+    assert table.lend(t, other, 16)
+    table.end_session(t)
+    assert table.stats()["default"]["lent_bytes"] == 0 and table.registry.bytes_by_uid[1001] == 2 * MiB
+
+
+def test_a_loan_stays_within_the_borrowers_quota(table):
+    from ipcpool.config import Quota
+
+    table.registry.config.quotas[1000] = Quota(bytes=8 * MiB)
+    s = FakeSession()
+    g = table.create(s, "g", 2 * MiB, "default", False)
+    assert [c.size for _, c in table.lend(s, g, 16)] == [4 * MiB]  # 6 of 8 MiB: the 8 MiB chunk waits
+    assert table.registry.bytes_by_uid[1000] == 2 * MiB

@@ -27,6 +27,7 @@ KILL_TESTS = {
     "test_writer_death_on_a_gpu",
     "test_a_pending_reader_of_a_writer_killed_before_its_seal_gets_object_aborted",
     "test_objects_and_growables_survive_two_broker_crashes",
+    "test_a_killed_borrowers_loan_is_released_and_the_stock_made_again",
 }
 
 

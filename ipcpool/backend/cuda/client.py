@@ -54,6 +54,18 @@ class CudaClientGrowable(ClientGrowable):
         with OnDevice(self.device):
             return self._mapping.extend(chunks, fds)
 
+    def map_ahead(self, handles: list[tuple[Any, int]]) -> Any:
+        with OnDevice(self.device):
+            return self._mapping.map_ahead(handles)
+
+    def keep(self, handles: list[tuple[Any, int]], token: Any) -> bool:
+        with OnDevice(self.device):
+            return self._mapping.keep(handles, token)
+
+    def drop(self, token: Any) -> None:
+        with OnDevice(self.device):
+            self._mapping.drop(token)
+
     def close(self) -> None:
         # cuMemUnmap does not wait for the GPU: let the work of every device that may use the
         # mapping finish first (a peer's only where this process has its context active).
@@ -105,6 +117,17 @@ class CudaClientBackend(ClientBackend):
             if self._worker is None:
                 self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ipcpool-import")
             return self._worker.submit(fn, *args)
+
+    # -- chunks lent ahead of grows (broker.loans)
+    maps_loans = True
+
+    def import_loaned(self, device: int, fd: int) -> Any:
+        with OnDevice(device):
+            return vmm.import_handle(fd)
+
+    def release_loaned(self, device: int, handle: Any) -> None:
+        with OnDevice(device):
+            vmm.release_handle(handle)
 
     # -- streams
     def stream(self, obj: Any, device: int) -> Stream:

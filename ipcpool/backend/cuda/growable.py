@@ -41,8 +41,7 @@ class CudaGrowable(BrokerGrowable):
         if nbytes <= self.size:
             return
         need, taken = nbytes - self.size, []
-        # The stock's chunks are of this device's plain granularity and never compressible.
-        if stock is not None and not self.compression and stock.gran == self.gran:
+        if stock is not None and self.takes_from(stock):
             taken, need = stock.take(need)
         try:
             with OnDevice(self.device):
@@ -53,6 +52,13 @@ class CudaGrowable(BrokerGrowable):
                 stock.give_back(taken)
             raise
         self._chunks += taken + made
+
+    def takes_from(self, stock: ChunkStock) -> bool:
+        # The stock's chunks are of this device's plain granularity and never compressible.
+        return not self.compression and stock.gran == self.gran
+
+    def add(self, chunks: list[vmm.Chunk]) -> None:
+        self._chunks += chunks
 
     def fds(self, first: int) -> list[int]:
         return [c.fd for c in self._chunks[first:]]

@@ -20,6 +20,7 @@ so this is cuda.bindings throughout.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -45,6 +46,7 @@ def _prop(device: int, compression: bool) -> Any:
     return prop
 
 
+@functools.cache   # a device's attributes never change: asked once per process, not per buffer
 def device_attr(device: int, attr: Any) -> int:
     return int(check(cu.cuDeviceGetAttribute(attr, device), f"cuDeviceGetAttribute({attr.name})"))
 
@@ -60,6 +62,7 @@ def compression_supported(device: int) -> bool:
     return bool(device_attr(device, _ATTR.CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED))
 
 
+@functools.cache
 def granularity(device: int, compression: bool = False) -> int:
     """The recommended granularity: chunk sizes and mapping offsets are multiples of it."""
     flag = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
@@ -146,6 +149,15 @@ def split(nbytes: int, gran: int, most: int) -> list[int]:
     return [most] * (total // most) + ([total % most] if total % most else [])
 
 
+def import_handle(fd: int) -> Any:
+    """A chunk's handle in this process, from its FD (which the caller still owns)."""
+    return check(cu.cuMemImportFromShareableHandle(fd, POSIX_FD), "cuMemImportFromShareableHandle")
+
+
+def release_handle(handle: Any) -> None:
+    check(cu.cuMemRelease(handle), "cuMemRelease")
+
+
 class Mapping:
     """A client's contiguous mapping of chunks (imported from FDs) on one device, which ``peers``
     (devices the caller has checked can access it: cuDeviceCanAccessPeer) may access too."""
@@ -171,7 +183,7 @@ class Mapping:
             if len(sizes) != len(fds) or any(s <= 0 or s % self.gran for s in sizes):
                 raise InvalidRequest("chunk sizes must be positive multiples of the granularity, one per FD")
             for fd, size in zip(fds, sizes):
-                new.append((check(cu.cuMemImportFromShareableHandle(fd, POSIX_FD), "cuMemImportFromShareableHandle"), size))
+                new.append((import_handle(fd), size))
         except BaseException:
             for handle, _ in new:
                 cu.cuMemRelease(handle)
@@ -186,11 +198,39 @@ class Mapping:
                 cu.cuMemRelease(handle)
             raise
 
+    def map_ahead(self, new: list[tuple[Any, int]]) -> list[tuple[int, int]] | None:
+        """Map imported chunks after those mapped, in place, not yet counted as the mapping's: the
+        spans for ``keep`` or ``drop``. None where they do not fit the reservation, or the driver
+        refused (nothing of theirs stays mapped then)."""
+        total = self.size + sum(s for _, s in new)
+        if not self.ptr or total > self.reserved:
+            return None
+        try:
+            return self._map(self.ptr + self.size, new)
+        except IpcPoolError:
+            return None
+
+    def keep(self, new: list[tuple[Any, int]], spans: list[tuple[int, int]] | None) -> bool:
+        """Imported chunks ``new`` are the next ones (owned here from now on): as ``map_ahead``
+        mapped them (``spans``), or mapped now where it did not (None); True when the range moved."""
+        if spans is None:
+            return self._place(new)
+        self._mapped += spans
+        self._handles += new
+        self.size += sum(s for _, s in new)
+        return False
+
+    @staticmethod
+    def drop(spans: list[tuple[int, int]] | None) -> None:
+        """Unmap what ``map_ahead`` mapped (its handles stay the caller's)."""
+        for span in spans or ():
+            cu.cuMemUnmap(*span)
+
     def _place(self, new: list[tuple[Any, int]]) -> bool:
         total = self.size + sum(s for _, s in new)
         if total <= self.reserved or self._reserve_after(total):
             try:
-                self._map(self.ptr + self.size, new)
+                self._mapped += self._map(self.ptr + self.size, new)
             except IpcPoolError:
                 # A chunk may straddle the end of one reservation and the start of the next:
                 # where the driver refuses that, map everything at a new range instead.
@@ -203,7 +243,7 @@ class Mapping:
         # Slow path: a new range; map every chunk there (the old range stays until close).
         base, length = self._reserve(total)
         self._ranges.append((base, length))
-        self._map(base, self._handles + new)   # one access call for the whole range
+        self._mapped += self._map(base, self._handles + new)   # one access call for the whole range
         moved = bool(self.ptr)
         self.ptr, self.reserved = base, length
         self._handles += new
@@ -248,9 +288,10 @@ class Mapping:
         self.reserved += length
         return True
 
-    def _map(self, at: int, chunks: list[tuple[Any, int]]) -> None:
+    def _map(self, at: int, chunks: list[tuple[Any, int]]) -> list[tuple[int, int]]:
         """Map ``chunks`` one after another from ``at`` and grant access to the whole range in one
-        call ([start, at) is contiguous and all mapped then). On failure nothing stays mapped."""
+        call ([start, at) is contiguous and all mapped then); the spans mapped. On failure nothing
+        stays mapped."""
         start, done = at, []
         try:
             for handle, size in chunks:
@@ -263,7 +304,7 @@ class Mapping:
             for span in done:
                 cu.cuMemUnmap(*span)
             raise
-        self._mapped += done
+        return done
 
     def close(self) -> None:
         """Unmap every range and release the imports. The caller has made sure no work on this
