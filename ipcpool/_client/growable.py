@@ -213,6 +213,7 @@ class Growables:
         self._span = span   # address space to reserve per buffer (Settings.growable_span)
         self.attached: dict[str, GrowableBuffer] = {}
         self._board: BoardView | None = None   # the broker's growth board, read-only (see sync)
+        self._board_fd: int | None = None       # its FD, until the first sync maps it
         self._loans = ChunkLoans(backend)   # chunks lent ahead of our grows (broker.loans)
 
     def create(self, name: str, nbytes: int, pool: str, compression: bool) -> GrowableBuffer:
@@ -257,15 +258,23 @@ class Growables:
             self._loans.add(str(reply.get("pool", "")), device if isinstance(device, int) else -1, lent, lent_fds)
         if reply.get("board") is True and fds:
             fd = fds.pop(0)
-            if self._board is None:
-                self._board = BoardView.open(fd)   # None where it is not a sealed board: sync asks
+            if self._board is None and self._board_fd is None:
+                self._board_fd = fd   # mapped at the first sync (a process that only grows never reads it)
             else:
                 os.close(fd)
         return reply, fds
 
+    def board(self) -> BoardView | None:
+        """The growth board, mapped at first use; None where the session has none (or what came
+        is no sealed board): every sync asks then."""
+        if self._board_fd is not None:
+            self._board, self._board_fd = BoardView.open(self._board_fd), None
+        return self._board
+
     def _unchanged(self, g: GrowableBuffer) -> bool:
         """Has the buffer's word on the growth board kept the stamp of this process's last mapping?"""
-        return self._board is not None and g._stamp is not None and self._board.read(g._word) == g._stamp
+        board = self.board()
+        return board is not None and g._stamp is not None and board.read(g._word) == g._stamp
 
     def _check_unattached(self, name: str) -> None:
         if name in self.attached:
@@ -380,6 +389,9 @@ class Growables:
                 g.close()
         finally:
             self._loans.end_all()
+            if self._board_fd is not None:
+                os.close(self._board_fd)
+                self._board_fd = None
             if self._board is not None:
                 self._board.close()
                 self._board = None

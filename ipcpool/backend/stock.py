@@ -3,7 +3,9 @@
 Making a chunk is the slow part of a grow on CUDA (``cuMemCreate`` and its export: tens of
 microseconds to milliseconds, growing with the size). The broker keeps some made, and a grow takes
 from them before it makes any. Sizes are the granularity times powers of two, one chunk of each, as
-many sizes as the target holds (1 GiB at 2 MiB: 2, 4, ..., 512 MiB). A grow of up to the stock's
+many sizes as the target holds (1 GiB at 2 MiB: 2, 4, ..., 512 MiB), and a second chunk of the
+granularity where the target has room for it: a buffer created at the granularity and doubled
+takes that size twice, once for the create and once for its first step. A grow of up to the stock's
 total is then the binary digits of its size: taken largest first while they fit, so the fewest
 chunks and exactly the size asked (a grow never gets more than it asked for); what the stock lacks
 is made at the time, as without a stock. A buffer grown by doubling takes one chunk per step.
@@ -55,6 +57,9 @@ class ChunkStock(Generic[C]):
         self._release = release
         self._held: dict[int, list[C]] = {size: [] for size in self.sizes}
         self._lent: dict[int, int] = {size: 0 for size in self.sizes}   # chunks of each size out on loan
+        self._want: dict[int, int] = {size: 1 for size in self.sizes}   # chunks of each size to hold
+        if self.sizes and sum(self.sizes) + gran <= target:
+            self._want[gran] = 2
         self.bytes = 0   # held now or lent: counted against the pool's max_size
 
     def take(self, nbytes: int) -> tuple[list[C], int]:
@@ -83,7 +88,7 @@ class ChunkStock(Generic[C]):
         """The size to make next: the largest one missing that fits in ``room`` bytes (and is at
         most ``most``); None when there is none (full, or no room)."""
         for size in self.sizes:
-            if not self._held[size] and not self._lent[size] and size <= room and (most is None or size <= most):
+            if len(self._held[size]) + self._lent[size] < self._want[size] and size <= room and (most is None or size <= most):
                 return size
         return None
 

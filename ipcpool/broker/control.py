@@ -221,7 +221,7 @@ class ControlChannel:
         batch, fds = _fd_batch(chunks, g.memory.one_file, first, fds, protocol.FD_BATCH - len(head))
         lent = []
         if op in ("grow_create", "grow") and len(head) + len(fds) + LEND_FDS <= protocol.FD_BATCH:
-            lent = self.tables.growables.lend(session, g, LEND_FDS, created=op == "grow_create")
+            lent = self.tables.growables.lend(session, g, LEND_FDS)
             reply["lend"] = [[lid, c.size] for lid, c in lent]
         self.send(session, protocol.ok_reply(rid, **reply, batch=batch), (*head, *fds, *(c.fd for _, c in lent)))
 

@@ -175,16 +175,13 @@ class GrowableTable:
             self._stock_settled = False   # what was taken is made again while idle
             self._grew |= quick           # ... and a small chunk of it at once (refill_quick)
 
-    def lend(self, session: Session, g: Growable, count: int, created: bool = False) -> list[tuple[int, Any]]:
+    def lend(self, session: Session, g: Growable, count: int) -> list[tuple[int, Any]]:
         """Lend ``session`` what the stock of ``g``'s pool holds (``broker.loans``), as far as its
         quota allows, ``count`` chunks at most: (id, chunk) each; none where ``g`` cannot take them
-        or is another uid's. ``created``: ``g`` was just made, from the stock's chunk of its size,
-        which the next step of a buffer grown by doubling needs again: that one is made first."""
+        or is another uid's."""
         stock = self.stocks.get(g.pool)
         if stock is None or session.cred.uid != g.uid or not g.memory.takes_from(stock):
             return []
-        if created:
-            self.refill_quick()
         quota = self.registry.config.quota_for(g.uid).bytes
         room = quota - self.registry.bytes_by_uid[g.uid] if quota else MAX_GROWABLE
         return self.loans.lend(session, g.pool, stock, room, count)

@@ -17,7 +17,7 @@ MiB = 1 << 20
 
 
 def board_of(client):
-    return client._growables._board
+    return client._growables.board()
 
 
 def follower(client, name):

@@ -71,12 +71,17 @@ def test_a_refill_capped_in_size_makes_only_the_small_chunks():
 def test_a_doubling_buffer_takes_one_stocked_chunk_per_step_and_exactly_its_size():
     stock = new_stock()
     fill(stock)
+    assert stock.bytes == GiB                 # 2, 4, ..., 512 MiB, and 2 MiB again
+    assert [c.size for c in stock.take(2 * MiB)[0]] == [2 * MiB]   # the create
     size = 2 * MiB
     while size < GiB:
         taken, lacking = stock.take(size)   # doubling: the step adds the current size
         assert [c.size for c in taken] == [size] and lacking == 0
         size *= 2
     assert stock.bytes == 0
+    assert new_stock(target=14 * MiB).sizes == [8 * MiB, 4 * MiB, 2 * MiB]
+    fill(small := new_stock(target=14 * MiB))
+    assert small.bytes == 14 * MiB            # no room for a second 2 MiB chunk
 
 
 def test_take_is_largest_first_while_it_fits_and_says_what_is_lacking():
