@@ -102,6 +102,9 @@ class Channel:
             self.session: int = hello["session"]
             self.backend_name: str = hello["backend"]
             self.pool_names = tuple(hello["pools"])
+            devices = hello.get("devices")   # each pool's device (a growable's mapping is made ahead)
+            self.pool_devices: dict[str, int] = {k: v for k, v in (devices or {}).items() if isinstance(k, str)
+                                                 and isinstance(v, int) and not isinstance(v, bool)} if isinstance(devices, dict) else {}
             self._zctx = zmq.Context.instance()
             self._dealer = self._zctx.socket(zmq.DEALER)
             self._dealer.setsockopt(zmq.IDENTITY, hello["token"])

@@ -222,8 +222,18 @@ class Growables:
         with self._channel.lock:
             self._check_unattached(name)
             self._channel.settle()   # after our earlier requests; its growth notices must reach us
-            return self._attach(*self._control(
-                {"op": "grow_create", "name": name, "nbytes": nbytes, "pool": pool, "compression": bool(compression)}))
+            self._channel.control_send(
+                {"op": "grow_create", "name": name, "nbytes": nbytes, "pool": pool, "compression": bool(compression)})
+            device = self._channel.pool_devices.get(pool)
+            # The mapping is made (its address space reserved) while the broker makes the buffer.
+            prepared = None if compression or device is None else self._backend.prepare_growable(device, self._span)
+            try:
+                reply, fds = self._reply()
+            except BaseException:
+                if prepared is not None:
+                    prepared.close()
+                raise
+            return self._attach(reply, fds, prepared)
 
     def attach(self, name: str) -> GrowableBuffer:
         with self._channel.lock:
@@ -280,12 +290,15 @@ class Growables:
         if name in self.attached:
             raise InvalidRequest(f"this client is already attached to growable buffer {name!r}")
 
-    def _attach(self, reply: dict, fds: list[int]) -> GrowableBuffer:
+    def _attach(self, reply: dict, fds: list[int], prepared: ClientGrowable | None = None) -> GrowableBuffer:
         name = reply["name"]
         fetch = _Fetch(self._channel, name, reply.get("batch", []), fds)
         mapping = None
         try:
-            mapping = self._backend.import_growable(reply["info"], self._span)
+            if prepared is not None and not prepared.matches(reply["info"]):
+                prepared.close()
+                prepared = None
+            mapping = prepared or self._backend.import_growable(reply["info"], self._span)
             g = GrowableBuffer(self, reply, mapping)
             g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
             g._stamped(reply)

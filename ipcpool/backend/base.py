@@ -334,6 +334,12 @@ class ClientBackend(ABC):
         space to reserve for it, where the backend reserves any (None: the backend's default)."""
         raise BackendUnavailable(f"the {self.name} backend has no growable buffers")
 
+    def prepare_growable(self, device: int, span: int | None = None) -> ClientGrowable | None:
+        """An empty mapping for a growable of ``device``'s plain memory with its address space
+        reserved, made while the broker makes the buffer; ``import_growable`` uses it where the
+        buffer is as guessed (``matches``). None where this backend reserves nothing."""
+        return None
+
     maps_loans = False   # maps chunks lent ahead of grows (``broker.loans``): the two below
 
     def import_loaned(self, device: int, fd: int) -> Any:

@@ -63,6 +63,10 @@ class ClientGrowable(ABC):
         Returns True when the range moved: every chunk was remapped at a new ``ptr``. The old
         range stays mapped until ``close`` (work still in flight on it stays valid)."""
 
+    def matches(self, info: dict[str, Any]) -> bool:
+        """Is this (prepared, empty) mapping the one ``info`` asks for?"""
+        return False
+
     def map_ahead(self, handles: list[tuple[Any, int]]) -> Any:
         """Map imported chunks (``(handle, size)``, see ``ClientBackend.import_loaned``) after
         those mapped, in place, before the broker has said they are the buffer's: a token for

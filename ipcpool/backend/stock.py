@@ -5,7 +5,9 @@ microseconds to milliseconds, growing with the size). The broker keeps some made
 from them before it makes any. Sizes are the granularity times powers of two, one chunk of each, as
 many sizes as the target holds (1 GiB at 2 MiB: 2, 4, ..., 512 MiB), and a second chunk of the
 granularity where the target has room for it: a buffer created at the granularity and doubled
-takes that size twice, once for the create and once for its first step. A grow of up to the stock's
+takes that size twice, once for the create and once for its first step. Where the sizes stop at
+the largest chunk the backend makes, not at the target, the rest of the target is more chunks of
+that size (8 GiB with 2 GiB chunks: 2, 2, 4, ..., 1024 MiB and three of 2 GiB). A grow of up to the stock's
 total is then the binary digits of its size: taken largest first while they fit, so the fewest
 chunks and exactly the size asked (a grow never gets more than it asked for); what the stock lacks
 is made at the time, as without a stock. A buffer grown by doubling takes one chunk per step.
@@ -58,8 +60,12 @@ class ChunkStock(Generic[C]):
         self._held: dict[int, list[C]] = {size: [] for size in self.sizes}
         self._lent: dict[int, int] = {size: 0 for size in self.sizes}   # chunks of each size out on loan
         self._want: dict[int, int] = {size: 1 for size in self.sizes}   # chunks of each size to hold
-        if self.sizes and sum(self.sizes) + gran <= target:
-            self._want[gran] = 2
+        room = target - sum(self.sizes)
+        if self.sizes and room >= gran:
+            self._want[gran] += 1
+            room -= gran
+        if self.sizes and self.sizes[0] * 2 > largest:   # capped by the chunk, not by the target
+            self._want[self.sizes[0]] += room // self.sizes[0]
         self.bytes = 0   # held now or lent: counted against the pool's max_size
 
     def take(self, nbytes: int) -> tuple[list[C], int]:

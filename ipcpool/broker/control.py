@@ -129,6 +129,7 @@ class ControlChannel:
         self.send(session, protocol.ok_reply(
             0, token=session.token, session=session.sid, backend=self.backend_name,
             endpoint=self.endpoint, version=protocol.PROTOCOL_VERSION, pools=sorted(self.tables.registry.pools),
+            devices={name: pool.spec.device for name, pool in self.tables.registry.pools.items()},
         ))
 
     def _admit(self, conn: socket.socket, cred: fdpass.PeerCred) -> None:

@@ -17,7 +17,9 @@ created at the granularity and doubled takes that size twice). Bigger chunks can
 millisecond, which a request arriving meanwhile would wait: those wait for the quiet spell.
 The stock counts against the pool's max_size, and yields to buffers: a grow may use the room it
 holds, and the stock sheds what no longer fits. What it holds is lent to the sessions that grow
-(``broker.loans``): their next grows take no chunk FD and no import.
+(``broker.loans``): their next grows take no chunk FD and no import. A reply that lent chunks, and
+a grow that took its loan, refill nothing at once: the grower's next steps come from its loan, and
+a chunk made beside them would only slow their driver calls down.
 """
 
 from __future__ import annotations
@@ -184,7 +186,10 @@ class GrowableTable:
             return []
         quota = self.registry.config.quota_for(g.uid).bytes
         room = quota - self.registry.bytes_by_uid[g.uid] if quota else MAX_GROWABLE
-        return self.loans.lend(session, g.pool, stock, room, count)
+        lent = self.loans.lend(session, g.pool, stock, room, count)
+        if lent:   # the grower's next steps come from the loan: no refill beside them until quiet
+            self._grew = False
+        return lent
 
     def _take_loan(self, session: Session, g: Growable, nbytes: int, ids: list[int] | None, first: int | None) -> bool:
         """Grow ``g`` with the loaned chunks ``ids`` where they are exactly the step to ``nbytes``

@@ -128,3 +128,25 @@ def test_a_killed_borrowers_loan_is_released_and_the_stock_made_again(cuda_broke
         row = pool_stats(c)
         assert row["lent_bytes"] == 0 and row["stock_bytes"] == full
         c.delete_growable("loan/killed")
+
+
+def test_a_create_uses_the_mapping_it_reserved_while_the_broker_made_the_buffer(cuda_broker):
+    with ipcpool.connect(cuda_broker.socket_dir) as c:
+        backend, made = c._backend, []
+        real = backend.prepare_growable
+
+        def prepare(device, span=None):
+            made.append(real(device, span))
+            return made[-1]
+
+        backend.prepare_growable = prepare
+        g = c.create_growable("loan/prepared", 4 * MiB)
+        assert made and made[0] is not None and g._mapping is made[0] and g.ptr and g.size == 4 * MiB
+        fill(g, 0, g.size, 9)
+        assert holds(g, [(0, 4 * MiB, 9)])
+        h = c.create_growable("loan/compressed", 4 * MiB, compression=True)   # another granularity
+        assert len(made) == 1 and h.size >= 4 * MiB                        # nothing made ahead
+        h.close()
+        g.close()
+        c.delete_growable("loan/prepared")
+        c.delete_growable("loan/compressed")

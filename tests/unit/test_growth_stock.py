@@ -84,6 +84,17 @@ def test_a_doubling_buffer_takes_one_stocked_chunk_per_step_and_exactly_its_size
     assert small.bytes == 14 * MiB            # no room for a second 2 MiB chunk
 
 
+def test_a_stock_capped_by_the_largest_chunk_fills_its_target_with_more_of_them():
+    stock = new_stock(target=8 * GiB, largest=2 * GiB)
+    fill(stock)
+    assert stock.bytes == 8 * GiB and stock.made.count(2 * GiB) == 3 and stock.made.count(2 * MiB) == 2
+    taken, lacking = stock.take(4 * GiB)      # the last step of a doubling to 8 GiB
+    assert [c.size for c in taken] == [2 * GiB, 2 * GiB] and lacking == 0
+    assert stock.wanted(1 << 60) == 2 * GiB
+    fill(capped := new_stock(target=GiB + 100 * MiB, largest=2 * GiB))
+    assert capped.bytes == 1024 * MiB         # not capped by the chunk: the rest stays unused
+
+
 def test_take_is_largest_first_while_it_fits_and_says_what_is_lacking():
     stock = new_stock(target=14 * MiB)
     fill(stock)
@@ -285,6 +296,8 @@ def test_a_loan_is_the_stocks_held_chunks_and_never_made_twice(table):
     g = table.create(s, "g", 2 * MiB, "default", False)            # takes the 2 MiB chunk
     lent = table.lend(s, g, 16)
     assert sorted(c.size for _, c in lent) == [4 * MiB, 8 * MiB]   # all it held, smallest first
+    table.refill_quick()                                          # a loan went out: none made at once
+    assert stock.made.count(2 * MiB) == 1
     assert table.registry.bytes_by_uid[1000] == 2 * MiB            # the buffer's: a loan is the stock's
     assert stock.bytes == 12 * MiB and table.stats()["default"]["lent_bytes"] == 12 * MiB
     while table.refill_stock():                                   # only the 2 MiB taken is made again

@@ -12,7 +12,7 @@ from typing import Any
 
 from cuda.core import LEGACY_DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM, Device, Stream
 
-from ...errors import BackendUnavailable, InvalidRequest
+from ...errors import BackendUnavailable, InvalidRequest, IpcPoolError
 from ..base import ClientBackend, ClientGrowable, ClientPool
 from . import driver as drv
 from . import vmm
@@ -45,6 +45,14 @@ class CudaClientGrowable(ClientGrowable):
         # growth then maps in place, never at a new range nor after a reservation on the way.
         span = drv.total_memory(device) if span is None else span
         self._mapping = vmm.Mapping(device, gran, headroom=2, peers=self.peers, span=span)
+        self._asked = (device, gran, tuple(peers))
+
+    def matches(self, info: dict[str, Any]) -> bool:
+        try:
+            asked = (int(info["device"]), int(info["granularity"]), tuple(int(p) for p in info.get("peer_access", ())))
+        except (KeyError, TypeError, ValueError):
+            return False
+        return asked == self._asked and self._mapping.size == 0
 
     ptr = property(lambda self: self._mapping.ptr)
     size = property(lambda self: self._mapping.size)
@@ -103,6 +111,17 @@ class CudaClientBackend(ClientBackend):
             return CudaClientPool(self, info, fd)
         except (KeyError, TypeError, ValueError) as exc:
             raise BackendUnavailable(f"bad pool info for {info.get('name')!r}: {exc}") from exc
+
+    def prepare_growable(self, device: int, span: int | None = None) -> ClientGrowable | None:
+        if span is not None and span <= 0:   # no span: the first chunks size the reservation
+            return None
+        try:
+            g = CudaClientGrowable(device, vmm.granularity(device), (), span)
+            with OnDevice(device):
+                g._mapping.reserve_ahead()
+            return g
+        except IpcPoolError:   # the reply's info makes one as usual (and says why it cannot)
+            return None
 
     def import_growable(self, info: dict[str, Any], span: int | None = None) -> ClientGrowable:
         try:

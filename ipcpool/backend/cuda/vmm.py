@@ -198,6 +198,12 @@ class Mapping:
                 cu.cuMemRelease(handle)
             raise
 
+    def reserve_ahead(self) -> None:
+        """Reserve the range before any chunk comes (see ``_reserve``): the first map in place."""
+        if not self.ptr:
+            self.ptr, self.reserved = self._reserve(self.gran)
+            self._ranges.append((self.ptr, self.reserved))
+
     def map_ahead(self, new: list[tuple[Any, int]]) -> list[tuple[int, int]] | None:
         """Map imported chunks after those mapped, in place, not yet counted as the mapping's: the
         spans for ``keep`` or ``drop``. None where they do not fit the reservation, or the driver
