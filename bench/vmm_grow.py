@@ -187,6 +187,8 @@ class Ipcpool:
         import ipcpool
 
         self.ipcpool, self.client, self.g = ipcpool, ipcpool.connect(sock), None
+        # Made when the broker started, before the baseline: the peak column does not show it.
+        self.stock_bytes = self.client.stats()["pools"]["default"].get("stock_bytes", 0)
 
     @property
     def ptr(self) -> int | None:
@@ -258,7 +260,7 @@ def measure(method: str, sizes: list[int], sock: str | None) -> dict:
             res[f"{p}_steps"] = sum(s.get("path") == p for s in res["steps"])
     res["total_ms"] = round(cum / 1000, 3)
     res["peak_bytes"] = max((s["peak_bytes"] for s in res["steps"]), default=0)
-    for attr in ("granularity", "prefetch"):
+    for attr in ("granularity", "prefetch", "stock_bytes"):
         if hasattr(grower, attr):
             res[attr] = getattr(grower, attr)
     return res
@@ -376,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         kept = "-" if r["data_kept"] is None else str(r["data_kept"])
         oom = f"{r['oom_at'] / GiB:g}" if "oom_at" in r else "-"
         print(f"{m:<20}{r['total_ms']:>11,.1f}{r['peak_bytes'] / GiB:>10.2f}{fs:>11}{kept:>11}{oom:>12}")
+    for m, r in result["methods"].items():
+        if r.get("stock_bytes"):
+            print(f"{m}: the broker's stock held {r['stock_bytes'] / GiB:.2f} GiB before the baseline (not in peak)")
     print(f"ratios: {result['ratios']}")
     print(f"wrote {out / stem}.json")
     return 0
