@@ -17,7 +17,8 @@ from ..errors import IpcPoolError
 from . import gcpause, interop
 from .catalog import Subscription, list_all, subscribe
 from .channel import Channel
-from .growable import GrowableBuffer, Growables, Remap
+from .growable import GrowableBuffer, Remap
+from .growables import Growables
 from .leases import Buffer, Leases
 from .pools import Pools
 from .settings import Settings

@@ -7,6 +7,7 @@ import os
 import socket
 import time
 
+import pytest
 import zmq
 
 import ipcpool
@@ -225,3 +226,20 @@ def test_a_grow_to_no_more_than_the_size_tells_nobody(broker):
         d.stats()                                           # anything sent before its reply is in
         d._channel.drain()
         assert h._announced[0] == 0 and g.generation == 0
+
+
+def test_a_create_that_fails_between_its_request_and_its_reply_leaves_the_control_socket_in_step(broker):
+    """Work a create does while the broker answers (reserving its mapping) may fail: the error is
+    the caller's, and the reply is read anyway, so the next request gets its own reply."""
+    with ipcpool.connect(broker.socket_dir) as c:
+        def no_room(device, span=None):
+            raise MemoryError("no address space left")
+
+        c._backend.prepare_growable = no_room
+        with pytest.raises(MemoryError, match="no address space left"):
+            c.create_growable("rt/failed", MiB)
+        del c._backend.prepare_growable
+        g = c.create_growable("rt/next", 2 * MiB)          # answered with its own reply
+        assert g.name == "rt/next" and g.size == 2 * MiB
+        assert {x["name"] for x in c.list_growables()} == {"rt/failed", "rt/next"}   # the broker made both
+        g.close()

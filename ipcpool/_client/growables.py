@@ -1,0 +1,273 @@
+"""The growable buffers a client has attached, and the requests that make, grow and map them
+(``growable.GrowableBuffer`` is the caller's handle on one).
+
+Round trips: create, attach and grow are each one request on the control socket, whose reply
+carries the FDs of the chunks this process lacks (the session's first one also the growth board's).
+Following another process's grow costs no request where the backend maps from what it already
+holds (host: the one memfd, now longer); on CUDA each new chunk is an FD of its own, and a sync
+after a grow is one request (more only past FD_BATCH new chunks), a sync with nothing grown none.
+On CUDA a create or grow reply also lends the broker's stock of chunks (``loans``): a grow they
+add up to maps them while the broker records it, and its reply carries no chunk FD. A create
+reserves its mapping's address space while the broker makes the buffer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+
+from ..backend.base import ClientBackend, ClientGrowable
+from ..errors import InvalidRequest, IpcPoolError
+from ..growboard import BoardView
+from .channel import Channel
+from .growable import GrowableBuffer, Remap
+from .loans import ChunkLoans
+
+
+def _step(g: GrowableBuffer, nbytes: int) -> int:
+    """The bytes a grow to ``nbytes`` adds (the broker rounds up to the granularity)."""
+    gran = max(g.granularity, 1)
+    return max(0, -(-nbytes // gran) * gran - g._mapping.size)
+
+
+class _Fetch:
+    """Chunk FDs for ``GrowableBuffer._map_to``: those a reply carried, then more from the control
+    socket a batch at a time. ``close`` closes what the mapping did not need."""
+
+    def __init__(self, channel: Channel, name: str, batch: Sequence[int] = (), fds: Sequence[int] = ()):
+        self._channel = channel
+        self._name = name
+        self._batch, self._fds = list(batch), list(fds)
+
+    def __call__(self, first: int) -> tuple[list[int], list[int]]:
+        if self._fds:
+            got, self._batch, self._fds = (self._batch, self._fds), [], []
+            return got
+        return self._channel.chunk_fds(first, growable=self._name)
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+
+
+class Growables:
+    """The growable buffers a client has attached, and the requests that make, grow and map them."""
+
+    def __init__(self, channel: Channel, backend: ClientBackend, span: int | None = None):
+        self._channel = channel
+        self._backend = backend
+        self._span = span   # address space to reserve per buffer (Settings.growable_span)
+        self.attached: dict[str, GrowableBuffer] = {}
+        self._board: BoardView | None = None   # the broker's growth board, read-only (see sync)
+        self._board_fd: int | None = None       # its FD, until the first sync maps it
+        self._loans = ChunkLoans(backend)   # chunks lent ahead of our grows (broker.loans)
+
+    def create(self, name: str, nbytes: int, pool: str, compression: bool) -> GrowableBuffer:
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
+            raise InvalidRequest(f"nbytes must be a positive int, got {nbytes!r}")
+        with self._channel.lock:
+            self._check_unattached(name)
+            self._channel.settle()   # after our earlier requests; its growth notices must reach us
+            self._channel.control_send(
+                {"op": "grow_create", "name": name, "nbytes": nbytes, "pool": pool, "compression": bool(compression)})
+            device = self._channel.pool_devices.get(pool)
+            # The mapping is made (its address space reserved) while the broker makes the buffer.
+            with self._reply_read_on_failure():
+                prepared = None if compression or device is None else self._backend.prepare_growable(device, self._span)
+            try:
+                reply, fds = self._reply()
+            except BaseException:
+                if prepared is not None:
+                    prepared.close()
+                raise
+            return self._attach(reply, fds, prepared)
+
+    def attach(self, name: str) -> GrowableBuffer:
+        with self._channel.lock:
+            self._check_unattached(name)
+            self._channel.settle()
+            return self._attach(*self._control({"op": "grow_attach", "name": name}))
+
+    def grow_named(self, name: str, nbytes: int) -> Remap:
+        g = self.attached.get(name)
+        if g is None:
+            raise InvalidRequest(f"this client is not attached to growable buffer {name!r}")
+        return g.grow(nbytes)
+
+    def delete(self, name: str) -> None:
+        self._channel.call("grow_delete", name=name)
+
+    def _control(self, msg: dict) -> tuple[dict, list[int]]:
+        """A growable request on the control socket and its reply (see ``_reply``)."""
+        self._channel.control_send(msg)
+        return self._reply()
+
+    @contextlib.contextmanager
+    def _reply_read_on_failure(self):
+        """Work between a request and its reply: where it fails, the reply is still read (and
+        dropped), so that the next request on the control socket gets its own. (A grow the
+        broker made meanwhile is mapped by the next grow or sync, from the broker's FDs.)"""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(IpcPoolError):
+                for fd in self._reply()[1]:
+                    os.close(fd)
+            raise
+
+    def _reply(self) -> tuple[dict, list[int]]:
+        """A growable reply, less the FDs kept here: the growth board's, kept from the first reply
+        that carries it (its first FD), and those of chunks lent (its last ones, ``lend``)."""
+        reply, fds = self._channel.control_recv()
+        lent = reply.get("lend")
+        if isinstance(lent, list) and lent and fds:
+            n = min(len(lent), len(fds))
+            fds, lent_fds = fds[: len(fds) - n], fds[len(fds) - n :]
+            info = reply.get("info") if isinstance(reply.get("info"), dict) else {}
+            device = info.get("device", -1)
+            self._loans.add(str(reply.get("pool", "")), device if isinstance(device, int) else -1, lent, lent_fds)
+        if reply.get("board") is True and fds:
+            fd = fds.pop(0)
+            if self._board is None and self._board_fd is None:
+                self._board_fd = fd   # mapped at the first sync (a process that only grows never reads it)
+            else:
+                os.close(fd)
+        return reply, fds
+
+    def board(self) -> BoardView | None:
+        """The growth board, mapped at first use; None where the session has none (or what came
+        is no sealed board): every sync asks then."""
+        if self._board_fd is not None:
+            self._board, self._board_fd = BoardView.open(self._board_fd), None
+        return self._board
+
+    def _unchanged(self, g: GrowableBuffer) -> bool:
+        """Has the buffer's word on the growth board kept the stamp of this process's last mapping?"""
+        board = self.board()
+        return board is not None and g._stamp is not None and board.read(g._word) == g._stamp
+
+    def _check_unattached(self, name: str) -> None:
+        if name in self.attached:
+            raise InvalidRequest(f"this client is already attached to growable buffer {name!r}")
+
+    def _attach(self, reply: dict, fds: list[int], prepared: ClientGrowable | None = None) -> GrowableBuffer:
+        name = reply["name"]
+        fetch = _Fetch(self._channel, name, reply.get("batch", []), fds)
+        mapping = None
+        try:
+            if prepared is not None and not prepared.matches(reply["info"]):
+                prepared.close()
+                prepared = None
+            mapping = prepared or self._backend.import_growable(reply["info"], self._span)
+            g = GrowableBuffer(self, reply, mapping)
+            g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
+            g._stamped(reply)
+        except BaseException:
+            fetch.close()
+            if mapping is not None:
+                mapping.close()   # what was mapped so far
+            self._channel.call("grow_detach", name=name)
+            raise
+        fetch.close()
+        self.attached[name] = g
+        return g
+
+    def grow(self, g: GrowableBuffer, nbytes: int) -> Remap:
+        with self._channel.lock:
+            self._channel.check_open()
+            self._channel.settle()   # a free sent just before must be counted before this grow
+            msg = {"op": "grow", "name": g.name, "nbytes": nbytes, "first": g._chunks}
+            plan = [] if g.compression else self._loans.plan(g.pool, _step(g, nbytes))
+            if not plan:
+                return self._apply(g, *self._control(msg))
+            # Grow by loaned chunks: imported and mapped while the broker records the grow.
+            self._channel.control_send({**msg, "loan": [c.lid for c in plan]})
+            with self._reply_read_on_failure():
+                handles = self._loans.import_handles(plan)
+                ahead = g._mapping.map_ahead(handles) if handles else None
+            try:
+                reply, fds = self._reply()
+            except BaseException:
+                g._mapping.drop(ahead)
+                self._loans.release(g.device, handles)
+                raise
+            took = bool(reply.get("took"))
+            if took:
+                self._loans.taken(g.pool, plan)
+            if not took or handles is None:   # another process grew it first, or no import:
+                g._mapping.drop(ahead)         # mapped as without a loan (from the broker's FDs)
+                self._loans.release(g.device, handles)
+                return self._apply(g, reply, fds)
+            old_ptr = g._mapping.ptr
+            try:
+                moved = g._mapping.keep(handles, ahead)
+            except IpcPoolError:   # not mapped: from the broker's FDs, as without a loan
+                self._loans.release(g.device, handles)
+                return self._apply(g, reply, fds)
+            g._chunks += len(plan)
+            return self._apply(g, reply, fds, moved=moved and old_ptr != 0, old_ptr=old_ptr)
+
+    def sync(self, g: GrowableBuffer) -> Remap:
+        with self._channel.lock:
+            self._channel.drain()
+            if g._mapping.follows:   # the host: the memfd it holds is as long as the buffer
+                return g._map_to(*g._announced, _Fetch(self._channel, g.name))
+            # CUDA: a notice is no proof of the size. Another process's grow may have been
+            # answered (on its control socket) before our notice of it arrives here, and that
+            # process may already have told ours to use the new bytes. The broker stamps the
+            # buffer's word on the growth board before it answers a grow: while the word holds
+            # the stamp of our last mapping nothing grew; else ask the broker.
+            self._channel.check_open()
+            if self._unchanged(g):
+                ptr = g._mapping.ptr
+                return Remap(False, False, ptr, g._mapping.size, ptr)
+            reply, fds = self._control({"op": "grow_sync", "name": g.name, "first": g._chunks})
+            g._announce(reply["gen"], reply["size"], len(reply["chunks"]))
+            return self._apply(g, reply, fds)
+
+    def _apply(self, g: GrowableBuffer, reply: dict, fds: list[int], moved: bool = False,
+               old_ptr: int | None = None) -> Remap:
+        """Map what a grow or sync reply says the buffer now is (its FDs first, then any more it
+        needs), and keep the reply's stamp. ``moved`` and ``old_ptr``: what a grow by loaned
+        chunks, mapped before, did."""
+        fetch = _Fetch(self._channel, g.name, reply.get("batch", []), fds)
+        try:
+            remap = g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
+        finally:
+            fetch.close()
+        g._stamped(reply)
+        if old_ptr is None:
+            return remap
+        return Remap(True, moved or remap.moved, remap.ptr, remap.size, old_ptr)
+
+    def detach(self, g: GrowableBuffer) -> None:
+        with self._channel.lock:
+            self.attached.pop(g.name, None)
+            g._mapping.close()   # unmapped before the broker may release a chunk
+            if not self._channel.closed:
+                self._channel.call("grow_detach", name=g.name)
+            if not any(o.pool == g.pool for o in self.attached.values()):
+                self._loans.end(g.pool)   # as the broker ends it: our last buffer of the pool
+
+    def on_grown(self, note: dict) -> None:
+        """The broker's notice that another process grew a buffer: ``sync`` maps it later."""
+        g = self.attached.get(note.get("growable"))
+        fields = [note.get(k) for k in ("gen", "size", "chunks")]
+        if g is not None and all(isinstance(v, int) and not isinstance(v, bool) for v in fields):
+            g._announce(*fields)
+
+    def close_all(self) -> None:
+        """Close every attached buffer (at close)."""
+        try:
+            for g in list(self.attached.values()):
+                g.close()
+        finally:
+            self._loans.end_all()
+            if self._board_fd is not None:
+                os.close(self._board_fd)
+                self._board_fd = None
+            if self._board is not None:
+                self._board.close()
+                self._board = None
