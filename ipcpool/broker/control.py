@@ -39,7 +39,7 @@ from .tables import Tables
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 1024   # connections that sent no hello yet
-LEND_FDS = 16        # chunks lent in one reply at most (a stock holds one chunk of each size)
+LEND_FDS = 16        # chunks lent in one reply at most (a stock holds about one of each size)
 
 
 class ControlChannel:

@@ -181,8 +181,8 @@ class GrowableTable:
         """Lend ``session`` what the stock of ``g``'s pool holds (``broker.loans``), as far as its
         quota allows, ``count`` chunks at most: (id, chunk) each; none where ``g`` cannot take them
         or is another uid's."""
-        stock = self.stocks.get(g.pool)
-        if stock is None or session.cred.uid != g.uid or not g.memory.takes_from(stock):
+        stock = self._lender(session, g)
+        if stock is None:
             return []
         quota = self.registry.config.quota_for(g.uid).bytes
         room = quota - self.registry.bytes_by_uid[g.uid] if quota else MAX_GROWABLE
@@ -194,9 +194,8 @@ class GrowableTable:
     def _take_loan(self, session: Session, g: Growable, nbytes: int, ids: list[int] | None, first: int | None) -> bool:
         """Grow ``g`` with the loaned chunks ``ids`` where they are exactly the step to ``nbytes``
         and ``g`` is as the client mapped it (``first`` chunks); False (nothing taken) else."""
-        stock = self.stocks.get(g.pool)
-        if (not ids or first != len(g.memory.chunks) or stock is None or session.cred.uid != g.uid
-                or not g.memory.takes_from(stock)):
+        stock = self._lender(session, g)
+        if not ids or first != len(g.memory.chunks) or stock is None:
             return False
         step = -(-nbytes // stock.gran) * stock.gran - g.memory.size
         chunks = self.loans.take(session, g.pool, ids, step)
@@ -206,6 +205,14 @@ class GrowableTable:
         for c in chunks:
             stock.lent_used(c)
         return True
+
+    def _lender(self, session: Session, g: Growable) -> ChunkStock | None:
+        """The stock whose chunks ``session`` may borrow for ``g``: its pool's, where ``g`` takes
+        them (see ``BrokerGrowable.takes_from``) and is the session's uid's."""
+        stock = self.stocks.get(g.pool)
+        if stock is None or session.cred.uid != g.uid or not g.memory.takes_from(stock):
+            return None
+        return stock
 
     def _end_loan(self, session: Session, pool_name: str) -> None:
         self.loans.end(session, pool_name, self.stocks.get(pool_name))
