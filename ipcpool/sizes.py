@@ -1,10 +1,15 @@
-"""Byte sizes: one parser (the config's "1G", the CLI's ``--keep 1G``) and one formatter (every
-table and message the CLI prints)."""
+"""Byte sizes: one parser (the config's "1G", the CLI's ``--keep 1G``), one formatter (every
+table and message the CLI prints), and rounding up to a granularity (chunks, pages, grow steps)."""
 
 from __future__ import annotations
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _NAMES = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def round_up(n: int, granularity: int) -> int:
+    """``n`` rounded up to a multiple of ``granularity``."""
+    return -(-n // granularity) * granularity
 
 
 def parse_size(value: int | str) -> int:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from ..backend.base import ClientBackend, ClientGrowable
 from ..errors import InvalidRequest, IpcPoolError
 from ..growboard import BoardView
+from ..sizes import round_up
 from .channel import Channel
 from .growable import GrowableBuffer, Remap
 from .loans import ChunkLoans
@@ -27,8 +28,7 @@ from .loans import ChunkLoans
 
 def _step(g: GrowableBuffer, nbytes: int) -> int:
     """The bytes a grow to ``nbytes`` adds (the broker rounds up to the granularity)."""
-    gran = max(g.granularity, 1)
-    return max(0, -(-nbytes // gran) * gran - g._mapping.size)
+    return max(0, round_up(nbytes, max(g.granularity, 1)) - g._mapping.size)
 
 
 class _Fetch:

@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
+from ..sizes import round_up
+
 
 class Chunk(Protocol):
     size: int
@@ -71,7 +73,7 @@ class ChunkStock(Generic[C]):
     def take(self, nbytes: int) -> tuple[list[C], int]:
         """Chunks for a grow of ``nbytes`` (rounded up to the granularity): stocked ones, largest
         first while they fit, and the bytes still lacking (for the caller to make)."""
-        need = -(-nbytes // self.gran) * self.gran
+        need = round_up(nbytes, self.gran)
         out: list[C] = []
         for size in self.sizes:
             held = self._held[size]

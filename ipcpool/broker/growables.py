@@ -35,6 +35,7 @@ from ..backend.base import BrokerGrowable
 from ..backend.stock import ChunkStock
 from ..errors import AllocationTooLarge, InvalidRequest, IpcPoolError, ObjectExists, ObjectNotFound, OutOfMemory
 from ..growboard import SLOTS, GrowthBoard
+from ..sizes import round_up
 from .loans import Loans
 from .registry import Registry
 from .session import Session
@@ -197,7 +198,7 @@ class GrowableTable:
         stock = self._lender(session, g)
         if not ids or first != len(g.memory.chunks) or stock is None:
             return False
-        step = -(-nbytes // stock.gran) * stock.gran - g.memory.size
+        step = round_up(nbytes, stock.gran) - g.memory.size
         chunks = self.loans.take(session, g.pool, ids, step)
         if chunks is None:
             return False

@@ -27,6 +27,7 @@ from typing import Any
 from cuda.bindings import driver as cu
 
 from ...errors import BackendUnavailable, InvalidRequest, IpcPoolError
+from ...sizes import round_up
 from .driver import access_descs
 from .errors import check
 
@@ -67,10 +68,6 @@ def granularity(device: int, compression: bool = False) -> int:
     """The recommended granularity: chunk sizes and mapping offsets are multiples of it."""
     flag = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
     return int(check(cu.cuMemGetAllocationGranularity(_prop(device, compression), flag), "cuMemGetAllocationGranularity"))
-
-
-def round_up(n: int, g: int) -> int:
-    return -(-n // g) * g
 
 
 class Chunk:

@@ -19,6 +19,7 @@ import os
 from typing import Any
 
 from ...errors import InvalidRequest, OutOfMemory
+from ...sizes import round_up
 from ..base import BrokerGrowable, ClientGrowable
 from ..stock import ChunkStock
 
@@ -34,10 +35,6 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
 _libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-
-
-def round_up(n: int, granularity: int) -> int:
-    return -(-n // granularity) * granularity
 
 
 def _mmap(addr: int, length: int, prot: int, flags: int, fd: int = -1, offset: int = 0) -> int | None:
