@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import ctypes
 import errno
+import functools
 import os
 import socket
 import struct
@@ -25,6 +26,10 @@ MAX_FDS = protocol.FD_BATCH   # the most FDs one control message carries
 # Linux >= 4.13: the peer's supplementary groups, as they were at connect time.
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
 NGROUPS_MAX = 65536
+# Plain ints: recvmsg's flags are an int, and an int & socket.MsgFlag goes through the enum
+# machinery (microseconds on every message of a hot path).
+_CTRUNC, _TRUNC = int(socket.MSG_CTRUNC), int(socket.MSG_TRUNC)
+_FD_SIZE = array.array("i").itemsize
 
 
 def close_all(fds) -> None:
@@ -86,11 +91,14 @@ def send(sock: socket.socket, msg: dict, fds: tuple[int, ...] = ()) -> None:
     sock.sendmsg([data], anc)
 
 
+@functools.cache
+def _cmsg_space(max_fds: int) -> int:
+    return socket.CMSG_SPACE(max_fds * _FD_SIZE)
+
+
 def recv(sock: socket.socket, max_fds: int = MAX_FDS) -> tuple[dict, list[int]] | None:
     """Receive one message and its FDs; None on EOF. The caller owns the returned FDs."""
-    data, anc, flags, _ = sock.recvmsg(
-        protocol.MAX_MESSAGE + 1, socket.CMSG_SPACE(max_fds * array.array("i").itemsize)
-    )
+    data, anc, flags, _ = sock.recvmsg(protocol.MAX_MESSAGE + 1, _cmsg_space(max_fds))
     fds: list[int] = []
     for level, kind, payload in anc:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -98,9 +106,9 @@ def recv(sock: socket.socket, max_fds: int = MAX_FDS) -> tuple[dict, list[int]] 
             arr.frombytes(payload[: len(payload) - len(payload) % arr.itemsize])
             fds.extend(arr)
     try:
-        if flags & socket.MSG_CTRUNC:
+        if flags & _CTRUNC:
             raise ProtocolError(f"too many file descriptors in one message (at most {max_fds})")
-        if flags & socket.MSG_TRUNC or len(data) > protocol.MAX_MESSAGE:
+        if flags & _TRUNC or len(data) > protocol.MAX_MESSAGE:
             raise ProtocolError(f"message exceeds the limit of {protocol.MAX_MESSAGE} bytes")
         if not data and not fds:
             return None

@@ -177,6 +177,8 @@ class Durability:
 
     def record_growable(self, g) -> None:
         """A growable made or grown: its new chunk FDs to the store, its row (again) to the table."""
+        if not self.enabled and self._meta_fd is None:   # nothing kept: no row built per grow
+            return
         self.store_growable(g)
         self._append({"+g": self._growable_row(g)})
 

@@ -6,6 +6,7 @@ grants them access to its mapping, as it does on an imported pool."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ..base import BrokerGrowable
@@ -15,23 +16,35 @@ from .context import OnDevice
 from .limits import VMM_CHUNK
 
 
+@functools.cache   # per device and ask: (compression granted, granularity), never changing
+def _caps(device: int, compression: bool) -> tuple[bool, int]:
+    with OnDevice(device):
+        vmm.check_supported(device)
+        # Compression only where the device offers it; what each chunk got is read back.
+        granted = compression and vmm.compression_supported(device)
+        return granted, vmm.granularity(device, granted)
+
+
 class CudaGrowable(BrokerGrowable):
     """A growable buffer's VMM chunks on one device (see ``vmm``)."""
+
+    size = 0   # kept as chunks come (the base class sums them at every read)
 
     def __init__(self, device: int, compression: bool, chunks: list[vmm.Chunk] | None = None,
                  peers: tuple[int, ...] = ()):
         self.device = device
         self.peers = tuple(sorted({p for p in peers if p != device}))
-        with OnDevice(device):
-            vmm.check_supported(device)
-            # Compression only where the device offers it; what each chunk got is read back.
-            self.compression = compression and vmm.compression_supported(device)
-            self.gran = vmm.granularity(device, self.compression)
-        self._chunks: list[vmm.Chunk] = chunks or []
+        self.compression, self.gran = _caps(device, compression)
+        self._chunks: list[vmm.Chunk] = []
+        # Sizes and total kept as chunks come: every request reads them, several times.
+        self.chunks: list[int] = []
+        self.size = 0
+        self._append(chunks or [])
 
-    @property
-    def chunks(self) -> list[int]:
-        return [c.size for c in self._chunks]
+    def _append(self, chunks: list[vmm.Chunk]) -> None:
+        self._chunks += chunks
+        self.chunks += [c.size for c in chunks]
+        self.size = sum(self.chunks)
 
     def info(self) -> dict[str, Any]:
         got = bool(self._chunks) and all(c.compression for c in self._chunks)
@@ -44,21 +57,22 @@ class CudaGrowable(BrokerGrowable):
         if stock is not None and self.takes_from(stock):
             taken, need = stock.take(need)
         try:
-            with OnDevice(self.device):
-                sizes = vmm.split(need, self.gran, VMM_CHUNK) if need > 0 else []
-                made = vmm.create_chunks(self.device, sizes, self.compression)
+            made = []
+            if need > 0:   # (the stock had it all: no context switch)
+                with OnDevice(self.device):
+                    made = vmm.create_chunks(self.device, vmm.split(need, self.gran, VMM_CHUNK), self.compression)
         except BaseException:
             if taken:
                 stock.give_back(taken)
             raise
-        self._chunks += taken + made
+        self._append(taken + made)
 
     def takes_from(self, stock: ChunkStock) -> bool:
         # The stock's chunks are of this device's plain granularity and never compressible.
         return not self.compression and stock.gran == self.gran
 
     def add(self, chunks: list[vmm.Chunk]) -> None:
-        self._chunks += chunks
+        self._append(chunks)
 
     def fds(self, first: int) -> list[int]:
         return [c.fd for c in self._chunks[first:]]
@@ -67,4 +81,4 @@ class CudaGrowable(BrokerGrowable):
         with OnDevice(self.device):
             for c in self._chunks:
                 c.close()
-        self._chunks = []
+        self._chunks, self.chunks, self.size = [], [], 0
