@@ -232,6 +232,14 @@ class Growables:
         """Map what a grow or sync reply says the buffer now is (its FDs first, then any more it
         needs), and keep the reply's stamp. ``moved`` and ``old_ptr``: what a grow by loaned
         chunks, mapped before, did."""
+        if not fds and g._mapping.size >= reply["size"] and not g._mapping.follows:
+            # Mapped already (a grow by loaned chunks, a sync that found nothing new): the
+            # mapping, its FDs and _map_to's bookkeeping are skipped on every step.
+            g.generation = max(g.generation, reply["gen"])
+            g._stamped(reply)
+            ptr = g._mapping.ptr
+            old = ptr if old_ptr is None else old_ptr
+            return Remap(old_ptr is not None, moved and old_ptr != 0, ptr, g._mapping.size, old)
         fetch = _Fetch(self._channel, g.name, reply.get("batch", []), fds)
         try:
             remap = g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
