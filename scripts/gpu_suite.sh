@@ -162,6 +162,7 @@ if has vmm "vmm check full"; then
   # the probe's three processes run the roles in scripts/probe_durable_roles.py
   timeout 200 python3 scripts/probe_durable.py --out "$OUT/durable_probe.json" 2>&1 | tee "$OUT/durable_probe.log"
   timeout 420 python3 bench/vmm_grow.py --out-dir "$OUT" --stocks 0,8G 2>&1 | tee "$OUT/vmm_grow.log"
+  timeout 300 python3 bench/grow_floor.py --out-dir "$OUT" 2>&1 | tee "$OUT/grow_floor.log"
   timeout 150 python3 bench/profiles.py grow --out "$OUT/profile_grow" --top 25 > "$OUT/profile_grow.log" 2>&1
 fi
 
