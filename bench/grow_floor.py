@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import broker, gpu_device, machine, progress, save  # noqa: E402
-from bench.vmm_grow import Vmm, check, human  # noqa: E402
+from bench.vmm_grow import Vmm, check, doubling, human  # noqa: E402
 
 SPAN = 80 << 30   # address space a create reserves (ipcpool reserves the device's memory)
 
@@ -237,10 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stock", default="8G", help="the broker's chunk stock ([growth] stock); '' for the default")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
-    sizes, size = [], args.start_mib << 20
-    while size <= args.max_gib * (1 << 30):
-        sizes.append(size)
-        size *= 2
+    sizes = doubling(args.start_mib, args.max_gib)
     if len(sizes) < 2 or args.repeat < 1:
         ap.error("need at least two sizes and one series")
     steps = [sizes[0]] + [b - a for a, b in zip(sizes, sizes[1:])]

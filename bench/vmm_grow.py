@@ -39,6 +39,15 @@ def human(n: int) -> str:
     return f"{n / GiB:g} GiB" if n >= GiB else f"{n / (1 << 20):g} MiB"
 
 
+def doubling(start_mib: int, max_gib: float) -> list[int]:
+    """The buffer sizes of a series: ``start_mib`` MiB doubled up to ``max_gib`` GiB."""
+    sizes, size = [], start_mib << 20
+    while size <= max_gib * GiB:
+        sizes.append(size)
+        size *= 2
+    return sizes
+
+
 class OutOfMemory(Exception):
     """The device (or the broker's pool) is full: the end of a method's series, not a failure."""
 
@@ -340,10 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     methods = args.methods.split(",")
     if unknown := set(methods) - set(METHODS):
         ap.error(f"unknown method(s) {sorted(unknown)}; choose from {METHODS}")
-    sizes, size = [], args.start_mib << 20
-    while size <= args.max_gib * GiB:
-        sizes.append(size)
-        size *= 2
+    sizes = doubling(args.start_mib, args.max_gib)
     if not sizes:
         ap.error("--max-gib is below --start-mib")
 

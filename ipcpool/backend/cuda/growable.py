@@ -38,7 +38,6 @@ class CudaGrowable(BrokerGrowable):
         self._chunks: list[vmm.Chunk] = []
         # Sizes and total kept as chunks come: every request reads them, several times.
         self.chunks: list[int] = []
-        self.size = 0
         self._append(chunks or [])
 
     def _append(self, chunks: list[vmm.Chunk]) -> None:
