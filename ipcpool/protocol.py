@@ -246,6 +246,9 @@ CONTROL: dict[str, dict[str, Field]] = {
     # only once its word on the growth board changed: see ipcpool.growboard).
     "grow_sync": {"name": _object_name(), "first": _u64(required=False)},
 }
+# Each schema's field names with "op" and "id": a message may carry no other (see validate).
+_ALLOWED = {id(schema): frozenset(schema) | {"op", "id"} for table in (REQUESTS, CONTROL) for schema in table.values()}
+
 # Every reply about a growable names its ``word`` on the growth board (-1: none) and the ``stamp``
 # that word holds; a session's first reply of GROWABLE_CONTROL also says ``board``: its first FD
 # is the board's.
@@ -276,8 +279,11 @@ def validate(msg: dict, schemas: dict[str, dict[str, Field]]) -> tuple[str, dict
     if not isinstance(op, str) or op not in schemas:
         raise ProtocolError(f"unknown op {_show(op)}")
     schema = schemas[op]
-    extra = set(msg) - set(schema) - {"op", "id"}
-    if extra:
+    allowed = _ALLOWED.get(id(schema))
+    if allowed is None:
+        allowed = frozenset(schema) | {"op", "id"}
+    if not allowed.issuperset(msg):
+        extra = set(msg) - allowed
         shown = ", ".join(_show(k, 40) for k in sorted(extra)[:5])
         more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
         raise ProtocolError(f"{op}: unexpected fields {shown}{more}")

@@ -52,6 +52,26 @@ class _Fetch:
         self._fds = []
 
 
+class _ReadReplyOnFailure:
+    """``Growables._reply_read_on_failure`` (a class: entered on every grow, where a generator
+    based context manager costs several times as much)."""
+
+    __slots__ = ("_growables",)
+
+    def __init__(self, growables: Growables):
+        self._growables = growables
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if kind is not None:
+            with contextlib.suppress(IpcPoolError):
+                for fd in self._growables._reply()[1]:
+                    os.close(fd)
+        return False
+
+
 class Growables:
     """The growable buffers a client has attached, and the requests that make, grow and map them."""
 
@@ -63,6 +83,7 @@ class Growables:
         self._board: BoardView | None = None   # the broker's growth board, read-only (see sync)
         self._board_fd: int | None = None       # its FD, until the first sync maps it
         self._loans = ChunkLoans(backend)   # chunks lent ahead of our grows (broker.loans)
+        self._lent: list[tuple] = []        # what a reply lent, until _keep_lent adds it there
 
     def create(self, name: str, nbytes: int, pool: str, compression: bool) -> GrowableBuffer:
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
@@ -77,12 +98,15 @@ class Growables:
             with self._reply_read_on_failure():
                 prepared = None if compression or device is None else self._backend.prepare_growable(device, self._span)
             try:
-                reply, fds = self._reply()
+                reply, fds = self._reply(lend_later=True)
             except BaseException:
                 if prepared is not None:
                     prepared.close()
                 raise
-            return self._attach(reply, fds, prepared)
+            try:
+                return self._attach(reply, fds, prepared)
+            finally:   # the stock the reply lent: kept once the buffer is mapped, off its path
+                self._keep_lent()
 
     def attach(self, name: str) -> GrowableBuffer:
         with self._channel.lock:
@@ -104,22 +128,16 @@ class Growables:
         self._channel.control_send(msg)
         return self._reply()
 
-    @contextlib.contextmanager
-    def _reply_read_on_failure(self):
+    def _reply_read_on_failure(self) -> _ReadReplyOnFailure:
         """Work between a request and its reply: where it fails, the reply is still read (and
         dropped), so that the next request on the control socket gets its own. (A grow the
         broker made meanwhile is mapped by the next grow or sync, from the broker's FDs.)"""
-        try:
-            yield
-        except BaseException:
-            with contextlib.suppress(IpcPoolError):
-                for fd in self._reply()[1]:
-                    os.close(fd)
-            raise
+        return _ReadReplyOnFailure(self)
 
-    def _reply(self) -> tuple[dict, list[int]]:
+    def _reply(self, lend_later: bool = False) -> tuple[dict, list[int]]:
         """A growable reply, less the FDs kept here: the growth board's, kept from the first reply
-        that carries it (its first FD), and those of chunks lent (its last ones, ``lend``)."""
+        that carries it (its first FD), and those of chunks lent (its last ones, ``lend``; with
+        ``lend_later`` kept by ``_keep_lent``, which the caller calls)."""
         reply, fds = self._channel.control_recv()
         lent = reply.get("lend")
         if isinstance(lent, list) and lent and fds:
@@ -127,7 +145,9 @@ class Growables:
             fds, lent_fds = fds[: len(fds) - n], fds[len(fds) - n :]
             info = reply.get("info") if isinstance(reply.get("info"), dict) else {}
             device = info.get("device", -1)
-            self._loans.add(str(reply.get("pool", "")), device if isinstance(device, int) else -1, lent, lent_fds)
+            self._lent.append((str(reply.get("pool", "")), device if isinstance(device, int) else -1, lent, lent_fds))
+            if not lend_later:
+                self._keep_lent()
         if reply.get("board") is True and fds:
             fd = fds.pop(0)
             if self._board is None and self._board_fd is None:
@@ -135,6 +155,10 @@ class Growables:
             else:
                 os.close(fd)
         return reply, fds
+
+    def _keep_lent(self) -> None:
+        while self._lent:
+            self._loans.add(*self._lent.pop(0))
 
     def board(self) -> BoardView | None:
         """The growth board, mapped at first use; None where the session has none (or what came
@@ -183,8 +207,9 @@ class Growables:
             if not plan:
                 return self._apply(g, *self._control(msg))
             # Grow by loaned chunks: imported and mapped while the broker records the grow.
-            self._channel.control_send({**msg, "loan": [c.lid for c in plan]})
-            with self._reply_read_on_failure():
+            msg["loan"] = [c.lid for c in plan]
+            self._channel.control_send(msg)
+            with self._reply_read_on_failure(), g._mapping.on_device():
                 handles = self._loans.import_handles(plan)
                 ahead = g._mapping.map_ahead(handles) if handles else None
             try:

@@ -44,12 +44,15 @@ class ChunkLoans:
                 self._by_pool.setdefault(pool, {})[row[0]] = LoanedChunk(row[0], row[1], device, fd)
             else:   # a malformed row, or a backend that maps none: nothing can use this chunk
                 os.close(fd)
+        held = self._by_pool.get(pool)
+        if held:   # largest first, as plan takes them (sorted here, not at every grow)
+            self._by_pool[pool] = dict(sorted(held.items(), key=lambda kv: -kv[1].size))
 
     def plan(self, pool: str, step: int) -> list[LoanedChunk]:
         """Loaned chunks of ``pool`` adding up to exactly ``step`` bytes, largest first; empty
         where they cannot."""
         out, need = [], step
-        for c in sorted(self._by_pool.get(pool, {}).values(), key=lambda c: -c.size):
+        for c in self._by_pool.get(pool, {}).values():
             if 0 < c.size <= need:
                 out.append(c)
                 need -= c.size

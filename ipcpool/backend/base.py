@@ -62,6 +62,12 @@ class BrokerPool(ABC):
         """What a client needs besides the FD to import this pool (msgpack-able)."""
 
     @property
+    def byte_limit(self) -> int:
+        """The bytes this pool may hold, growable buffers included: its max_size; 0 where only the
+        device's memory limits it."""
+        return self.spec.max_size
+
+    @property
     def max_allocation(self) -> int | None:
         """The largest single allocation a client may be handed, or None for no limit."""
         return None

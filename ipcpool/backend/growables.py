@@ -3,7 +3,9 @@ client's mapping of them (re-exported by ``backend.base``, with the rest of the 
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
 from typing import Any
 
 from .stock import ChunkStock
@@ -73,6 +75,11 @@ class ClientGrowable(ABC):
         ``keep`` (they are, and the mapping owns the handles now) or ``drop`` (they are not: the
         caller keeps them). None where they cannot be mapped in place; ``keep`` then maps them."""
         return None
+
+    def on_device(self) -> AbstractContextManager:
+        """Its device current for what comes inside (the loan's imports, ``map_ahead``): once for
+        them all. Nothing to switch by default."""
+        return contextlib.nullcontext()
 
     def keep(self, handles: list[tuple[Any, int]], token: Any) -> bool:
         """The chunks ``map_ahead`` mapped (token) or not (None) are the buffer's next ones;

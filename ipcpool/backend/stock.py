@@ -69,6 +69,7 @@ class ChunkStock(Generic[C]):
         if self.sizes and self.sizes[0] * 2 > largest:   # capped by the chunk, not by the target
             self._want[self.sizes[0]] += room // self.sizes[0]
         self.bytes = 0   # held now or lent: counted against the pool's max_size
+        self.held = 0    # of which held now (not lent)
 
     def take(self, nbytes: int) -> tuple[list[C], int]:
         """Chunks for a grow of ``nbytes`` (rounded up to the granularity): stocked ones, largest
@@ -81,6 +82,7 @@ class ChunkStock(Generic[C]):
                 out.append(held.pop())
                 need -= size
                 self.bytes -= size
+                self.held -= size
         return out, need
 
     def give_back(self, chunks: list[C]) -> None:
@@ -89,6 +91,7 @@ class ChunkStock(Generic[C]):
             if chunk.size in self._held:
                 self._held[chunk.size].append(chunk)
                 self.bytes += chunk.size
+                self.held += chunk.size
             else:
                 self._release(chunk)
 
@@ -109,17 +112,21 @@ class ChunkStock(Generic[C]):
         chunk = self._make(size)
         self._held[size].append(chunk)
         self.bytes += size
+        self.held += size
         return True
 
     def lend(self, most: int, count: int) -> list[C]:
         """Up to ``most`` bytes (``count`` chunks) of the held chunks, smallest first (a burst that starts small
         needs those first), now lent: out of ``take``'s reach, and not made again."""
         out: list[C] = []
+        if not self.held:   # (asked after every grow: most often nothing is left to lend)
+            return out
         for size in reversed(self.sizes):
             held = self._held[size]
             while held and size <= most and len(out) < count:
                 out.append(held.pop())
                 self._lent[size] += 1
+                self.held -= size
                 most -= size
         return out
 
@@ -140,11 +147,14 @@ class ChunkStock(Generic[C]):
         are the borrowers' to use): the stock yields to what a pool's buffers need. Returns the
         bytes released."""
         freed = 0
+        if self.bytes <= room:   # (asked after every grow: most often it fits)
+            return freed
         for size in reversed(self.sizes):
             held = self._held[size]
             while held and self.bytes > room:
                 self._release(held.pop())
                 self.bytes -= size
+                self.held -= size
                 freed += size
         return freed
 

@@ -224,6 +224,8 @@ class ControlChannel:
         if op in ("grow_create", "grow") and len(head) + len(fds) + LEND_FDS <= protocol.FD_BATCH:
             lent = self.tables.growables.lend(session, g, LEND_FDS)
             reply["lend"] = [[lid, c.size] for lid, c in lent]
+            if lent and "info" not in reply:   # a grow's reply: the loan's pool and device
+                reply.update(pool=g.pool, info=g.memory.info())
         self.send(session, protocol.ok_reply(rid, **reply, batch=batch), (*head, *fds, *(c.fd for _, c in lent)))
 
     def _chunk_fds(self, session: Session, f: dict) -> tuple[dict, list[int]]:

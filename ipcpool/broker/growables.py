@@ -47,15 +47,6 @@ MAX_GROWABLE = 1 << 48   # bytes of one buffer at most (256 TiB: above any devic
 QUICK_CHUNK = 64 << 20   # refilled right after a grow's answer: tens of µs to make (H100)
 
 
-def pool_limit(pool) -> int:
-    """The bytes a pool may hold, growable buffers included: its max_size; unset, what the backend
-    made it (a host pool reports its memfd's size; 0: the device's memory is the limit)."""
-    if pool.spec.max_size:
-        return pool.spec.max_size
-    size = pool.pool_info().get("size")
-    return size if isinstance(size, int) and not isinstance(size, bool) else 0
-
-
 @dataclass(eq=False)
 class Growable:
     gid: int
@@ -74,8 +65,13 @@ class Growable:
 
     def fields(self) -> dict:
         """What a client needs to map it (besides the FDs)."""
-        return {"name": self.name, "pool": self.pool, "size": self.memory.size, "chunks": list(self.memory.chunks),
-                "gen": self.gen, "info": self.memory.info(), "compression_requested": self.compression_requested,
+        return {**self.state(), "pool": self.pool, "info": self.memory.info(),
+                "compression_requested": self.compression_requested}
+
+    def state(self) -> dict:
+        """What a grow's reply says (the rest of ``fields`` the client has): size, chunks, and
+        its word on the growth board with the stamp it holds."""
+        return {"name": self.name, "size": self.memory.size, "chunks": list(self.memory.chunks), "gen": self.gen,
                 "word": self.word, "stamp": self.stamp}
 
     def describe(self) -> dict:
@@ -108,7 +104,7 @@ class GrowableTable:
         if nbytes > MAX_GROWABLE:
             raise AllocationTooLarge(f"a growable buffer of {nbytes} bytes is too large (at most {MAX_GROWABLE})")
         pool = self.registry.pool(pool_name)
-        limit = pool_limit(pool)
+        limit = pool.byte_limit
         if limit:
             held = pool.stats().used + self.bytes_by_pool[pool_name]
             if held + more > limit:
@@ -135,7 +131,7 @@ class GrowableTable:
     def _room(self, pool_name: str) -> int:
         """Bytes the stock of a pool may hold: its max_size less what its buffers and allocations
         hold (no limit: the stock's own target bounds it)."""
-        limit = pool_limit(self.registry.pool(pool_name))
+        limit = self.registry.pool(pool_name).byte_limit
         if not limit:
             return MAX_GROWABLE
         return max(0, limit - self.registry.pool(pool_name).stats().used - self.bytes_by_pool[pool_name])
@@ -183,7 +179,7 @@ class GrowableTable:
         quota allows, ``count`` chunks at most: (id, chunk) each; none where ``g`` cannot take them
         or is another uid's."""
         stock = self._lender(session, g)
-        if stock is None:
+        if stock is None or not stock.held:
             return []
         quota = self.registry.config.quota_for(g.uid).bytes
         room = quota - self.registry.bytes_by_uid[g.uid] if quota else MAX_GROWABLE

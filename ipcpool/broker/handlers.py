@@ -201,7 +201,7 @@ class Handlers:
         if g.gen != gen:   # a grow to no more than the size changes nothing: nothing to record
             self.tables.durable.record_growable(g)   # only chunks not stored yet
             self.notices.grown(g, others)
-        return {**g.fields(), "took": took}
+        return {**g.state(), "took": took}
 
     def op_grow_sync(self, session: Session, f: dict, rid: int) -> dict:
         """Control socket only: the buffer as it is now (the reply carries the FDs it lacks)."""

@@ -61,3 +61,16 @@ def test_on_stream_uses_the_streams_context_and_leaves_default_streams_alone(drv
     with cuda.OnDevice(0), cuda.OnStream(S(42)):
         assert drv.current == 542
     assert drv.current == 7
+
+
+def test_no_switch_no_restore_and_a_thread_without_a_context_keeps_the_one_it_got(drv):
+    with cuda.OnDevice(1):
+        pass
+    drv.current, drv.sets = 101, []           # device 1's context is the caller's own now
+    with cuda.OnDevice(1):
+        assert drv.current == 101
+    assert drv.sets == []                     # neither a switch nor a restore
+    drv.current = 0                           # a thread that had no context
+    with cuda.OnDevice(1):
+        assert drv.current == 101
+    assert drv.sets == [101] and drv.current == 101

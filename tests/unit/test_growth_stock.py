@@ -106,6 +106,22 @@ def test_take_is_largest_first_while_it_fits_and_says_what_is_lacking():
     assert stock.bytes == 10 * MiB and stock.wanted(1 << 60) == 4 * MiB
 
 
+def test_held_counts_what_can_be_taken_or_lent_and_an_empty_stock_lends_nothing():
+    stock = new_stock(target=14 * MiB)
+    fill(stock)
+    assert stock.held == stock.bytes == 14 * MiB
+    taken, _ = stock.take(4 * MiB)
+    lent = stock.lend(1 << 60, 16)
+    assert sorted(c.size for c in lent) == [2 * MiB, 8 * MiB]
+    assert stock.held == 0 and stock.bytes == 10 * MiB           # lent: still the stock's, not held
+    assert stock.lend(1 << 60, 16) == [] and stock.take(2 * MiB) == ([], 2 * MiB)
+    stock.give_back(taken)
+    assert stock.held == 4 * MiB and stock.shed(1 << 60) == 0    # it fits: nothing released
+    stock.lent_back(lent)
+    assert stock.held == stock.bytes == 4 * MiB
+    assert stock.shed(0) == 4 * MiB and stock.held == stock.bytes == 0
+
+
 def test_shed_yields_room_smallest_first_and_close_releases_everything():
     released = []
     stock = new_stock(target=14 * MiB, released=released)

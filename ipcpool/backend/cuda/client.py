@@ -62,11 +62,16 @@ class CudaClientGrowable(ClientGrowable):
         with OnDevice(self.device):
             return self._mapping.extend(chunks, fds)
 
+    def on_device(self) -> OnDevice:
+        return OnDevice(self.device)
+
     def map_ahead(self, handles: list[tuple[Any, int]]) -> Any:
         with OnDevice(self.device):
             return self._mapping.map_ahead(handles)
 
     def keep(self, handles: list[tuple[Any, int]], token: Any) -> bool:
+        if token is not None:   # mapped ahead: bookkeeping only, no driver call
+            return self._mapping.keep(handles, token)
         with OnDevice(self.device):
             return self._mapping.keep(handles, token)
 

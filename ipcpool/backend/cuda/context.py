@@ -31,9 +31,11 @@ def make_current(device_id: int) -> Device:
 
 class SwitchContext:
     """Make a context current for one call, then give the caller back its own (a torch or cupy
-    user on another device must not find its current device changed)."""
+    user on another device must not find its current device changed). What runs inside leaves
+    the context as it found it (a switch of its own is another SwitchContext), so that where
+    no switch was needed the exit asks the driver nothing: a grow enters several of these."""
 
-    __slots__ = ("prev",)
+    __slots__ = ("prev", "switched")
 
     def _target(self) -> Any:
         """The context to switch to, or None to stay in the current one."""
@@ -42,11 +44,13 @@ class SwitchContext:
     def __enter__(self) -> None:
         self.prev = drv.current_context()
         ctx = self._target()
-        if ctx is not None and int(ctx) != int(self.prev):
+        self.switched = ctx is not None and int(ctx) != int(self.prev)
+        if self.switched:
             drv.restore_context(ctx)
 
     def __exit__(self, *exc: Any) -> None:
-        if int(self.prev) != 0 and int(self.prev) != int(drv.current_context()):
+        # A thread that had no context keeps the one it was given (see CudaClientBackend).
+        if self.switched and int(self.prev) != 0:
             drv.restore_context(self.prev)
 
 

@@ -77,6 +77,10 @@ class HostPool(BrokerPool):
     def pool_info(self) -> dict[str, Any]:
         return {"name": self.spec.name, "size": self._alloc.capacity}
 
+    @property
+    def byte_limit(self) -> int:
+        return self.spec.max_size or self._alloc.capacity   # unset: the memfd's size
+
     def _reserved(self) -> int:
         return os.fstat(self._fd).st_blocks * 512
 
