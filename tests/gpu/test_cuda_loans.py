@@ -48,8 +48,8 @@ def spy_replies(client) -> list[dict]:
     growables, seen = client._growables, []
     real = growables._reply
 
-    def recorded():
-        reply, fds = real()
+    def recorded(*args, **kwargs):
+        reply, fds = real(*args, **kwargs)
         seen.append({"op_took": reply.get("took"), "batch": len(reply.get("batch", [])), "lend": len(reply.get("lend", []))})
         return reply, fds
 
