@@ -53,8 +53,10 @@ class _Fetch:
 
 
 class _ReadReplyOnFailure:
-    """``Growables._reply_read_on_failure`` (a class: entered on every grow, where a generator
-    based context manager costs several times as much)."""
+    """Work between a request and its reply: where it fails, the reply is still read (and
+    dropped), so that the next request on the control socket gets its own. (A grow the broker
+    made meanwhile is mapped by the next grow or sync, from the broker's FDs.) A class: entered
+    on every grow, where a generator based context manager costs several times as much."""
 
     __slots__ = ("_growables",)
 
@@ -95,7 +97,7 @@ class Growables:
                 {"op": "grow_create", "name": name, "nbytes": nbytes, "pool": pool, "compression": bool(compression)})
             device = self._channel.pool_devices.get(pool)
             # The mapping is made (its address space reserved) while the broker makes the buffer.
-            with self._reply_read_on_failure():
+            with _ReadReplyOnFailure(self):
                 prepared = None if compression or device is None else self._backend.prepare_growable(device, self._span)
             try:
                 reply, fds = self._reply(lend_later=True)
@@ -127,12 +129,6 @@ class Growables:
         """A growable request on the control socket and its reply (see ``_reply``)."""
         self._channel.control_send(msg)
         return self._reply()
-
-    def _reply_read_on_failure(self) -> _ReadReplyOnFailure:
-        """Work between a request and its reply: where it fails, the reply is still read (and
-        dropped), so that the next request on the control socket gets its own. (A grow the
-        broker made meanwhile is mapped by the next grow or sync, from the broker's FDs.)"""
-        return _ReadReplyOnFailure(self)
 
     def _reply(self, lend_later: bool = False) -> tuple[dict, list[int]]:
         """A growable reply, less the FDs kept here: the growth board's, kept from the first reply
@@ -209,7 +205,7 @@ class Growables:
             # Grow by loaned chunks: imported and mapped while the broker records the grow.
             msg["loan"] = [c.lid for c in plan]
             self._channel.control_send(msg)
-            with self._reply_read_on_failure(), g._mapping.on_device():
+            with _ReadReplyOnFailure(self), g._mapping.on_device():
                 handles = self._loans.import_handles(plan)
                 ahead = g._mapping.map_ahead(handles) if handles else None
             try:

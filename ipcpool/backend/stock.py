@@ -119,8 +119,6 @@ class ChunkStock(Generic[C]):
         """Up to ``most`` bytes (``count`` chunks) of the held chunks, smallest first (a burst that starts small
         needs those first), now lent: out of ``take``'s reach, and not made again."""
         out: list[C] = []
-        if not self.held:   # (asked after every grow: most often nothing is left to lend)
-            return out
         for size in reversed(self.sizes):
             held = self._held[size]
             while held and size <= most and len(out) < count:

@@ -179,7 +179,7 @@ class GrowableTable:
         quota allows, ``count`` chunks at most: (id, chunk) each; none where ``g`` cannot take them
         or is another uid's."""
         stock = self._lender(session, g)
-        if stock is None or not stock.held:
+        if stock is None or not stock.held:   # (asked after every grow: most often nothing is held)
             return []
         quota = self.registry.config.quota_for(g.uid).bytes
         room = quota - self.registry.bytes_by_uid[g.uid] if quota else MAX_GROWABLE
