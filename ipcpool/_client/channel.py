@@ -34,6 +34,7 @@ from .settings import Settings
 log = logging.getLogger(__name__)
 
 _BYE_ID = (1 << 63) - 1   # a request id no Channel.send reaches
+FD_TABLE = 1024   # open-file slots sized at connect (fdpass.presize_table)
 
 
 class _NotYet(Exception):
@@ -95,6 +96,8 @@ class Channel:
         self.on_grown: Callable[[dict], None] = lambda msg: None
         self.on_progress: Callable[[], None] = lambda: None  # any reply: the broker moved on (R4)
         self._control = self._open_control()
+        # Room for the FDs replies bring (a batch of chunks, a loan) before the zmq threads start.
+        fdpass.presize_table(self._control.fileno(), FD_TABLE)
         self._control_ready = select.poll()   # readable: a control reply to take (see _control_reply)
         self._control_ready.register(self._control.fileno(), select.POLLIN)
         try:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import zmq
 
-from .. import paths, protocol
+from .. import fdpass, paths, protocol
 from ..backend import Choice, broker_backend
 from ..backend.base import BrokerBackend
 from ..config import Config
@@ -46,6 +46,7 @@ from .tables import Tables
 log = logging.getLogger(__name__)
 
 ZMQ_BACKLOG = 64     # message-channel connections the kernel queues for libzmq's accept
+FD_TABLE = 16384     # open-file slots sized at start: sessions, chunks and pools (fdpass.presize_table)
 STOCK_IDLE_S = 0.005   # the growth stock is refilled once no request came for this long
 
 
@@ -108,6 +109,7 @@ class Broker:
             os.ftruncate(self._lock_fd, 0)
             os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
             self.fd_limit, _ = raise_fd_limit()
+            fdpass.presize_table(self._lock_fd, FD_TABLE)   # before the backend's threads start
             self.backend = broker_backend(self.choice.name)
             self.durable = Durability(self.notifier)
             self.registry = Registry(self.config, self.backend)

@@ -220,3 +220,25 @@ def test_watches_are_capped_per_uid_and_found_by_prefix(start_broker):
             assert exact.next(timeout=2)["name"] == "w/a/b/c2"
         for s in subs:
             s.close()
+
+
+def _fd_slots(pid: int | str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith("FDSize:")))
+
+
+@pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1024, reason="needs a soft limit of 1024 files")
+def test_client_and_broker_size_their_fd_tables_before_any_reply_brings_fds(broker):
+    """A reply's FDs must not grow a table on the request's path (fdpass.presize_table): a fresh
+    client's table holds FD_TABLE slots once connected, the broker's its own (or its limit)."""
+    from ipcpool._client.channel import FD_TABLE
+    from ipcpool.broker.server import FD_TABLE as BROKER_TABLE
+
+    code = ("import sys, ipcpool\nc = ipcpool.connect(sys.argv[1])\n"
+            "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('FDSize:')))\nc.close()")
+    out = subprocess.run([os.sys.executable, "-c", code, str(broker.socket_dir)], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert int(out.stdout) >= FD_TABLE
+    with open(f"/proc/{broker.pid}/limits") as f:
+        broker_limit = int(next(line.split()[3] for line in f if line.startswith("Max open files")))
+    assert _fd_slots(broker.pid) >= min(BROKER_TABLE, broker_limit)
