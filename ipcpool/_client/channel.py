@@ -98,8 +98,9 @@ class Channel:
         self._control = self._open_control()
         # Room for the FDs replies bring (a batch of chunks, a loan) before the zmq threads start.
         fdpass.presize_table(self._control.fileno(), FD_TABLE)
-        self._control_ready = select.poll()   # readable: a control reply to take (see _control_reply)
-        self._control_ready.register(self._control.fileno(), select.POLLIN)
+        # Non-blocking from here: a request or a reply that is ready is one system call (in
+        # timeout mode Python polls before each), waits are polls of our own (_control_io).
+        self._control.setblocking(False)
         try:
             hello = self._hello()
             self.session: int = hello["session"]
@@ -191,17 +192,17 @@ class Channel:
     def control_send(self, msg: dict) -> None:
         """The first half of ``control_call``: the caller may work while the broker answers."""
         try:
-            fdpass.send(self._control, msg)
+            self._control_io(fdpass.send, select.POLLOUT, self._control, msg)
         except (ConnectionError, BrokenPipeError):
             pass   # closed by the broker: the reply it sent first (why) may still be there to read
-        except (socket.timeout, TimeoutError) as exc:
+        except TimeoutError as exc:
             raise BrokerGone(f"the broker did not read a request within {self.timeout:.0f} s") from exc
 
     def control_recv(self) -> tuple[dict, list[int]]:
         """The second half of ``control_call``: the reply to the request sent."""
         try:
             got = self._control_reply()
-        except (socket.timeout, TimeoutError) as exc:
+        except TimeoutError as exc:
             raise BrokerGone(f"the broker did not answer within {self.timeout:.0f} s") from exc
         except (ConnectionError, BrokenPipeError) as exc:
             raise BrokerGone("the broker closed the connection") from exc
@@ -215,12 +216,32 @@ class Channel:
         return reply, fds
 
     def _control_reply(self) -> tuple[dict, list[int]] | None:
-        """The control socket's next message: polled without sleeping for ``spin_s`` first (a grow
-        is answered within tens of microseconds; a sleeping process wakes up slower than that)."""
+        """The control socket's next message: tried without sleeping for ``spin_s`` first, one
+        system call a try (a grow is answered within tens of microseconds; a sleeping process
+        wakes up slower than that), then waited for."""
         spin_until = time.perf_counter() + self.spin_s
-        while time.perf_counter() < spin_until and not self._control_ready.poll(0):
-            pass
-        return fdpass.recv(self._control)
+        while True:
+            try:
+                return fdpass.recv(self._control)
+            except BlockingIOError:
+                if time.perf_counter() >= spin_until:
+                    return self._control_io(fdpass.recv, select.POLLIN, self._control)
+
+    def _control_io(self, call: Callable, event: int, *args):
+        """``call(*args)`` on the non-blocking control socket, waiting for ``event`` (poll) while
+        it would block, up to the timeout (then TimeoutError)."""
+        deadline = None
+        while True:
+            try:
+                return call(*args)
+            except BlockingIOError:
+                now = time.monotonic()
+                deadline = deadline or now + self.timeout
+                if now >= deadline:
+                    raise TimeoutError from None
+                waiter = select.poll()
+                waiter.register(self._control.fileno(), event)
+                waiter.poll(max(1, int((deadline - now) * 1000)))
 
     def settle(self) -> None:
         """Before a request on the control socket that must come after what this session sent on

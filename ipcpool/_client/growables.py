@@ -85,7 +85,7 @@ class Growables:
         self._board: BoardView | None = None   # the broker's growth board, read-only (see sync)
         self._board_fd: int | None = None       # its FD, until the first sync maps it
         self._loans = ChunkLoans(backend)   # chunks lent ahead of our grows (broker.loans)
-        self._lent: list[tuple] = []        # what a reply lent, until _keep_lent adds it there
+        self._lent: list[tuple] = []        # what replies lent, until _keep_lent adds it there
 
     def create(self, name: str, nbytes: int, pool: str, compression: bool) -> GrowableBuffer:
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
@@ -100,15 +100,12 @@ class Growables:
             with _ReadReplyOnFailure(self):
                 prepared = None if compression or device is None else self._backend.prepare_growable(device, self._span)
             try:
-                reply, fds = self._reply(lend_later=True)
+                reply, fds = self._reply()
             except BaseException:
                 if prepared is not None:
                     prepared.close()
                 raise
-            try:
-                return self._attach(reply, fds, prepared)
-            finally:   # the stock the reply lent: kept once the buffer is mapped, off its path
-                self._keep_lent()
+            return self._attach(reply, fds, prepared)
 
     def attach(self, name: str) -> GrowableBuffer:
         with self._channel.lock:
@@ -130,10 +127,10 @@ class Growables:
         self._channel.control_send(msg)
         return self._reply()
 
-    def _reply(self, lend_later: bool = False) -> tuple[dict, list[int]]:
+    def _reply(self) -> tuple[dict, list[int]]:
         """A growable reply, less the FDs kept here: the growth board's, kept from the first reply
-        that carries it (its first FD), and those of chunks lent (its last ones, ``lend``; with
-        ``lend_later`` kept by ``_keep_lent``, which the caller calls)."""
+        that carries it (its first FD), and those of chunks lent (its last ones, ``lend``: added
+        to the loans by ``_keep_lent`` where they are next used or ended, off this reply's path)."""
         reply, fds = self._channel.control_recv()
         lent = reply.get("lend")
         if isinstance(lent, list) and lent and fds:
@@ -142,8 +139,6 @@ class Growables:
             info = reply.get("info") if isinstance(reply.get("info"), dict) else {}
             device = info.get("device", -1)
             self._lent.append((str(reply.get("pool", "")), device if isinstance(device, int) else -1, lent, lent_fds))
-            if not lend_later:
-                self._keep_lent()
         if reply.get("board") is True and fds:
             fd = fds.pop(0)
             if self._board is None and self._board_fd is None:
@@ -199,6 +194,7 @@ class Growables:
             self._channel.check_open()
             self._channel.settle()   # a free sent just before must be counted before this grow
             msg = {"op": "grow", "name": g.name, "nbytes": nbytes, "first": g._chunks}
+            self._keep_lent()
             plan = [] if g.compression else self._loans.plan(g.pool, _step(g, nbytes))
             if not plan:
                 return self._apply(g, *self._control(msg))
@@ -278,6 +274,7 @@ class Growables:
             if not self._channel.closed:
                 self._channel.call("grow_detach", name=g.name)
             if not any(o.pool == g.pool for o in self.attached.values()):
+                self._keep_lent()
                 self._loans.end(g.pool)   # as the broker ends it: our last buffer of the pool
 
     def on_grown(self, note: dict) -> None:
@@ -293,6 +290,7 @@ class Growables:
             for g in list(self.attached.values()):
                 g.close()
         finally:
+            self._keep_lent()
             self._loans.end_all()
             if self._board_fd is not None:
                 os.close(self._board_fd)

@@ -34,3 +34,23 @@ def test_allocate_zero_is_an_invalid_request_and_a_value_error(broker):
                 call()
             assert isinstance(err.value, ValueError)
         assert c.stats()["pools"]["default"]["used"] == 0
+
+
+def test_a_broker_that_never_answers_is_reported_after_the_timeout(tmp_path):
+    """The control socket is non-blocking: a reply that does not come is waited for (poll) until
+    the client's timeout, then reported, not waited for forever."""
+    import socket
+    import time
+
+    from ipcpool import paths
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(tmp_path / paths.CONTROL_NAME))
+    listener.listen(1)   # the kernel accepts the connection; nobody reads the hello or answers it
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ipcpool.BrokerGone, match="did not answer within 1 s"):
+            ipcpool.connect(tmp_path, timeout=1.0)
+        assert 0.9 <= time.monotonic() - t0 < 5
+    finally:
+        listener.close()
