@@ -90,6 +90,7 @@ def test_a_grow_another_process_got_in_first_falls_back_and_the_loan_stays(cuda_
         h = d.attach_growable("loan/b")
         h.grow(4 * MiB)                                   # c does not know: it still maps 2 MiB
         fill(h, 2 * MiB, 4 * MiB, 2)
+        c._growables._keep_lent()                         # (the create's loan, as c's next grow adds it)
         assert g._mapping.size == 2 * MiB and any(c_.size == 4 * MiB for c_ in c._growables._loans._by_pool["default"].values())
         r = g.grow(6 * MiB)                               # 4 MiB from c's loan, on a stale ``first``
         assert seen[-1]["op_took"] is False and r.grown and g.size == 6 * MiB
