@@ -323,11 +323,14 @@ class Broker:
         self.control.resume_accept()
         self.guard.recount()
         if self.registry is not None:
-            if not events and self.backend.pending_frees:
-                self.backend.sweep()
-            if not events and refill:
-                self.growables.refill_stock()   # one chunk: a request arriving waits for one at most
-            self.handoffs.settle()   # ranges that went idle (in any sweep) back to their arenas
+            try:   # the backend's failure here is logged: the loop serves on
+                if not events and self.backend.pending_frees:
+                    self.backend.sweep()
+                if not events and refill:
+                    self.growables.refill_stock()   # one chunk: a request arriving waits for one at most
+                self.handoffs.settle()   # ranges that went idle (in any sweep) back to their arenas
+            except Exception as exc:   # noqa: BLE001
+                unexpected(self.backend, exc, "idle pass")
         if deadline is not None:
             self.notices.timed_out(time.monotonic())
 

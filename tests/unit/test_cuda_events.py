@@ -31,7 +31,7 @@ class Stream:
         self.steps, self.refusals, self.error = steps, refusals, error
 
     def record(self, options):
-        assert options is events._IPC
+        assert options is getattr(self, "options", events._IPC)
         if self.error is not None:
             raise self.error
         if self.refusals:
@@ -102,3 +102,11 @@ def test_a_peer_event_is_opened_again_in_the_stream_s_context_where_the_current_
     monkeypatch.setattr(events, "cuEventRecord", record)
     events.record_into(type("S", (), {"handle": 3})(), bytes(64))
     assert steps == ["opened", "closed", "switch", "opened", "recorded", "closed"]
+
+
+def test_a_marker_on_a_stream_of_another_context_is_made_in_its_own(steps):
+    """The broker's done markers and graves: its current device is the last it switched to."""
+    stream = Stream(steps, refusals=1)
+    stream.options = events._PLAIN
+    assert events.record_marker(stream).handle == 7
+    assert steps == ["refused", "switch", "recorded"]

@@ -101,6 +101,12 @@ def record_ipc(stream: Any) -> tuple[Any, bytes]:
         raise
 
 
+def record_marker(stream: Any) -> Any:
+    """Record a plain event (ours alone, queried on the host) on ``stream``, in the stream's
+    context where the current one is another device's (as ``record_ipc``)."""
+    return _in_streams_context(stream, lambda: stream.record(options=_PLAIN))
+
+
 def wait_for(stream: Any, event: Any) -> None:
     """Make ``stream`` (a cuda.core Stream) wait for the latest record of ``event`` (a
     ``DriverEvent`` or a cuda.core Event); the wait binds now (R4)."""
@@ -151,7 +157,7 @@ class Graveyard:
         self._graves: collections.deque[tuple[Event, tuple]] = collections.deque()
 
     def bury(self, stream: Any, *objects: Any) -> None:
-        self._graves.append((stream.record(options=_PLAIN), objects))
+        self._graves.append((record_marker(stream), objects))
 
     def sweep(self) -> int:
         """Drop what is past; never blocks. Graves of one stream complete in order, so stop at the

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from .context import make_current
 from .errors import is_cuda_error
-from .events import open_ipc, wait_for
+from .events import open_ipc, record_marker, wait_for
 from .session import CudaSession
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class DoneWait:
             else:
                 stream = session.stream(device)
             wait_for(stream, event)   # bound now, to the record the client made before its message (R4)
-            self.marker = stream.record()
+            self.marker = record_marker(stream)   # (the broker's current device may be another)
         finally:
             event.close()
 
@@ -101,15 +101,20 @@ class DeferredFrees:
         self._pending.append((alloc, free_now, owner))
 
     def run_ready(self) -> None:
-        """Never blocks: run the frees whose importers are done."""
+        """Never blocks: run the frees whose importers are done. One that fails is logged and
+        dropped (what it could not release stays until the broker exits): left queued, it would
+        fail again at every sweep, and the frees behind it with it."""
         if self._pending:
             waiting = []
             for alloc, free_now, owner in self._pending:
-                alloc.waits = [w for w in alloc.waits if not w.settle()]
-                if alloc.waits:
-                    waiting.append((alloc, free_now, owner))
-                else:
-                    free_now(alloc)
+                try:
+                    alloc.waits = [w for w in alloc.waits if not w.settle()]
+                    if alloc.waits:
+                        waiting.append((alloc, free_now, owner))
+                    else:
+                        free_now(alloc)
+                except Exception as exc:   # noqa: BLE001 (a driver failure: the others go on)
+                    log.error("a free in pool %r failed and is dropped: %s", owner, exc)
             self._pending = waiting
 
     def owners(self) -> list[str]:
