@@ -192,7 +192,7 @@ class Channel:
     def control_send(self, msg: dict) -> None:
         """The first half of ``control_call``: the caller may work while the broker answers."""
         try:
-            self._control_io(fdpass.send, select.POLLOUT, self._control, msg)
+            self._control_io(fdpass.send, select.POLLOUT, msg)
         except (ConnectionError, BrokenPipeError):
             pass   # closed by the broker: the reply it sent first (why) may still be there to read
         except TimeoutError as exc:
@@ -225,15 +225,15 @@ class Channel:
                 return fdpass.recv(self._control)
             except BlockingIOError:
                 if time.perf_counter() >= spin_until:
-                    return self._control_io(fdpass.recv, select.POLLIN, self._control)
+                    return self._control_io(fdpass.recv, select.POLLIN)
 
     def _control_io(self, call: Callable, event: int, *args):
-        """``call(*args)`` on the non-blocking control socket, waiting for ``event`` (poll) while
-        it would block, up to the timeout (then TimeoutError)."""
+        """``call(control socket, *args)``, the socket non-blocking: waiting for ``event`` (poll)
+        while it would block, up to the timeout (then TimeoutError)."""
         deadline = None
         while True:
             try:
-                return call(*args)
+                return call(self._control, *args)
             except BlockingIOError:
                 now = time.monotonic()
                 deadline = deadline or now + self.timeout
