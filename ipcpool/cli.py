@@ -189,11 +189,18 @@ def cmd_load(args) -> int:
     from pathlib import Path
 
     from ._client.client import connect
-    from .loader import load, read_header
+    from .loader import NotStored, load, read_header
 
     read_header(Path(args.file))    # a missing or broken file is refused before the broker is asked
     with connect(args.socket_dir) as client:
-        names = load(client, args.file, prefix=args.prefix, pool=args.pool)
+        try:
+            names = load(client, args.file, prefix=args.prefix, pool=args.pool, overwrite=args.overwrite)
+        except NotStored as exc:
+            for name, err in exc.failed.items():
+                print(f"ipcpool load: not stored: {name}: {_one_line(err)}", file=sys.stderr)
+            hint = "" if args.overwrite else " (--overwrite replaces objects that exist)"
+            print(f"ipcpool load: {len(exc.failed)} tensor(s) of {args.file} not stored{hint}", file=sys.stderr)
+            return 1
     print(f"loaded {len(names)} tensor(s) from {args.file} as sealed objects under {args.prefix or '(no prefix)'}")
     return 0
 
@@ -283,6 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE", help="a .safetensors file")
     p.add_argument("--prefix", default="", help="put PREFIX before each tensor's name (for example m/)")
     p.add_argument("--pool", default="default", help="the pool to load into (default: default)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete an object of the same name first (readers that hold it keep their lease)")
 
     p = add("demo", "a producer process writes into broker memory, a consumer process checks it zero-copy; "
                     "starts a private broker where none is running", cmd_demo)

@@ -41,12 +41,14 @@ class _NotYet(Exception):
     """A reply to an earlier request arrived first; keep waiting for ours."""
 
 
-def _close_unclosed(pid: int, dealer: zmq.Socket, control: socket.socket) -> None:
+def _close_unclosed(pid: int, dealer: zmq.Socket, control: socket.socket,
+                    unraised: collections.deque) -> None:
     """A Client collected (or left at exit) without close(): end its session as close() would,
     by a bye the broker answers before the control socket closes, so the broker releases what the
     session held at once instead of waiting for this process to exit. Runs from weakref.finalize:
     never touches the Client itself. In a forked child (another pid) the session is not ours to
-    end: nothing is sent."""
+    end: nothing is sent. Refusals of requests sent without waiting, those ``unraised`` and those
+    that arrive before the bye's answer, are warned about: nothing is lost without a word."""
     if os.getpid() != pid:
         return
     try:
@@ -63,12 +65,17 @@ def _close_unclosed(pid: int, dealer: zmq.Socket, control: socket.socket) -> Non
                 reply = protocol.unpack(dealer.recv(zmq.NOBLOCK), protocol.MAX_REPLY)
                 if reply.get("id") == _BYE_ID:
                     break
+                if "notify" not in reply and not reply.get("ok"):
+                    unraised.append(error_from_wire(reply.get("code", 1), str(reply.get("error"))))
     except (zmq.ZMQError, IpcPoolError, OSError):
         pass   # a broker that is gone has nothing to release
     finally:
         if not dealer.closed:
             dealer.close(linger=0)
         control.close()
+    if unraised:   # a RuntimeWarning: shown by default, unlike a ResourceWarning
+        warnings.warn(f"ipcpool.Client collected unclosed: the broker refused {len(unraised)} request(s) "
+                      f"sent without waiting, the first: {unraised[0]}", RuntimeWarning, stacklevel=2)
     warnings.warn("ipcpool.Client was not closed (its session was ended when it was collected); "
                   "use `with ipcpool.connect() as c:`", ResourceWarning, stacklevel=2)
 
@@ -89,6 +96,9 @@ class Channel:
         self._last_answered = 0   # ... and of the newest one answered (all before it were read)
         self._next_id = 1
         self.async_errors: list[IpcPoolError] = []
+        # What the broker refused of requests sent without waiting and nobody has raised yet: the
+        # next create, allocate, seal, flush or close raises the first (a finalizer warns).
+        self.unraised: collections.deque[IpcPoolError] = collections.deque()
         self.watches: dict[int, collections.deque] = {}   # watch id -> seals announced, not yet taken
         # Set by the client's parts: what arrives unasked goes there.
         self.on_reply: Callable[[dict], bool] = lambda msg: False    # True: a reply the hook consumed
@@ -121,7 +131,8 @@ class Channel:
         except BaseException:
             self._control.close()
             raise
-        self._finalizer = weakref.finalize(self, _close_unclosed, os.getpid(), self._dealer, self._control)
+        self._finalizer = weakref.finalize(self, _close_unclosed, os.getpid(), self._dealer, self._control,
+                                           self.unraised)
         self._ping = self.send("ping")   # not waited for (see settle)
 
     # -- session set-up -----------------------------------------------------------------------
@@ -377,10 +388,25 @@ class Channel:
                 return reply
             raise error_from_wire(reply.get("code", 1), str(reply.get("error", "unknown error")))
         if not reply.get("ok"):   # the error of an earlier one-way request
-            err = error_from_wire(reply.get("code", 1), str(reply.get("error")))
-            log.error("broker rejected an earlier request: %s", err)
-            self.async_errors.append(err)
+            self.refused(error_from_wire(reply.get("code", 1), str(reply.get("error"))))
         raise _NotYet
+
+    def refused(self, err: IpcPoolError, *, unraised: bool = True) -> None:
+        """A request sent without waiting was refused: recorded, and kept to be raised
+        (``raise_unraised``) unless the caller raises it where it is (``unraised=False``)."""
+        self.async_errors.append(err)
+        if unraised:
+            log.error("the broker refused a request sent without waiting: %s", err)
+            self.unraised.append(err)
+
+    def raise_unraised(self) -> None:
+        """Raise the first refusal of a request sent without waiting that nobody raised yet."""
+        if self.unraised:
+            first = self.unraised.popleft()
+            if self.unraised:
+                first.add_note(f"the broker refused {len(self.unraised)} more request(s) sent without "
+                               "waiting: see Client.async_errors")
+            raise first
 
     def pump(self, timeout: float) -> None:
         """Sleep until the broker sends something (at most ``timeout`` s), and take it all in."""

@@ -230,7 +230,11 @@ class Client:
 
     # -- closing ------------------------------------------------------------------------------
     def close(self) -> None:
-        """Free what is still held (in order: our imports first), say bye, close. Idempotent."""
+        """Free what is still held (in order: our imports first), say bye, close. Idempotent.
+
+        Every request sent without waiting is answered before the bye's answer, so a refusal
+        nobody has raised yet (a carved create of a name that exists, say) is raised here, once
+        the session is closed: nothing the broker refused is lost without a word."""
         channel = self._channel
         with channel.lock:
             if channel.closed:
@@ -246,6 +250,7 @@ class Client:
                 self._leases.views.clear()   # (views of slabs: before the pools go)
                 self._pools.close()
                 self._backend.close()
+            channel.raise_unraised()
 
     @property
     def closed(self) -> bool:
@@ -254,8 +259,15 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:   # the block's own error goes on; a refusal found while closing is logged beside it
+            self.close()
+        except IpcPoolError as refusal:
+            log.error("while closing after %s: %s", exc_type.__name__, refusal)
+            exc.add_note(f"ipcpool: closing the client also found: {refusal!r}")
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"session {self.session}"

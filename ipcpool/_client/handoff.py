@@ -53,7 +53,6 @@ class Handoff:
         self._by_arena: dict[int, ClientArena] = {}
         self._inflight: dict[int, Any] = {}   # pipelined creates/allocates by request id
         self._sealing: dict[int, Any] = {}    # pipelined seals by request id
-        self._deferred: collections.deque[IpcPoolError] = collections.deque()   # refusals to raise
         self._credits: dict[str, collections.deque[bytes]] = {}   # the broker's events, per pool
         self._notes: dict[int, dict | None] = {}   # pending leases watched: alloc -> its notice
 
@@ -82,14 +81,15 @@ class Handoff:
             if reply.get("ok"):
                 buf.alloc_id = reply.get("alloc", 0)
             else:
-                self._refused(buf, error_from_wire(reply.get("code", 1), str(reply.get("error"))))
+                op = "allocate" if buf.name is None else "create"
+                self._refused(buf, _naming(error_from_wire(reply.get("code", 1), str(reply.get("error"))),
+                                           op, buf.name))
             return True
         buf = self._sealing.pop(rid, None)
         if buf is not None:
             if not reply.get("ok") and buf._carving.error is None:   # (after a refused create: expected)
-                err = error_from_wire(reply.get("code", 1), str(reply.get("error")))
-                log.error("the broker refused the seal of %r: %s", buf.name, err)
-                self._channel.async_errors.append(err)
+                self._channel.refused(_naming(error_from_wire(reply.get("code", 1), str(reply.get("error"))),
+                                              "seal", buf.name))
             return True
         return False
 
@@ -108,19 +108,21 @@ class Handoff:
             cut.slot = None
         if cut.sent:   # sealed or freed already: the range comes back here, the error later
             cut.arena.refused(cut.offset, cut.stream)
-            self._deferred.append(err)
-            self._channel.async_errors.append(err)
+        self._channel.refused(err, unraised=cut.sent)   # else its seal (or free) raises it
 
     def raise_deferred(self) -> None:
         """Raise the first refusal of a request sent without waiting, if one came back."""
-        if self._deferred:
-            raise self._deferred.popleft()
+        self._channel.raise_unraised()
 
-    def flush(self) -> None:
-        """Wait for the reply of every request sent without waiting; raise the first refusal."""
+    def settle_all(self) -> None:
+        """Wait for the reply of every request sent without waiting (refusals are kept, not raised)."""
         ch = self._channel
         if self._inflight or self._sealing:
             ch.wait_reply(-1, ch.timeout, until=lambda: not (self._inflight or self._sealing))
+
+    def flush(self) -> None:
+        """Wait for the reply of every request sent without waiting; raise the first refusal."""
+        self.settle_all()
         self.raise_deferred()
 
     # -- credits (CUDA: the broker's events a client records instead of exporting its own) -----------
@@ -216,6 +218,8 @@ class Handoff:
         is raised later)."""
         cut = buf._carving
         cut.stream = stream
+        if cut.rid in self._inflight:   # a refusal that already arrived is raised here, not later
+            self._channel.drain()
         if cut.error is not None:
             cut.arena.refused(cut.offset, stream)
             raise cut.error
@@ -292,3 +296,10 @@ class Handoff:
             raise
         finally:
             self._notes.pop(aid, None)
+
+
+def _naming(err: IpcPoolError, op: str, name: str | None) -> IpcPoolError:
+    """A refusal that arrives after the caller moved on says which request it was."""
+    if name is not None and repr(name) not in str(err):
+        err.args = (f"{op} of {name!r} refused: {err}",)
+    return err

@@ -135,6 +135,13 @@ class Buffer:
         return self._freed
 
     @property
+    def refusal(self) -> IpcPoolError | None:
+        """The broker's refusal of this buffer's create or allocate, once it is known (it arrives
+        after ``create()`` returned for an object carved without a round trip; ``client.flush()``
+        waits for it); None while it is accepted or not yet answered."""
+        return None if self._carving is None else self._carving.error
+
+    @property
     def carved_at(self) -> tuple[int, int] | None:
         """(arena id, offset) for an object carved from this client's arena (created without a
         round trip), else None."""

@@ -39,9 +39,9 @@ def test_a_refused_create_loses_nothing(broker):
         c.create("x", MiB).seal()
         clash = c.create("x", MiB)
         at = clash.carved_at
-        clash.seal()                                    # never waits for the broker: the
         with pytest.raises(ipcpool.ObjectExists, match="an object named 'x' already exists"):
-            c.flush()                                   # refusal comes later (here, or the next create)
+            clash.seal()                                # never waits for the broker: the refusal
+            c.flush()                                   # is raised by seal once known, else later
         assert c.async_errors and isinstance(c.async_errors[-1], ipcpool.ObjectExists)
         assert c.create("y", MiB).carved_at == at       # the range came straight back
         assert [o["name"] for o in c.list()] == ["x", "y"]
