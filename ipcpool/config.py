@@ -14,6 +14,8 @@ from .backend.base import REUSE_POLICIES, PoolSpec
 from .backend.records import SLAB_MEMORY
 from .errors import ConfigError
 from .growboard import MAX_SLOTS, SLOTS
+from .shm.directory import CAPACITY as DIRECTORY
+from .shm.directory import MAX_CAPACITY as MAX_DIRECTORY
 from .sizes import parse_size
 
 
@@ -39,6 +41,7 @@ class Config:
     watches_per_uid: int = 4096    # prefix watches (subscriptions), per uid; 0: no cap
     growth_stock: int = 256 << 20  # bytes of chunks each pool keeps made for growable buffers (CUDA); 0: none
     growth_board: int = SLOTS      # growable buffers with a word on the growth board at once; 0: no board
+    directory_entries: int = DIRECTORY   # named objects of a pool readers find without a reply; 0: none
 
     def quota_for(self, uid: int) -> Quota:
         return self.quotas.get(uid, self.default_quota)
@@ -113,7 +116,12 @@ def _gid(value: Any, key: str) -> int:
 
 def parse(data: dict[str, Any]) -> Config:
     _known(data, {"socket_dir", "backend", "access", "pools", "quotas", "metrics_address", "busy_poll_us",
-                  "limits", "growth"}, "config")
+                  "limits", "growth", "handoff"}, "config")
+    handoff = _expect(data.get("handoff", {}), dict, "handoff")
+    _known(handoff, {"directory"}, "handoff")
+    directory_entries = _expect(handoff.get("directory", DIRECTORY), int, "handoff.directory")
+    if not 0 <= directory_entries <= MAX_DIRECTORY:
+        raise ConfigError(f"handoff.directory: 0 (no directory) to {MAX_DIRECTORY} entries, got {directory_entries}")
     growth = _expect(data.get("growth", {}), dict, "growth")
     _known(growth, {"stock", "board"}, "growth")
     growth_stock = _size(growth.get("stock", 256 << 20), "growth.stock")
@@ -184,6 +192,7 @@ def parse(data: dict[str, Any]) -> Config:
         busy_poll_us=busy_poll_us,
         growth_stock=growth_stock,
         growth_board=growth_board,
+        directory_entries=directory_entries,
         **caps,
     )
 

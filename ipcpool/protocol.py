@@ -206,6 +206,12 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "grow": {"name": _object_name(), "nbytes": _u64()},
     "grow_detach": {"name": _object_name()},
     "grow_delete": {"name": _object_name()},
+    # A lease taken from a pool's name directory ends (``ipcpool.shm.leases``): its slot and nonce,
+    # the entry and object it named, and the done event after the reader's last use (R2).
+    "release": {"pool_index": _u64(), "entry": _u64(), "gen": _u64(), "slot": _u64(), "nonce": _u64(),
+                "done_event": _event()},
+    # The export of an allocation a directory entry names (an arena), for a reader to import once.
+    "dir_export": {"pool": _name(), "alloc": _u64()},
 }
 
 # One-way requests: the broker acts and sends no reply (ordering per session is kept by ZeroMQ).

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import board as boards
+from ..shm import directory
 from ..backend.base import ImportedMemory
 from ..errors import InvalidRequest, IpcPoolError, ObjectAborted, ProtocolError, WaitTimeout, error_from_wire
 from ..protocol import HANDLE_BYTES, MAX_ARENAS
@@ -55,6 +56,8 @@ class Handoff:
         self._sealing: dict[int, Any] = {}    # pipelined seals by request id
         self._credits: dict[str, collections.deque[bytes]] = {}   # the broker's events, per pool
         self._notes: dict[int, dict | None] = {}   # pending leases watched: alloc -> its notice
+        self._arena_views: dict[str, dict[int, ImportedMemory]] = {}   # pool -> arena -> its import
+        self._releasing: dict[int, int] = {}   # directory leases' releases by request id -> slot
 
     # -- what arrives from the broker --------------------------------------------------------------
     def on_notice(self, note: dict) -> bool:
@@ -73,9 +76,16 @@ class Handoff:
         return False
 
     def on_reply(self, reply: dict) -> bool:
-        """Keep the credits a reply brings; settle a pipelined create or seal. True: consumed."""
+        """Keep the credits a reply brings; settle a pipelined create or seal, or a directory
+        lease's release. True: consumed."""
         self._keep_credits(reply)
         rid = reply.get("id")
+        slot = self._releasing.pop(rid, None)
+        if slot is not None:
+            if not reply.get("ok"):
+                log.error("the broker refused a lease's release: %s", reply.get("error"))
+            self._pools.lease_page.give_back(slot)
+            return True
         buf = self._inflight.pop(rid, None)
         if buf is not None:
             if reply.get("ok"):
@@ -258,7 +268,119 @@ class Handoff:
             if cut.error is not None:
                 raise cut.error
 
-    # -- reader ------------------------------------------------------------------------------------
+    # -- reader: straight from a name directory (``ipcpool.shm``) -------------------------------------
+    def look(self, name: str, stream: Any, timeout: float | None) -> Any:
+        """A read lease on ``name`` taken from a directory of the pools this client has, without a
+        request; None where the broker must answer instead (no entry after the spin budget, an
+        object the directory cannot serve, every lease slot in use)."""
+        dirs = self._pools.directories
+        if not dirs:
+            if self._pools.imported or "default" not in self._channel.pool_names:
+                return None
+            try:
+                self._pools.get("default")   # a reader's first get: the usual pool, once
+            except IpcPoolError:
+                return None
+            dirs = self._pools.directories
+            if not dirs:
+                return None
+        spin_until = time.perf_counter() + (0.0 if timeout == 0 else self._channel.get_spin_s)
+        while True:
+            changes = [view.change() for view, _ in dirs.values()]
+            for pool, (view, pidx) in dirs.items():
+                entry = view.lookup(name)
+                if entry is not None:
+                    if entry.has_user_meta or not entry.in_arena:   # the broker serves those
+                        return None
+                    if timeout == 0 and entry.state != directory.SEALED:   # the broker says why not
+                        return None
+                    if entry.alloc not in self._arena_views.get(pool, ()) and not self._arena_for(pool, entry):
+                        return None
+                    return self._take(pool, view, pidx, entry, name, stream, timeout)
+            while [view.change() for view, _ in dirs.values()] == changes:
+                if time.perf_counter() >= spin_until:
+                    return None
+
+    def _arena_for(self, pool: str, entry: Any) -> bool:
+        """Import the arena ``entry`` lies in, once (``dir_export``); False where it cannot serve
+        a reader without a request of its own each time (not an arena, or not a slab range)."""
+        try:
+            reply = self._channel.call("dir_export", pool=pool, alloc=entry.alloc)
+            export = export_of(reply)
+            client_pool = self._pools.get(pool)
+            if client_pool.seal_event and not export.sub:
+                return False   # a pool allocation of its own: imported and released per lease
+            memory = self._pools.import_allocation(entry.alloc, pool, export)
+        except IpcPoolError as exc:
+            log.debug("arena %d of pool %r not imported for a directory read: %s", entry.alloc, pool, exc)
+            return False
+        self._arena_views.setdefault(pool, {})[entry.alloc] = memory
+        return True
+
+    def _take(self, pool: str, view: Any, pidx: int, entry: Any, name: str, stream: Any,
+              timeout: float | None) -> Any:
+        """Hazard slot first, then the entry checked again, then the memory (``shm.leases``)."""
+        page = self._pools.lease_page
+        got = page.take(pidx, entry.index, entry.gen)
+        if got is None:
+            return None
+        slot, nonce = got
+        lease = (pidx, entry.index, entry.gen, slot, nonce)
+        state = view.state(entry.index, entry.gen)
+        if state == directory.GONE:
+            self._end_lease(pool, lease, b"")
+            return None
+        memory = self._pools.imported[pool].carved(self._arena_views[pool][entry.alloc], entry.offset, entry.size)
+        meta = {k: v for k, v in (("dtype", entry.dtype), ("shape", list(entry.shape) if entry.shape is not None else None))
+                if v is not None}
+        buf = self._keep(0, pool, memory, False, name, meta, True)
+        buf._dirlease = lease
+        try:
+            event = entry.event
+            if state != directory.SEALED:
+                event = self._await_entry(buf, view, entry, timeout)
+            self._imported[pool].order_after(event, stream)
+        except BaseException:
+            buf.free(stream)
+            raise
+        return buf
+
+    def _await_entry(self, buf: Any, view: Any, entry: Any, timeout: float | None) -> bytes:
+        """Until the object of ``entry`` is sealed: its board word, else its entry; the event its
+        seal is recorded on. Spins for the get spin budget, then sleeps a little longer each time."""
+        board = self.boards.get(buf.pool)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        spin_until = time.perf_counter() + self._channel.get_spin_s
+        pause = 20e-6
+        word, seq = entry.word, entry.seq
+        while True:
+            if word is not None and board is not None and board.read(word) >= seq:
+                return entry.event   # the promised event: recorded before the word was posted
+            state = view.state(entry.index, entry.gen)
+            if state == directory.SEALED:
+                sealed = view.lookup(buf.name)   # (the seal's own event, where it is not the promised one)
+                return sealed.event if sealed is not None and sealed.gen == entry.gen else entry.event
+            if state == directory.GONE:
+                raise ObjectAborted(f"object {buf.name!r} was abandoned before it was sealed "
+                                    "(its writer went away or deleted it)")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"object {buf.name!r} was not sealed within the timeout")
+            if time.perf_counter() >= spin_until:
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
+
+    def end_lease(self, buf: Any, stream: Any) -> None:
+        """Release a lease taken from a directory: the done event after the reader's work (R2)."""
+        done = self.release(buf.pool, buf._memory, stream)
+        self._end_lease(buf.pool, buf._dirlease, done)
+
+    def _end_lease(self, pool: str, lease: tuple, done: bytes) -> None:
+        pidx, index, gen, slot, nonce = lease
+        rid = self._channel.send("release", pool_index=pidx, entry=index, gen=gen, slot=slot, nonce=nonce,
+                                 **({"done_event": done} if done else {}))
+        self._releasing[rid] = slot   # the slot is ours again once the broker has read this
+
+    # -- reader: answered by the broker --------------------------------------------------------------
     def await_seal(self, buf: Any, reply: dict, stream: Any, timeout: float | None) -> None:
         """A pending lease: wait until its object is sealed (the board word, else the broker's
         notice), then order ``stream`` after the seal. The lease is freed if that fails."""

@@ -40,6 +40,8 @@ class Buffer:
         self._freed = False
         # Carved from this client's arena and requested without waiting (the hand-off's record).
         self._carving: Carving | None = None
+        # Taken from a name directory without a request: (pool index, entry, gen, slot, nonce).
+        self._dirlease: tuple[int, int, int, int, int] | None = None
 
     def _live(self) -> ImportedMemory:
         if self._freed:
@@ -253,6 +255,10 @@ class Leases:
         if timeout is not None:
             fields["timeout_ms"] = max(0, int(timeout * 1000))
         with self._lock:
+            self._channel.check_open()
+            buf = self.handoff.look(name, stream, timeout)   # from a directory: no request at all
+            if buf is not None:
+                return buf
             reply = self._channel.call("get", _wait=timeout, **fields)
             if not reply.get("pending"):
                 return self._adopt(reply, stream, owner=False, name=name, readonly=True)
@@ -390,6 +396,9 @@ class Leases:
             if buf.owner and buf.name is not None:
                 self._writing.discard(buf.name)
             if self._channel.closed or self.handoff.free(buf, stream):   # carved: freed by where it lies
+                return
+            if buf._dirlease is not None:   # taken from a directory: its release names its slot
+                self.handoff.end_lease(buf, stream)
                 return
             done = self.handoff.release(buf.pool, buf._memory, stream)
             self._channel.send("free", alloc=buf.alloc_id, **({"done_event": done} if done else {}))

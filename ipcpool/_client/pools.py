@@ -4,13 +4,20 @@ the pool needs them)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
+from .. import fdpass
 from ..backend.base import ClientBackend, ClientPool, Export, ImportedMemory
 from ..board import Board
 from ..errors import ProtocolError
+from ..shm import fence
+from ..shm.directory import DirectoryView
+from ..shm.leases import ClientLeasePage
 from .channel import Channel
+
+log = logging.getLogger(__name__)
 
 
 class Pools:
@@ -19,28 +26,55 @@ class Pools:
         self._backend = backend
         self.imported: dict[str, ClientPool] = {}
         self.boards: dict[str, Board] = {}   # pool name -> its seal board (``ipcpool.board``)
+        # pool name -> (its name directory, its index in lease slots), and this session's lease
+        # page (``ipcpool.shm``): where a reader finds an object without a reply.
+        self.directories: dict[str, tuple[DirectoryView, int]] = {}
+        self.lease_page: ClientLeasePage | None = None
 
     def get(self, name: str) -> ClientPool:
         """Pool ``name``, imported from its FD (and its board mapped) the first time."""
         pool = self.imported.get(name)
         if pool is None:
             reply, fds = self._channel.control_call({"op": "pool_fd", "pool": name})
-            if len(fds) != 2 or not isinstance(reply.get("info"), dict):
+            want = 2 + isinstance(reply.get("directory"), int) + bool(reply.get("lease_page"))
+            if len(fds) != want or not isinstance(reply.get("info"), dict):
                 for fd in fds:
                     os.close(fd)
                 raise ProtocolError(f"pool {name!r}: expected its FD, its seal board's and its info, got {len(fds)} FD(s)")
             try:
                 board = Board(fds[1], owner=False)
             except BaseException:
-                os.close(fds[0])
+                fdpass.close_all([fds[0], *fds[2:]])
                 raise
             try:
                 pool = self.imported[name] = self._backend.import_pool(reply["info"], fds[0])
             except BaseException:
                 board.close()
+                fdpass.close_all(fds[2:])
                 raise
             self.boards[name] = board
+            self._directory(name, reply, fds[2:])
         return pool
+
+    def _directory(self, name: str, reply: dict, fds: list[int]) -> None:
+        """Map the pool's name directory (and the session's lease page, with the first one). A
+        kernel without membarrier, or a bad file, leaves the pool without: its readers ask."""
+        try:
+            if len(fds) == 2:
+                self.lease_page = ClientLeasePage(fds.pop())
+                if not fence.register():
+                    self.lease_page.close()
+                    self.lease_page = None
+            if fds:
+                view = DirectoryView(fds.pop(), reply["directory"])
+                index = reply.get("pool_index")
+                if self.lease_page is not None and isinstance(index, int):
+                    self.directories[name] = (view, index)
+                else:
+                    view.close()
+        except (OSError, ValueError, ProtocolError) as exc:
+            fdpass.close_all(fds)
+            log.warning("pool %r: its name directory is not usable (%s); readers ask the broker", name, exc)
 
     def import_allocation(self, aid: int, pool: str, export: Export, stream: Any = None,
                           fds: list[int] | None = None) -> ImportedMemory:
@@ -52,6 +86,12 @@ class Pools:
         return client_pool.import_allocation(export, stream, fds)
 
     def close(self) -> None:
+        for view, _ in self.directories.values():
+            view.close()
+        self.directories.clear()
+        if self.lease_page is not None:
+            self.lease_page.close()
+            self.lease_page = None
         for pool in self.imported.values():
             pool.close()
         self.imported.clear()

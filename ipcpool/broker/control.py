@@ -185,10 +185,20 @@ class ControlChannel:
         rid = protocol.request_id(msg)
         try:
             op, fields = protocol.validate(msg, protocol.CONTROL)
-            if op == "pool_fd":   # the pool, and its seal board beside it
+            if op == "pool_fd":   # the pool, its seal board, its name directory and a lease page
                 pool = self.tables.registry.pool(fields["pool"])
                 board = self.tables.handoffs.board(pool.spec.name)
-                self.send(session, protocol.ok_reply(rid, info=pool.pool_info()), (pool.fd, board.fd))
+                fds, extra = [pool.fd, board.fd], {}
+                directories = self.tables.directories
+                directory = directories.of(pool.spec.name)
+                if directory is not None:
+                    fds.append(directory.fd)
+                    extra = {"directory": directory.capacity, "pool_index": directories.pool_index[pool.spec.name]}
+                    page = directories.page(session, pool.spec.name)
+                    if page is not None:   # once per session
+                        fds.append(page.fd)
+                        extra["lease_page"] = True
+                self.send(session, protocol.ok_reply(rid, info=pool.pool_info(), **extra), tuple(fds))
             elif op == "chunk_fds":
                 reply, fds = self._chunk_fds(session, fields)
                 self.send(session, protocol.ok_reply(rid, **reply), tuple(fds))

@@ -111,7 +111,9 @@ class Handlers:
             board = (word, f["seq"], promised)
         elif "seal_credit" in f:
             raise InvalidRequest("create: seal_credit goes with a seal-board slot")
-        obj = self.tables.objects.create(session, f["name"], f["nbytes"], f["pool"], f.get("meta", {}), carve, board)
+        where = (f["arena"], f["offset"]) if carve is not None else None
+        obj = self.tables.objects.create(session, f["name"], f["nbytes"], f["pool"], f.get("meta", {}), carve, board,
+                                         where)
         if board is not None:   # readers already waiting watch the board from now on
             self.notices.pending(obj)
         if carve is not None:   # the client has the memory already
@@ -166,7 +168,7 @@ class Handlers:
         prefix, after, kind = f.get("prefix", ""), f.get("after", ""), f.get("kind")
         limit = min(f.get("limit") or protocol.LIST_PAGE, protocol.LIST_PAGE)
         objects, more_o, last_o = ([], False, "") if kind == "growables" else page(
-            self.tables.objects.objects, prefix, after, limit, lambda o: o.info())
+            self.tables.objects.objects, prefix, after, limit, lambda o, h=self.tables.directories.hazards(): o.info(h))
         growables, more_g, last_g = ([], False, "") if kind == "objects" else page(
             self.tables.growables.by_name, prefix, after, limit, lambda g: g.describe())
         return {"objects": objects, "growables": growables, "more": more_o or more_g,
@@ -219,3 +221,11 @@ class Handlers:
         """A growable buffer whose memory went with the last holder: out of the FD store too."""
         if g is not None:
             self.tables.durable.forget_growable(g)
+
+    # -- leases taken from a name directory (broker.directory) ------------------------------------
+    def op_release(self, session: Session, f: dict, rid: int) -> dict:
+        self.tables.directories.release(session, f)
+        return {}
+
+    def op_dir_export(self, session: Session, f: dict, rid: int) -> dict:
+        return export_fields(self.tables.directories.export_of(session, f["pool"], f["alloc"]))

@@ -47,6 +47,7 @@ class NamedObject:
     seq: int = 0
     promised: bytes = b""
     pending: list = field(default_factory=list)
+    entry: tuple[int, int, int] | None = None   # (pool, index, gen) in its pool's name directory
 
     @property
     def state(self) -> str:
@@ -55,10 +56,12 @@ class NamedObject:
     def leases(self) -> int:
         return sum(n for h, n in self.alloc.holders.items() if isinstance(h, Session) and h is not self.writer)
 
-    def info(self) -> dict:
+    def info(self, hazards: dict | None = None) -> dict:
+        """``hazards``: leases taken from a directory, by entry (``Directories.hazards``)."""
+        extra = hazards.get(self.entry, 0) if hazards and self.entry is not None else 0
         return {
             "name": self.name, "size": self.alloc.size, "pool": self.alloc.pool.spec.name,
-            "state": self.state, "leases": self.leases(), "created": self.created, "meta": self.meta,
+            "state": self.state, "leases": self.leases() + extra, "created": self.created, "meta": self.meta,
         }
 
 
@@ -81,8 +84,9 @@ class Watch:
 
 
 class ObjectTable:
-    def __init__(self, registry: Registry):
+    def __init__(self, registry: Registry, directory=None):
         self.registry = registry
+        self.directory = directory   # broker.directory.Directories: entries readers see without a reply
         self.objects: dict[str, NamedObject] = {}
         # By name, each an ordered set (dict): a seal finds its own without a scan, and a timed-out
         # or gone waiter leaves its set in O(1).
@@ -100,10 +104,12 @@ class ObjectTable:
         self._timed = 0   # parked gets with a deadline (the heap holds them and settled ones)
 
     def create(self, session: Session, name: str, nbytes: int, pool: str, meta: dict,
-               carve: Callable[[], Allocation] | None = None, board: tuple[int, int, bytes] | None = None) -> NamedObject:
+               carve: Callable[[], Allocation] | None = None, board: tuple[int, int, bytes] | None = None,
+               where: tuple[int, int] | None = None) -> NamedObject:
         """A new object being written by ``session``: a fresh allocation of ``pool``, or what
         ``carve()`` gives (a range of the session's arena); ``board``: its seal-board word, the
-        number the writer will post there, and the event it promised to record its seal on."""
+        number the writer will post there, and the event it promised to record its seal on;
+        ``where``: the arena's allocation and the offset in it, for the directory's entry."""
         if name in self.objects:
             raise ObjectExists(f"an object named {name!r} already exists; delete it first or pick another name")
         uid = session.cred.uid
@@ -116,6 +122,8 @@ class ObjectTable:
         obj = NamedObject(name, alloc, session, meta)
         if board is not None:
             obj.word, obj.seq, obj.promised = board
+        if self.directory is not None:   # what a reader spins on: before anything else is done
+            self.directory.publish(obj, where)
         self.registry.hold(alloc, obj)
         self.objects[name] = obj
         return obj
@@ -128,6 +136,8 @@ class ObjectTable:
         obj.seal_event = alloc.pool.seal(alloc.handle, session.backend, done_event)
         obj.sealed = True
         obj.writer = None
+        if self.directory is not None:
+            self.directory.sealed(obj)
         self.registry.free(session, alloc.aid)   # the writer's import: its done event is ordered by seal()
         return obj
 
@@ -261,11 +271,14 @@ class ObjectTable:
 
     def _drop(self, obj: NamedObject) -> None:
         del self.objects[obj.name]
+        if self.directory is not None:   # its directory readers become holders first
+            self.directory.gone(obj)
         # The object's own hold; the memory goes once the readers (and a writer) let go too.
         self.registry.unhold(obj.alloc, obj, b"", None)
 
     def list(self, prefix: str = "") -> list[dict]:
-        return [o.info() for name, o in sorted(self.objects.items()) if name.startswith(prefix)]
+        hazards = self.directory.hazards() if self.directory is not None else None
+        return [o.info(hazards) for name, o in sorted(self.objects.items()) if name.startswith(prefix)]
 
     def watch(self, session: Session, prefix: str) -> Watch:
         uid = session.cred.uid

@@ -28,6 +28,7 @@ from ..backend.base import BrokerBackend
 from ..config import Config
 from ..errors import AlreadyRunning, IpcPoolError, PeerRefused, ProtocolError
 from .control import ControlChannel
+from .directory import Directories
 from .durable import Durability
 from .fdguard import FdGuard, raise_fd_limit
 from .growables import GrowableTable
@@ -115,11 +116,13 @@ class Broker:
             self.registry = Registry(self.config, self.backend)
             self.registry.create_pools(self.durable)
             self.registry.on_pool_emptied = self._pool_emptied
-            self.objects = ObjectTable(self.registry)
+            self.directories = Directories(self.registry, self.config.directory_entries)
+            self.objects = ObjectTable(self.registry, self.directories)
             self.growables = GrowableTable(self.registry, self.config.growth_board)
             self.handoffs = Handoffs(self.registry, lambda session, note: self.send(session.token, note))
-            for name in self.registry.pools:   # a seal board per pool, for the broker's life
+            for name in self.registry.pools:   # a seal board and a name directory per pool, for the broker's life
                 self.handoffs.board(name)
+                self.directories.of(name)
             self.durable.tables(self.objects, self.growables)
             restored = self.objects.restore(self.durable.stored_objects(), self.durable.take_object_fds)
             self.registry.drop_empty_generations()
@@ -131,7 +134,8 @@ class Broker:
                 self.durable.store(self.registry)
                 self.durable.save()
             self.notices = Notices(self.objects, self.sessions, self.send)
-            self.tables = Tables(self.registry, self.objects, self.growables, self.handoffs, self.durable)
+            self.tables = Tables(self.registry, self.objects, self.growables, self.handoffs, self.durable,
+                                 self.directories)
             self.handlers = Handlers(tables=self.tables, notices=self.notices, sessions=self.sessions,
                                      backend_name=self.choice.name, started=self.started)
             self.session_table = Sessions(by_token=self.sessions, backend=self.backend, tables=self.tables,
@@ -221,6 +225,9 @@ class Broker:
         if self.handoffs is not None:
             self.handoffs.close()
             self.handoffs = None
+        if getattr(self, "directories", None) is not None:
+            self.directories.close()
+            self.directories = None
         if self.growables is not None:
             self.growables.close_stocks()
             self.growables.close_board()

@@ -115,6 +115,7 @@ class Sessions:
                 log.info("session %d: object %r aborted (never sealed)", session.sid, obj.name)
                 self.notices.aborted(obj, [w for name, w in orphans if name == obj.name])
             freed = self.tables.registry.end_session(session)
+            self.tables.directories.end_session(session)
         except Exception:
             log.exception("session %d: releasing its memory failed", session.sid)
             freed = -1

@@ -81,7 +81,8 @@ def test_bad_control_message_in_an_open_session(broker):
         assert "no pool named 'nope'" in err["error"]
         fdpass.send(s, {"op": "pool_fd", "pool": "default", "id": 5})
         ok, fds = fdpass.recv(s)
-        assert ok["ok"] and ok["info"]["name"] == "default" and len(fds) == 2   # the pool and its seal board
+        # the pool, its seal board, its name directory and (the first time) the session's lease page
+        assert ok["ok"] and ok["info"]["name"] == "default" and len(fds) == 4 and ok["lease_page"]
         for fd in fds:
             os.close(fd)
         s.send(b"\x92garbage")

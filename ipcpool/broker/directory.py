@@ -1,0 +1,160 @@
+"""The broker's side of reading without a reply: each pool's name directory, each session's lease
+page, and the rule that joins them.
+
+An object's entry is published the moment its create is accepted, marked sealed at its seal, and
+marked gone before its memory can go (delete, abort). Marking it gone runs the fence and reads the
+lease pages of the pool's sessions: every slot that names the object becomes a hold of that session
+(``Registry.hold``), ended by the session's ``release`` with its done event (R2), or by its end.
+A release of a lease whose object is still there orders the eventual free after its done event.
+So memory a directory reader may still read is never freed or reused (``shm.leases``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..errors import InvalidRequest
+from ..shm import directory as layout
+from ..shm.fence import Fence
+from ..shm.leases import SLOTS, LeasePage
+from .registry import Allocation, Registry
+from .session import Session
+
+log = logging.getLogger(__name__)
+
+
+class Directories:
+    def __init__(self, registry: Registry, capacity: int = layout.CAPACITY):
+        self.registry = registry
+        self.capacity = capacity
+        self.fence = Fence()
+        self.by_pool: dict[str, layout.Directory] = {}
+        self.pool_index: dict[str, int] = {}
+        self.live: dict[tuple[int, int], tuple[int, Allocation]] = {}   # (pool, entry) -> (gen, alloc)
+        self.pages: dict[Session, LeasePage] = {}
+        self.readers: dict[int, set[Session]] = {}   # pool index -> sessions with its directory
+        self.converted: dict[tuple[Session, int, int], Allocation] = {}   # (session, slot, nonce) -> held
+        self._gen = 0
+        if not self.fence.usable:
+            log.warning("membarrier is not available: readers will ask the broker for every object")
+
+    @property
+    def usable(self) -> bool:
+        return self.capacity > 0 and self.fence.usable
+
+    def of(self, pool_name: str) -> layout.Directory | None:
+        """Pool ``pool_name``'s directory (made the first time a client imports the pool)."""
+        if not self.usable:
+            return None
+        d = self.by_pool.get(pool_name)
+        if d is None:
+            d = self.by_pool[pool_name] = layout.Directory(pool_name, self.capacity)
+            self.pool_index[pool_name] = len(self.pool_index)
+        return d
+
+    def page(self, session: Session, pool_name: str) -> LeasePage | None:
+        """The session's lease page, made with its first directory; None where it has one already
+        (its FD went out before)."""
+        self.readers.setdefault(self.pool_index[pool_name], set()).add(session)
+        if session in self.pages:
+            return None
+        page = self.pages[session] = LeasePage()
+        return page
+
+    # -- what the object table tells us ---------------------------------------------------------
+    def publish(self, obj, where: tuple[int, int] | None) -> None:
+        """A new object: its entry, first thing. ``where``: (the arena's allocation, the offset in
+        it) for an object carved from an arena, else its own allocation at 0."""
+        d = self.by_pool.get(obj.alloc.pool.spec.name)
+        if d is None:
+            return
+        self._gen += 1
+        aid, offset = where if where is not None else (obj.alloc.aid, 0)
+        meta = obj.meta
+        index = d.publish(obj.name, self._gen, layout.WRITING, aid, offset, obj.alloc.size, obj.word, obj.seq,
+                          obj.promised, meta.get("dtype"), meta.get("shape"), bool(meta.get("user")),
+                          where is not None)
+        if index is not None:
+            pool = self.pool_index[obj.alloc.pool.spec.name]
+            obj.entry = (pool, index, self._gen)
+            self.live[(pool, index)] = (self._gen, obj.alloc)
+
+    def sealed(self, obj) -> None:
+        if obj.entry is not None:
+            pool, index, gen = obj.entry
+            d = self.by_pool[obj.alloc.pool.spec.name]
+            event = obj.seal_event if obj.seal_event != obj.promised else None
+            d.set_state(index, gen, layout.SEALED, event=event)
+
+    def gone(self, obj) -> None:
+        """Before the object's hold goes: its entry marked gone, then every reader that may have
+        taken it from the directory made a holder (after the fence: see ``shm.fence``)."""
+        if obj.entry is None:
+            return
+        pool, index, gen = obj.entry
+        obj.entry = None
+        self.by_pool[obj.alloc.pool.spec.name].set_state(index, gen, layout.GONE)
+        self.live.pop((pool, index), None)
+        readers = [s for s in self.readers.get(pool, ()) if s in self.pages]
+        if not readers:
+            return
+        self.fence()
+        for session in readers:
+            for slot, p, e, g, nonce in self.pages[session].live():
+                if (p, e, g) == (pool, index, gen) and (session, slot, nonce) not in self.converted:
+                    self.registry.hold(obj.alloc, session)
+                    self.converted[(session, slot, nonce)] = obj.alloc
+
+    def hazards(self) -> dict[tuple[int, int, int], int]:
+        """Leases taken from a directory and not yet converted into holds, by (pool, entry, gen):
+        what ``list`` adds to an object's lease count (read without the fence: a count to show)."""
+        out: dict[tuple[int, int, int], int] = {}
+        for session, page in self.pages.items():
+            for slot, p, e, g, nonce in page.live():
+                if (session, slot, nonce) not in self.converted:
+                    out[(p, e, g)] = out.get((p, e, g), 0) + 1
+        return out
+
+    # -- a reader's release ---------------------------------------------------------------------
+    def release(self, session: Session, f: dict) -> None:
+        """A directory lease ends (``done_event``: R2). Its slot is the session's to reuse once
+        answered."""
+        page = self.pages.get(session)
+        slot, nonce = f["slot"], f["nonce"]
+        if page is None or not 0 <= slot < SLOTS:
+            raise InvalidRequest("release: this session has no lease page")
+        done = f.get("done_event", b"")
+        alloc = self.converted.pop((session, slot, nonce), None)
+        page.released[slot] = nonce
+        if alloc is not None:
+            self.registry.free(session, alloc.aid, done)
+            return
+        got = self.live.get((f["pool_index"], f["entry"]))
+        if got is not None and got[0] == f["gen"]:   # still there: the free waits for this reader too
+            self.registry.hold(got[1], session)
+            self.registry.free(session, got[1].aid, done)
+
+    def export_of(self, session: Session, pool_name: str, aid: int) -> Allocation:
+        """The allocation a directory entry of ``pool_name`` names, for a reader to import once."""
+        alloc = self.registry.allocations.get(aid)
+        if alloc is None or alloc.pool.spec.name != pool_name or session not in self.readers.get(
+                self.pool_index.get(pool_name, -1), ()):
+            raise InvalidRequest(f"allocation {aid} is not one a directory of pool {pool_name!r} names to this session")
+        return alloc
+
+    def end_session(self, session: Session) -> None:
+        page = self.pages.pop(session, None)
+        if page is not None:
+            page.close()
+        for readers in self.readers.values():
+            readers.discard(session)
+        for key in [k for k in self.converted if k[0] is session]:
+            del self.converted[key]   # (its holds go with the session's, in Registry.end_session)
+
+    def close(self) -> None:
+        for d in self.by_pool.values():
+            d.close()
+        for page in self.pages.values():
+            page.close()
+        self.by_pool.clear()
+        self.pages.clear()

@@ -1,0 +1,230 @@
+"""The name directory: per pool, where each live named object lies, written only by the broker.
+
+A reader that finds a name here needs no reply to read the object: the entry says where its bytes
+are (an allocation the reader imports once, an offset, a size), whether it is sealed, and, while it
+is being written, the seal-board word and number its writer will post and the IPC event the seal
+is recorded on. The broker writes an entry as the first thing it does with a create it accepts, and
+changes it at the seal, the delete and the abort; the broker stays the authority for everything
+else (metadata beyond dtype and shape, listing, quotas).
+
+Layout (little-endian): a header entry, then ``capacity`` entries of ``ENTRY`` bytes. A name's home
+is ``crc32(name) % capacity``; collisions probe linearly (at most ``MAX_PROBE``); a gone entry is a
+tombstone that lookups pass and inserts reuse. Each entry is a seqlock: ``ver`` is odd while the
+broker writes it, so a reader copies it between two equal even reads (stores and loads keep their
+order on x86 and are fenced by the interpreter's calls elsewhere). ``change`` in the header counts
+every write, so a reader waiting for a name spins on one word. ``gen`` is the object's number,
+never reused: a reader's hazard slot (``shm.leases``) names (entry, gen).
+
+The memfd is sealed read-only for everyone but the broker's own mapping (``shm.sealing``); only a
+pool's clients get it, so a directory says nothing to anyone outside its trust boundary.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import zlib
+from dataclasses import dataclass
+
+from . import sealing
+
+ENTRY = 512
+CAPACITY = 8192          # entries per pool: 4 MiB of address space, pages backed as used
+MAX_CAPACITY = 1 << 20
+MAX_PROBE = 64           # past this many taken slots a name gets no entry (readers ask the broker)
+MAX_NAME = 255
+MAX_DIMS = 8             # more dimensions: no shape here (the reader asks the broker for metadata)
+NO_WORD = 0xFFFFFFFF
+MAGIC = 0x31524944504F4350   # "PCOPDIR1"
+
+EMPTY, WRITING, SEALED, GONE = 0, 1, 2, 3
+
+# ver, gen, state, name_len, alloc, offset, size, word, ndim, dtype_len, flags, seq, event
+_HEAD = struct.Struct("<QQIIQQQIBBHQ64s")
+_DTYPE_AT, _SHAPE_AT, _NAME_AT = 128, 160, 224
+_DTYPE = struct.Struct("<32s")
+_HEADER = struct.Struct("<QQQ")   # magic, capacity, change
+_CHANGE_AT = 16
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+HAS_USER_META = 1       # flags: the object carries more metadata than dtype and shape
+HAS_SHAPE = 2           # flags: ``shape`` holds the object's shape (else it has none here)
+IN_ARENA = 4            # flags: ``alloc`` is an arena the object was carved from (else its own)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    index: int
+    gen: int
+    state: int
+    alloc: int
+    offset: int
+    size: int
+    word: int | None
+    seq: int
+    event: bytes
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    has_user_meta: bool
+    in_arena: bool
+
+
+def _length(capacity: int) -> int:
+    return -(-(capacity + 1) * ENTRY // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
+def home(name: bytes, capacity: int) -> int:
+    return zlib.crc32(name) % capacity
+
+
+class Directory:
+    """The broker's mapping: every write. Only the event loop calls it (single writer)."""
+
+    def __init__(self, pool_name: str, capacity: int = CAPACITY):
+        if not 0 < capacity <= MAX_CAPACITY:
+            raise ValueError(f"a name directory has 1 to {MAX_CAPACITY} entries, not {capacity}")
+        self.capacity = capacity
+        self.length = _length(capacity)
+        self.fd, self._map = sealing.create(f"ipcpool-directory:{pool_name}", self.length, sealing.READ_ONLY)
+        _HEADER.pack_into(self._map, 0, MAGIC, capacity, 0)
+        self._taken: dict[int, bytes] = {}   # index -> name, for live entries (WRITING, SEALED)
+        self._change = 0
+
+    def _at(self, index: int) -> int:
+        return (index + 1) * ENTRY
+
+    def _bump(self, at: int) -> int:
+        ver = _U64.unpack_from(self._map, at)[0] + 1
+        _U64.pack_into(self._map, at, ver)
+        return ver
+
+    def _changed(self) -> None:
+        self._change += 1
+        _U64.pack_into(self._map, _CHANGE_AT, self._change)
+
+    def publish(self, name: str, gen: int, state: int, alloc: int, offset: int, size: int,
+                word: int | None, seq: int, event: bytes, dtype: str | None,
+                shape: list[int] | None, has_user_meta: bool, in_arena: bool) -> int | None:
+        """A new live entry for ``name`` (no live entry of it may exist); its index, or None
+        where its probe found no free slot."""
+        raw = name.encode()
+        cap = self.capacity
+        start = home(raw, cap)
+        for k in range(min(MAX_PROBE, cap)):
+            index = (start + k) % cap
+            if index in self._taken:
+                continue
+            at = self._at(index)
+            self._bump(at)   # odd: readers skip it while it changes
+            dt = (dtype or "").encode()[:32]
+            dims = list(shape) if shape is not None and len(shape) <= MAX_DIMS else None
+            flags = (HAS_USER_META if has_user_meta or (shape is not None and dims is None) else 0) | (
+                HAS_SHAPE if dims is not None else 0) | (IN_ARENA if in_arena else 0)
+            ver = _U64.unpack_from(self._map, at)[0]
+            _HEAD.pack_into(self._map, at, ver, gen, state, len(raw), alloc, offset, size,
+                            NO_WORD if word is None else word, 0 if dims is None else len(dims), len(dt), flags,
+                            seq, event.ljust(64, b"\0")[:64])
+            _DTYPE.pack_into(self._map, at + _DTYPE_AT, dt)
+            if dims:
+                struct.pack_into(f"<{len(dims)}Q", self._map, at + _SHAPE_AT, *dims)
+            self._map[at + _NAME_AT: at + _NAME_AT + len(raw)] = raw
+            self._bump(at)   # even: whole
+            self._taken[index] = raw
+            self._changed()
+            return index
+        return None
+
+    def set_state(self, index: int, gen: int, state: int, *, event: bytes | None = None) -> None:
+        """The entry of object ``gen`` is now ``state`` (SEALED, or GONE: a tombstone)."""
+        at = self._at(index)
+        if _U64.unpack_from(self._map, at + 8)[0] != gen:
+            return
+        self._bump(at)
+        _U32.pack_into(self._map, at + 16, state)
+        if event is not None:
+            self._map[at + 64: at + 128] = event.ljust(64, b"\0")[:64]
+        self._bump(at)
+        if state == GONE:
+            self._taken.pop(index, None)
+        self._changed()
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+            import os
+
+            os.close(self.fd)
+            self.fd = -1
+
+
+class DirectoryView:
+    """A client's read-only mapping of a pool's directory."""
+
+    def __init__(self, fd: int, capacity: int):
+        self.capacity = capacity
+        self._map = sealing.map_received(fd, _length(capacity), sealing.READ_ONLY, "a name directory",
+                                         writable=False)
+        magic, cap, _ = _HEADER.unpack_from(self._map, 0)
+        if magic != MAGIC or cap != capacity:
+            self._map.close()
+            raise ValueError("a name directory whose header does not match")
+
+    def change(self) -> int:
+        return _U64.unpack_from(self._map, _CHANGE_AT)[0]
+
+    def lookup(self, name: str) -> Entry | None:
+        """The live entry of ``name`` (WRITING or SEALED), or None."""
+        raw = name.encode()
+        n = len(raw)
+        cap = self.capacity
+        start = home(raw, cap)
+        m = self._map
+        for k in range(min(MAX_PROBE, cap)):
+            index = (start + k) % cap
+            at = (index + 1) * ENTRY
+            for _ in range(1000):   # a torn copy is retried; the broker writes an entry in ~1 µs
+                head = _HEAD.unpack_from(m, at)
+                ver = head[0]
+                if ver & 1:
+                    continue
+                state, name_len = head[2], head[3]
+                if state == EMPTY:
+                    if _U64.unpack_from(m, at)[0] == ver:
+                        return None
+                    continue
+                found = name_len == n and m[at + _NAME_AT: at + _NAME_AT + n] == raw
+                entry = self._entry(index, head, at) if found and state in (WRITING, SEALED) else None
+                if _U64.unpack_from(m, at)[0] != ver:
+                    continue
+                if entry is not None:
+                    return entry
+                break
+            else:
+                return None
+        return None
+
+    def _entry(self, index: int, head: tuple, at: int) -> Entry:
+        (_, gen, state, _, alloc, offset, size, word, ndim, dtype_len, flags, seq, event) = head
+        m = self._map
+        dtype = bytes(m[at + _DTYPE_AT: at + _DTYPE_AT + dtype_len]).decode() if dtype_len else None
+        shape = struct.unpack_from(f"<{ndim}Q", m, at + _SHAPE_AT) if flags & HAS_SHAPE else None
+        return Entry(index, gen, state, alloc, offset, size, None if word == NO_WORD else word, seq,
+                     event if any(event) else b"", dtype, shape, bool(flags & HAS_USER_META), bool(flags & IN_ARENA))
+
+    def state(self, index: int, gen: int) -> int:
+        """The state of entry ``index`` while it still holds object ``gen``; GONE once it does not."""
+        at = (index + 1) * ENTRY
+        m = self._map
+        while True:
+            ver = _U64.unpack_from(m, at)[0]
+            if ver & 1:
+                continue
+            g, state = _U64.unpack_from(m, at + 8)[0], _U32.unpack_from(m, at + 16)[0]
+            if _U64.unpack_from(m, at)[0] == ver:
+                return state if g == gen else GONE
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None

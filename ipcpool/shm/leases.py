@@ -1,0 +1,95 @@
+"""A session's lease page: the hazard slots of the objects it reads straight from a directory.
+
+Before a reader uses an object it found in a pool's directory it writes (pool, entry, gen, nonce)
+into a free slot of its page, then checks the entry still holds object ``gen``. Before the broker
+frees or reuses the memory of an object whose entry it marked gone, it runs the fence
+(``shm.fence``) and reads every page of that pool's sessions: a slot naming the object becomes a
+hold of that session's, which the reader's ``release`` (with its done event, R2) ends. So the broker
+never reuses memory a reader that saw the entry may still read, whatever the timing.
+
+The page is the session's own (a memfd the broker makes, sealed against shrinking so a client
+cannot take the broker's mapping away): a client that writes garbage there can only make the broker
+keep memory of its own pool a while longer, up to ``SLOTS`` objects, never read beyond the page.
+A slot is free again only after the broker answered its release: until then its content is what
+the broker's scan must see. The nonce is the slot's use count: a release names it, and the broker
+ignores a slot whose nonce it has seen released.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+
+from . import sealing
+
+SLOTS = 120
+SLOT = 32                 # pool, entry, gen, nonce, spare
+HEAD = 64                 # a count of slots in use (the client's word: a hint, never trusted)
+LENGTH = mmap.PAGESIZE
+_SLOTS = struct.Struct("<" + "IIQQ8x" * SLOTS)
+_NONCE_AT = 16
+_U64 = struct.Struct("<Q")
+assert HEAD + SLOTS * SLOT <= LENGTH
+
+
+class LeasePage:
+    """The broker's side: make the page, read the live slots."""
+
+    def __init__(self) -> None:
+        self.fd, self._map = sealing.create("ipcpool-leases", LENGTH, sealing.FIXED_SIZE)
+        self.released: dict[int, int] = {}   # slot -> the nonce whose release the broker has seen
+
+    def live(self) -> list[tuple[int, int, int, int, int]]:
+        """(slot, pool, entry, gen, nonce) of every slot not released. A page whose count says
+        none is in use is skipped (a client that lies about it only loses its own protection:
+        it counts before it takes a slot). Nonces are read before the rest of their slots."""
+        m = self._map
+        if _U64.unpack_from(m, 0)[0] == 0:
+            return []
+        nonces = [_U64.unpack_from(m, HEAD + s * SLOT + _NONCE_AT)[0] for s in range(SLOTS)]
+        fields = _SLOTS.unpack_from(m, HEAD)
+        released = self.released
+        return [(s, fields[4 * s], fields[4 * s + 1], fields[4 * s + 2], n) for s, n in enumerate(nonces)
+                if n and released.get(s) != n]
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+            os.close(self.fd)
+            self.fd = -1
+
+
+class ClientLeasePage:
+    """A client's side: take a slot (write it), free it once its release was answered."""
+
+    def __init__(self, fd: int):
+        self._map = sealing.map_received(fd, LENGTH, sealing.FIXED_SIZE, "a lease page", writable=True)
+        self._free = list(range(SLOTS - 1, -1, -1))
+        self._nonce = 0
+
+    def take(self, pool: int, entry: int, gen: int) -> tuple[int, int] | None:
+        """(slot, nonce) now naming (pool, entry, gen), or None where every slot is in use."""
+        if not self._free:
+            return None
+        slot = self._free.pop()
+        self._nonce += 1
+        _U64.pack_into(self._map, 0, SLOTS - len(self._free))
+        at = HEAD + slot * SLOT
+        # The nonce last: the broker reads it first, so a slot it counts is whole (TSO keeps the
+        # order of these stores, and of its loads).
+        struct.pack_into("<IIQ", self._map, at, pool, entry, gen)
+        _U64.pack_into(self._map, at + _NONCE_AT, self._nonce)
+        return slot, self._nonce
+
+    def give_back(self, slot: int) -> None:
+        """The broker answered the slot's release: the slot is free (cleared: nonce 0)."""
+        _U64.pack_into(self._map, HEAD + slot * SLOT + _NONCE_AT, 0)
+        self._free.append(slot)
+        _U64.pack_into(self._map, 0, SLOTS - len(self._free))
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None

@@ -1,0 +1,47 @@
+"""A memfd only its creator writes: mapped writable by the broker, then sealed against any new
+writable mapping, write, shrink or grow, so a client that receives its FD can map it read-only and
+nothing else; a client checks the seals before it trusts what it reads (``ipcpool.growboard`` does
+the same for the growth board)."""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+
+from ..errors import ProtocolError
+
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x10)
+READ_ONLY = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | F_SEAL_FUTURE_WRITE
+FIXED_SIZE = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW   # writable, never truncated
+
+
+def create(name: str, length: int, seals: int) -> tuple[int, mmap.mmap]:
+    """A memfd of ``length`` bytes mapped writable here, then sealed with ``seals``: (fd, map)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, length)
+        mapping = mmap.mmap(fd, length)
+        try:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        except BaseException:
+            mapping.close()
+            raise
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, mapping
+
+
+def map_received(fd: int, length: int, seals: int, what: str, *, writable: bool) -> mmap.mmap:
+    """Map an FD the broker sent, after checking its size and seals; the FD is closed here."""
+    try:
+        st = os.fstat(fd)
+        if st.st_size != length:
+            raise ProtocolError(f"{what}: {st.st_size} bytes, expected {length}")
+        if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & seals != seals:
+            raise ProtocolError(f"{what} is not sealed as it must be")
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        return mmap.mmap(fd, length, access=access)
+    finally:
+        os.close(fd)

@@ -1,0 +1,179 @@
+"""Readers find named objects in their pool's name directory, with no request on the path, and
+the lease they take there (a hazard slot in their lease page) keeps the memory from reuse."""
+
+import mmap
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+import ipcpool
+from ipcpool import fdpass, paths, protocol
+from ipcpool.shm import leases
+from tests.conftest import SPAWN
+from tests.integration.test_growable_round_trips import count_requests
+
+KiB = 1 << 10
+
+
+def _warm(w, r, name="warm"):
+    """One hand-off first: the reader imports the pool and the writer's arena once."""
+    buf = w.create(name, 4 * KiB)
+    buf.seal()
+    w.flush()
+    r.get(name, timeout=5).release()
+    w.delete(name)
+
+
+def test_a_reader_before_the_create_and_one_after_the_seal_send_no_request(broker, monkeypatch):
+    monkeypatch.setenv("IPCPOOL_GET_SPIN_US", "10000000")   # spin on the directory, never park
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        _warm(w, r)
+        sent = count_requests(r)
+        got = {}
+        early = threading.Thread(target=lambda: got.setdefault("early", r.get("h/early", timeout=10)))
+        early.start()
+        time.sleep(0.05)                                  # the reader is spinning before the create
+        buf = w.create("h/early", 4 * KiB)
+        buf.view[:5] = b"first"
+        buf.seal()
+        early.join(10)
+        late_buf = w.create("h/late", 4 * KiB)
+        late_buf.view[:4] = b"late"
+        late_buf.seal()
+        w.flush()
+        late = r.get("h/late", timeout=0)
+        assert bytes(got["early"].view[:5]) == b"first" and bytes(late.view[:4]) == b"late"
+        assert got["early"]._dirlease is not None and late._dirlease is not None
+        assert sum(v for k, v in sent.items() if k != "release") == 0, dict(sent)   # no request
+        got["early"].release()
+        late.release()
+        assert sent["release"] == 2                       # the releases go to the broker (R2)
+
+
+def test_an_object_deleted_while_a_directory_reader_holds_it_is_not_reused(broker):
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        _warm(w, r)
+        buf = w.create("kept", 64 * KiB)
+        buf.view[:] = b"A" * (64 * KiB)
+        buf.seal()
+        w.flush()
+        lease = r.get("kept", timeout=0)
+        assert lease._dirlease is not None
+        w.delete("kept")                                  # deleted while the reader holds it
+        assert [o["name"] for o in w.list()] == []
+        for i in range(200):                              # the writer re-carves as fast as it can
+            other = w.create(f"churn/{i}", 64 * KiB)
+            other.view[:] = b"B" * (64 * KiB)
+            other.seal()
+            if i % 20 == 19:
+                w.flush()
+                for j in range(i - 19, i + 1):
+                    w.delete(f"churn/{j}")
+            assert bytes(lease.view) == b"A" * (64 * KiB), f"reused under the reader at churn {i}"
+        lease.release()
+        w.flush()
+        deadline = time.monotonic() + 5
+        while w.stats()["pools"]["default"]["arena_free"] != w.stats()["pools"]["default"]["arena_bytes"]:
+            assert time.monotonic() < deadline, "the released range never came back to its arena"
+            time.sleep(0.01)
+
+
+def _create_and_die(socket_dir, out):
+    c = ipcpool.connect(socket_dir)
+    c.create("doomed", 4 * KiB)
+    c.flush()
+    out.put(os.getpid())
+    time.sleep(600)
+
+
+def test_a_writer_killed_before_its_seal_gives_directory_readers_object_aborted(broker, monkeypatch):
+    monkeypatch.setenv("IPCPOOL_GET_SPIN_US", "10000000")
+    out = SPAWN.Queue()
+    p = SPAWN.Process(target=_create_and_die, args=(broker.socket_dir, out))
+    p.start()
+    try:
+        pid = out.get(timeout=60)
+        with ipcpool.connect(broker.socket_dir) as r:
+            failed = {}
+
+            def read():
+                try:
+                    r.get("doomed", timeout=30)
+                except ipcpool.IpcPoolError as exc:
+                    failed["err"] = exc
+            t = threading.Thread(target=read)
+            t.start()
+            time.sleep(0.3)                               # it found the entry and waits for the seal
+            os.kill(pid, signal.SIGKILL)
+            t.join(20)
+            assert isinstance(failed.get("err"), ipcpool.ObjectAborted)
+            assert "abandoned before it was sealed" in str(failed["err"])
+            assert r.list() == []
+    finally:
+        p.kill()
+        p.join()
+
+
+def test_garbage_in_a_lease_page_pins_at_most_its_own_slots(broker):
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as liar:
+        _warm(w, liar)
+        base = w.stats()["pools"]["default"]["used"]
+        page = liar._pools.lease_page._map
+        page[:] = os.urandom(len(page))                   # garbage first: nothing breaks
+        names = [f"g/{i}" for i in range(150)]
+        for n in names:
+            w.create(n, 4 * KiB).seal()
+        w.flush()
+        view, pidx = liar._pools.directories["default"]
+        entries = [view.lookup(n) for n in names]
+        # Then slots that name real objects, as many as the page has: the most it can pin.
+        struct.pack_into("<Q", page, 0, leases.SLOTS)
+        for s, e in enumerate(entries[: leases.SLOTS]):
+            struct.pack_into("<IIQQ", page, leases.HEAD + s * leases.SLOT, pidx, e.index, e.gen, 10**6 + s)
+        for n in names:
+            w.delete(n)
+        w.flush()
+        pool = w.stats()["pools"]["default"]
+        assert w.stats()["sessions"] == 2 and pool["used"] == base   # arenas stay whole while their session lives
+        assert w.list() == []
+        pinned = pool["arena_bytes"] - pool["arena_free"]
+        assert pinned == leases.SLOTS * 4 * KiB                      # its slots' objects, not one more
+    deadline = time.monotonic() + 5
+    with ipcpool.connect(broker.socket_dir) as c:                   # the liar is gone: nothing left
+        while c.stats()["pools"]["default"]["used"] != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert c.stats()["sessions"] == 1
+
+
+def test_a_client_cannot_write_the_directory_nor_reopen_it_writable(broker):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.connect(str(broker.socket_dir / paths.CONTROL_NAME))
+        fdpass.send(s, {"op": "hello", "version": protocol.PROTOCOL_VERSION})
+        assert fdpass.recv(s)[0]["ok"]
+        fdpass.send(s, {"op": "pool_fd", "pool": "default", "id": 1})
+        reply, fds = fdpass.recv(s)
+        directory = fds[2]
+        try:
+            size = os.fstat(directory).st_size
+            with pytest.raises(PermissionError):
+                mmap.mmap(directory, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            with pytest.raises(PermissionError):
+                os.pwrite(directory, b"x", 0)
+            again = os.open(f"/proc/self/fd/{directory}", os.O_RDWR)
+            try:
+                with pytest.raises(PermissionError):
+                    os.pwrite(again, b"x", 0)
+                with pytest.raises(PermissionError):
+                    mmap.mmap(again, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(again)
+            with pytest.raises(PermissionError):
+                os.ftruncate(directory, 0)
+        finally:
+            fdpass.close_all(fds)
