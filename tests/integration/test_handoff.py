@@ -10,7 +10,7 @@ import pytest
 
 import ipcpool
 from ipcpool import board
-from tests.conftest import SPAWN, run_together
+from tests.support.procs import SPAWN, run_together
 
 MiB = 1 << 20
 TWO_POOLS = '[[pools]]\nname = "default"\nmax_size = "1G"\n\n[[pools]]\nname = "other"\nmax_size = "1G"\n'

@@ -1,4 +1,4 @@
-"""FD helpers shared by the tests that check nothing is left open."""
+"""FD helpers for the tests that check nothing is left open."""
 
 import os
 
@@ -10,3 +10,8 @@ def is_open(fd: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def fd_count(pid: int) -> int:
+    """How many descriptors process ``pid`` has open."""
+    return len(os.listdir(f"/proc/{pid}/fd"))

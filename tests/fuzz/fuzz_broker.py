@@ -12,11 +12,12 @@ batches a fresh client's stats); over the whole run there must be no internal-er
 ``ok`` reply to a request malformed by construction (or refused by the protocol's own checks),
 and no reply a client cannot decode (``protocol.unpack`` with the client's limits).
 
-    python bench/fuzz_broker.py                                   # 100k ZeroMQ + 10k control frames
-    python bench/fuzz_broker.py --zmq 5000 --control 500 --seed 7
-    python bench/fuzz_broker.py --socket-dir /run/ipcpool         # a broker that is running already
+    python tests/fuzz/fuzz_broker.py                                   # 100k ZeroMQ + 10k control frames
+    python tests/fuzz/fuzz_broker.py --zmq 5000 --control 500 --seed 7
+    python tests/fuzz/fuzz_broker.py --socket-dir /run/ipcpool         # a broker that is running already
 
-The test suite runs a small seeded run (tests/integration/test_fuzz.py).
+The test suite runs a small seeded run (tests/integration/test_fuzz.py); docs/reliability.md
+gives the long run's figures.
 """
 
 from __future__ import annotations
@@ -31,12 +32,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import zmq  # noqa: E402
 
 import ipcpool  # noqa: E402
-from bench.fuzz.frames import (  # noqa: E402
+from tests.fuzz.frames import (  # noqa: E402
     CONTROL_KINDS,
     MALFORMED,
     ZMQ_KINDS,
@@ -45,7 +46,7 @@ from bench.fuzz.frames import (  # noqa: E402
     session_payload,
     zmq_frame,
 )
-from bench.fuzz.verdict import BrokerDown, Checker, Summary, is_internal  # noqa: E402
+from tests.fuzz.verdict import BrokerDown, Checker, Summary, is_internal  # noqa: E402
 from ipcpool import fdpass, protocol  # noqa: E402
 from ipcpool.errors import IpcPoolError  # noqa: E402
 from ipcpool.progress import Progress  # noqa: E402
