@@ -1,6 +1,6 @@
 """Allocate broker memory, write into it, and print a token a consumer can open.
 
-    python clients/producer.py            # then run clients/consumer.py TOKEN
+    python examples/producer.py            # then run examples/consumer.py TOKEN
 """
 
 import sys

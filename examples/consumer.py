@@ -1,6 +1,6 @@
 """Open memory a producer shared, zero-copy, and check it.
 
-    python clients/consumer.py TOKEN
+    python examples/consumer.py TOKEN
 """
 
 import sys
