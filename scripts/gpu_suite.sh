@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# ipcpool's GPU suite for any CUDA machine: the GPU tests, the backend smoke test, the probes and
-# the benchmarks, then a summary. `scripts/gpu_suite.sh --help` lists the modes and options.
+# ipcpool's GPU suite for any CUDA machine: the GPU tests and the benchmarks, then a summary. `scripts/gpu_suite.sh --help` lists the modes and options.
 set -uo pipefail
 usage() {
   cat <<'USAGE'
@@ -9,15 +8,14 @@ usage: scripts/gpu_suite.sh [options] [MODE]
 Runs ipcpool's GPU work on this CUDA machine and ends with a summary table.
 MODE (default: full):
   tests   the GPU tests (pytest -m gpu tests/gpu)
-  quick   tests + the backend smoke test (scripts/cuda_smoke.py)
-  vmm     the VMM tests, the durable-memory probe and the VMM grow benchmark (ipcpool with the
-          default chunk stock, with none and with 8G), then the same growth under cProfile
-          (bench/profiles.py grow)
-  check   quick + the durable-memory probe + the VMM grow benchmark
+  vmm     the VMM tests and the VMM grow benchmark (ipcpool with the default chunk stock, with
+          none and with 8G), the grow floor (bench/grow_floor.py), then the same growth under
+          cProfile (bench/profiles.py grow)
+  check   tests + the VMM grow benchmarks of vmm
   bench   the other benchmarks (round trip, hand-off on GPU and host, hot attach, host round
-          trip), the per-step timings (scripts/micro_cuda.py) and the hand-off's timeline across
-          its three processes (bench/handoff_timeline.py); no tests
-  full    check + bench + the import-limit probe
+          trip) and the hand-off's timeline across its three processes
+          (bench/handoff_timeline.py); no tests
+  full    check + bench
   mps     the GPU tests under CUDA MPS, without the tests that kill CUDA processes (marker
           kills_clients): starts a private MPS control daemon (nvidia-cuda-mps-control -d, its
           CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY fresh temporary directories, exported
@@ -64,7 +62,7 @@ while [ $# -gt 0 ]; do
     --before) BEFORE=$(cd "$2" && pwd) || exit 2; shift 2 ;;
     --timeout) TEST_TIMEOUT=$2; shift 2 ;;
     --keep-files) ARCHIVE=0; shift ;;
-    tests|quick|vmm|check|bench|full|mps|attach|peer) MODE=$1; shift ;;
+    tests|vmm|check|bench|full|mps|attach|peer) MODE=$1; shift ;;
     *) echo "gpu_suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -140,7 +138,7 @@ if [ "$MODE" = peer ] && [ "$(nvidia-smi -L | grep -c '^GPU')" -lt 2 ]; then
   echo "gpu_suite.sh: mode peer needs two GPUs; nvidia-smi lists $(nvidia-smi -L | grep -c '^GPU')" >&2
   exit 1
 fi
-if has tests "tests quick vmm check full mps peer"; then
+if has tests "tests vmm check full mps peer"; then
   python3 -m pytest -m "$MARKS" "$TESTS" -v -s -p no:cacheprovider "${TIMEOUT_ARGS[@]}" ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/gpu-tests.log"
   TESTS_RC=${PIPESTATUS[0]}
 fi
@@ -153,14 +151,7 @@ if [ "$MODE" = mps ]; then   # proof that the tests ran under MPS: the daemon's 
   stop_mps
 fi
 
-SMOKE_RC=skipped
-if has smoke "quick check full"; then
-  timeout 240 python3 scripts/cuda_smoke.py --out "$OUT/smoke.json" > "$OUT/smoke.log" 2>&1
-  SMOKE_RC=$?
-fi
 if has vmm "vmm check full"; then
-  # the probe's three processes run the roles in scripts/probe_durable_roles.py
-  timeout 200 python3 scripts/probe_durable.py --out "$OUT/durable_probe.json" 2>&1 | tee "$OUT/durable_probe.log"
   timeout 420 python3 bench/vmm_grow.py --out-dir "$OUT" --stocks 0,8G 2>&1 | tee "$OUT/vmm_grow.log"
   timeout 300 python3 bench/grow_floor.py --out-dir "$OUT" 2>&1 | tee "$OUT/grow_floor.log"
   timeout 150 python3 bench/profiles.py grow --out "$OUT/profile_grow" --top 25 > "$OUT/profile_grow.log" 2>&1
@@ -171,7 +162,7 @@ if [ -n "$BEFORE" ]; then   # before and after in turn, five rounds: drift falls
     2>&1 | tee "$OUT/handoff_ab.log"
 fi
 
-PROBE_RC=skipped BENCH_RC=skipped
+BENCH_RC=skipped
 if [ "$MODE" = attach ]; then
   timeout 240 python3 bench/hot_attach.py --gib 8 --counts 64 1024 --repeat 5 --ipcpool-only --out-dir "$OUT" \
     2>&1 | tee "$OUT/hot_attach_8gib.log"
@@ -192,17 +183,12 @@ if [ "$MODE" = peer ]; then
     2>&1 | tee "$OUT/handoff_peer.log"
   BENCH_RC=${PIPESTATUS[0]}
 fi
-if [ "$MODE" = full ]; then
-  timeout 330 python3 scripts/probe_import_limit.py --out "$OUT/import_limit.json" >> "$OUT/smoke.log" 2>&1
-  PROBE_RC=$?
-fi
 if has bench "bench full"; then
   timeout 240 python3 bench/gpu_roundtrip.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench.log"
   BENCH_RC=${PIPESTATUS[0]}
   timeout 240 python3 bench/handoff.py --backend cuda --handoffs 1000 2>&1 | tee "$OUT/handoff_cuda.log"
   timeout 150 python3 bench/handoff_timeline.py --handoffs 300 --out-dir "$OUT" 2>&1 | tee "$OUT/handoff_timeline.log"
   timeout 300 python3 bench/hot_attach.py --gib 8 2>&1 | tee "$OUT/hot_attach.log"
-  timeout 60 python3 scripts/micro_cuda.py 2>&1 | tee "$OUT/micro.log"
   timeout 120 python3 bench/handoff.py --backend host --handoffs 1000 2>&1 | tee "$OUT/handoff_host.log"
   timeout 180 python3 bench/host_roundtrip.py --iterations 5000 2>&1 | tee "$OUT/host_roundtrip.log"
   cp bench/results/handoff_*.json bench/results/handoff_*.png bench/results/host_roundtrip.* bench/results/hot_attach.* "$OUT/" 2>/dev/null
@@ -211,27 +197,11 @@ fi
 echo
 echo "================ summary ================"
 grep -sE "^=+ .*(passed|failed|skipped|error)" "$OUT/gpu-tests.log" | tail -1
-printf '%-22s %s\n' "gpu tests rc" "$TESTS_RC" "smoke rc" "$SMOKE_RC" "import probe rc" "$PROBE_RC" "benchmark rc" "$BENCH_RC"
+printf '%-22s %s\n' "gpu tests rc" "$TESTS_RC" "benchmark rc" "$BENCH_RC"
 if [ "$MODE" = mps ]; then
   printf '%-22s %s\n' "mps rc" "$MPS_RC"
   sed 's/^/  /' "$OUT/mps.txt"
 fi
-python3 - "$OUT" <<'PY'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-s = out / "smoke.json"
-if s.exists():
-    d = json.loads(s.read_text())
-    for k, v in d.get("checks", {}).items():
-        print(f"  smoke {k:<34} {'ok' if v else 'FAIL'}")
-    for k in ("free_ordered", "free_unordered", "dead_peer"):
-        if k in d:
-            print(f"  smoke {k:<34} {d[k]}")
-p = out / "import_limit.json"
-if p.exists():
-    d = json.loads(p.read_text())
-    print(f"  import limit: largest ok {d['largest_ok']} B, smallest failure {d['smallest_failure']} B")
-PY
 sed -n '/^what /,$p' "$OUT/bench.log" 2>/dev/null
 sed -n '/p50 median/,$p' "$OUT/handoff_ab.log" 2>/dev/null
 for f in handoff_peer handoff_cuda handoff_host host_roundtrip; do
@@ -243,7 +213,6 @@ for f in hot_attach hot_attach_8gib hot_attach_64gib; do
 done
 grep -s "attach" "$OUT/profile_attach.log" | head -3
 grep -s "grow steps" "$OUT/profile_grow.log"
-cat "$OUT/micro.log" 2>/dev/null
 sed -n '/^segment/,/^broker handlers/p' "$OUT/handoff_timeline.log" 2>/dev/null
 if [ "$ARCHIVE" = 1 ]; then   # one file to copy off the machine
   archive=$(mktemp /tmp/gpu-results.XXXXXX.tgz)

@@ -23,21 +23,3 @@ def pytest_collection_modifyitems(config, items):
 def cuda_broker(start_broker):
     """A broker on the CUDA backend with its default pool."""
     return start_broker(backend="cuda")
-
-
-def device_count() -> int:
-    import ctypes
-
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return 0
-    if lib.cuInit(0) != 0:
-        return 0
-    n = ctypes.c_int(0)
-    return n.value if lib.cuDeviceGetCount(ctypes.byref(n)) == 0 else 0
-
-
-def two_gpus(test):
-    """Marks a test that needs two GPUs: selected by ``-m two_gpus``, skipped with fewer."""
-    return pytest.mark.two_gpus(pytest.mark.skipif(device_count() < 2, reason="needs two GPUs")(test))

@@ -8,8 +8,9 @@ import signal
 import pytest
 
 import ipcpool
-from tests.conftest import BrokerProc, run_together
-from tests.fdstore import FdStore, launch_with_fds
+from tests.support.broker import BrokerProc
+from tests.support.procs import run_together
+from tests.support.fdstore import FdStore, launch_with_fds
 
 pytestmark = pytest.mark.gpu
 
@@ -27,7 +28,7 @@ def big_ok(big) -> bool:
 def _write(sock, out):
     import torch
 
-    from tests.gpu.kernels import pattern
+    from tests.support.kernels import pattern
 
     with ipcpool.connect(sock) as c:
         for seed, (name, n) in enumerate(OBJECTS.items()):
@@ -48,7 +49,7 @@ def _write(sock, out):
 def _read(sock, extra, out):
     import torch
 
-    from tests.gpu.kernels import pattern
+    from tests.support.kernels import pattern
 
     ok = {}
     with ipcpool.connect(sock) as c:
@@ -127,7 +128,7 @@ def test_objects_and_growables_survive_two_broker_crashes(tmp_path):
 def _read_second(sock, out):
     import torch
 
-    from tests.gpu.kernels import pattern
+    from tests.support.kernels import pattern
 
     with ipcpool.connect(sock) as c:
         big = c.get_tensor("keep/big")

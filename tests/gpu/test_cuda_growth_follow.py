@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import ipcpool
-from tests.gpu.conftest import two_gpus
+from tests.support.gpu import two_gpus
 
 pytestmark = pytest.mark.gpu
 

@@ -12,8 +12,8 @@ import time
 import pytest
 
 import ipcpool
-from tests.conftest import SPAWN, run_together
-from tests.gpu.conftest import two_gpus
+from tests.support.procs import SPAWN, run_together
+from tests.support.gpu import two_gpus
 
 pytestmark = pytest.mark.gpu
 
@@ -24,7 +24,7 @@ TWO_POOLS = '[[pools]]\nname = "default"\nmax_size = "2G"\n\n[[pools]]\nname = "
 def _writes_then_dies(socket_dir, out):
     import cupy
 
-    from tests.gpu.kernels import spin_fill
+    from tests.support.kernels import spin_fill
 
     stream = cupy.cuda.Stream(non_blocking=True)
     c = ipcpool.connect(socket_dir)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import ipcpool
-from tests.conftest import SPAWN
+from tests.support.procs import SPAWN
 
 pytestmark = pytest.mark.gpu
 

@@ -9,7 +9,8 @@ import time
 import pytest
 
 import ipcpool
-from tests.conftest import SPAWN, run_procs, run_together
+from tests.support.gpu import attach_all, tensor_reader, tensor_writer
+from tests.support.procs import SPAWN, run_procs, run_together
 
 pytestmark = pytest.mark.gpu
 
@@ -20,7 +21,7 @@ def _slow_writer(socket_dir, seconds, size, out):
     """Seal right after launching a slow kernel that fills the object: no host sync anywhere."""
     import cupy
 
-    from tests.gpu.kernels import spin_fill
+    from tests.support.kernels import spin_fill
 
     stream = cupy.cuda.Stream(non_blocking=True)
     with ipcpool.connect(socket_dir) as c:
@@ -63,7 +64,7 @@ def test_a_carved_range_comes_back_only_after_the_writers_kernel(start_broker):
     not return to the arena before the writer's kernel has finished."""
     import cupy
 
-    from tests.gpu.kernels import spin_fill
+    from tests.support.kernels import spin_fill
 
     b = start_broker(backend="cuda")
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -199,24 +200,11 @@ def test_a_lease_is_seen_by_torch_and_cupy_through_both_protocols(start_broker):
         lease.release()
 
 
-def _attach_all(socket_dir, names, out):
-    import torch
-
-    stream = torch.cuda.Stream()
-    with ipcpool.connect(socket_dir) as c:
-        leases = c.get_many(names, stream=stream)
-        with torch.cuda.stream(stream):
-            sums = [int(torch.from_dlpack(b).view(torch.uint8).sum(dtype=torch.int64)) for b in leases]
-        for b in leases:
-            b.release(stream=stream)
-    out.put(sums)
-
-
 def test_get_many_across_processes_waits_for_every_seal(start_broker):
     """Objects sealed right behind slow kernels: a batch attach must still see all their bytes."""
     import cupy
 
-    from tests.gpu.kernels import spin_fill
+    from tests.support.kernels import spin_fill
 
     b = start_broker(backend="cuda")
     names = [f"batch/{i}" for i in range(12)]
@@ -227,7 +215,7 @@ def test_get_many_across_processes_waits_for_every_seal(start_broker):
             buf = c.create(name, size, stream=stream)
             spin_fill(buf.ptr, size, 0.05, i + 1, stream)
             buf.seal(stream=stream)
-        (sums,) = run_procs(_attach_all, [(b.socket_dir, names)])
+        (sums,) = run_procs(attach_all, [(b.socket_dir, names)])
         assert sums == [(i + 1) * size for i, size in enumerate(sizes)]
         stream.synchronize()
 
@@ -304,43 +292,11 @@ def test_a_batch_over_several_slabs_imports_them_behind_the_leases(start_broker)
     assert slabs >= 3 and sums == want and typed == want and fresh == want
 
 
-def _tensor_reader(socket_dir, count, out):
-    import torch
-
-    stream = torch.cuda.Stream()
-    torch.cuda.set_stream(stream)
-    seen = []
-    with ipcpool.connect(socket_dir) as c:
-        for i in range(count):
-            lease = c.get(f"t/{i}", stream=stream, timeout=60)
-            t = lease.tensor()
-            seen.append((str(t.dtype), tuple(t.shape), t.data_ptr() == lease.ptr, float(t[1, 2].item())))
-            lease.release(stream=stream)
-    out.put(("seen", seen))
-
-
-def _tensor_writer(socket_dir, count, out):
-    import torch
-
-    stream = torch.cuda.Stream()
-    torch.cuda.set_stream(stream)
-    carved = 0
-    with ipcpool.connect(socket_dir) as c:
-        for i in range(count):
-            buf = c.create(f"t/{i}", 64 * 128 * 2, meta={"dtype": "bfloat16", "shape": [64, 128]})
-            carved += buf.carved_at is not None
-            t = buf.tensor()
-            t.fill_(i).mul_(2)   # several kernels; the seal follows them all on this stream
-            buf.seal(stream=stream)
-        stream.synchronize()
-    out.put(("carved", carved))
-
-
 def test_buffer_tensor_on_both_sides_of_a_carved_handoff(start_broker):
     """Objects carved from the writer's arena (no create round trip), written and read as typed
     tensors over each slab (``Buffer.tensor``), in two processes."""
     b = start_broker(backend="cuda")
-    got = dict(run_together([(_tensor_writer, (b.socket_dir, 50)), (_tensor_reader, (b.socket_dir, 50))]))
+    got = dict(run_together([(tensor_writer, (b.socket_dir, 50)), (tensor_reader, (b.socket_dir, 50))]))
     assert got["carved"] == 50
     assert got["seen"] == [("torch.bfloat16", (64, 128), True, float(2 * i)) for i in range(50)]
     with ipcpool.connect(b.socket_dir) as c:

@@ -9,8 +9,8 @@ import time
 import pytest
 
 import ipcpool
-from tests.conftest import SPAWN, run_procs, run_together
-from tests.gpu.conftest import two_gpus
+from tests.support.procs import SPAWN, run_procs, run_together
+from tests.support.gpu import two_gpus
 
 pytestmark = pytest.mark.gpu
 
@@ -41,7 +41,7 @@ def _ptr(xp, arr):
 
 
 def _writer(fw, socket_dir, tokens, acks, out):
-    from tests.gpu.kernels import pattern
+    from tests.support.kernels import pattern
 
     xp, stream, ctx = _framework(fw)
     with ipcpool.connect(socket_dir) as c:
@@ -63,7 +63,7 @@ def _writer(fw, socket_dir, tokens, acks, out):
 
 
 def _reader(fw, socket_dir, tokens, acks, out):
-    from tests.gpu.kernels import pattern
+    from tests.support.kernels import pattern
 
     xp, stream, ctx = _framework(fw)
     token = tokens.get(timeout=120)
@@ -110,7 +110,7 @@ SPIN_S = 1.0
 def _slow_freer(socket_dir, n, freed, filled, kernel_done, out):
     import cupy
 
-    from tests.gpu.kernels import spin_fill
+    from tests.support.kernels import spin_fill
 
     with ipcpool.connect(socket_dir) as c:
         s = cupy.cuda.Stream(non_blocking=True)
@@ -219,7 +219,7 @@ def test_slab_ranges_are_reused_only_after_the_importers_work(start_broker):
 def _holder(socket_dir, out):
     import cupy
 
-    from tests.gpu.kernels import spin_fill
+    from tests.support.kernels import spin_fill
 
     c = ipcpool.connect(socket_dir)
     s = cupy.cuda.Stream(non_blocking=True)
@@ -254,7 +254,7 @@ def test_killed_client_memory_comes_back(cuda_broker):
 def _freer_then_killed(socket_dir, out):
     import cupy
 
-    from tests.gpu.kernels import spin_fill
+    from tests.support.kernels import spin_fill
 
     c = ipcpool.connect(socket_dir)
     s = cupy.cuda.Stream(non_blocking=True)
@@ -365,7 +365,7 @@ def test_a_peer_that_does_not_exist_stops_the_broker_with_a_clear_error(start_br
 def _peer_reader(socket_dir, token, out):
     import cupy
 
-    from tests.gpu.kernels import pattern
+    from tests.support.kernels import pattern
 
     with ipcpool.connect(socket_dir) as c, cupy.cuda.Device(1):
         s = cupy.cuda.Stream(non_blocking=True)
@@ -387,7 +387,7 @@ def _peer_reader(socket_dir, token, out):
 def test_peer_access_from_a_second_gpu(start_broker):
     import cupy
 
-    from tests.gpu.kernels import pattern
+    from tests.support.kernels import pattern
 
     broker = start_broker(backend="cuda", config_text='[[pools]]\nname = "default"\ndevice = 0\npeer_access = [1]\n')
     with ipcpool.connect(broker.socket_dir) as c:

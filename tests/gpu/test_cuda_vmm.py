@@ -8,7 +8,7 @@ import time
 import pytest
 
 import ipcpool
-from tests.conftest import SPAWN, run_together
+from tests.support.procs import SPAWN, run_together
 
 pytestmark = pytest.mark.gpu
 
@@ -190,7 +190,7 @@ def test_compression_is_requested_and_what_was_obtained_is_reported(cuda_broker)
     from cuda.bindings import driver as cu
 
     from ipcpool.backend.cuda.vmm import compression_supported
-    from tests.gpu.kernels import pattern
+    from tests.support.kernels import pattern
 
     with ipcpool.connect(cuda_broker.socket_dir) as c:
         g = c.create_growable("vmm/z", 32 * MiB, compression=True)

@@ -8,8 +8,8 @@ import pytest
 
 import ipcpool
 from ipcpool.errors import OutOfMemory
-from tests.conftest import run_procs, run_together
-from tests.gpu.test_cuda_objects import _attach_all, _tensor_reader, _tensor_writer
+from tests.support.procs import run_procs, run_together
+from tests.support.gpu import attach_all, tensor_reader, tensor_writer
 
 pytestmark = pytest.mark.gpu
 
@@ -49,14 +49,14 @@ def test_objects_in_vmm_slabs_reach_other_processes_one_by_one_and_as_a_batch(st
         pool = c.stats()["pools"]["default"]
         assert pool["reserved"] >= 2 * 512 * MiB and pool["used"] >= 20 * 30 * MiB
         want = [(i + 1) * 30 * MiB for i in range(20)]
-        batch, single = run_procs(_attach_all, [(b.socket_dir, names)]) + run_procs(_one_by_one, [(b.socket_dir, names)])
+        batch, single = run_procs(attach_all, [(b.socket_dir, names)]) + run_procs(_one_by_one, [(b.socket_dir, names)])
         assert batch == want and single == want
 
 
 def test_a_carved_handoff_from_a_vmm_slab(start_broker):
     """The writer's arena is a range of a VMM slab: carved creates, typed tensors, both sides."""
     b = start_broker(backend="cuda", config_text=VMM_SLABS)
-    got = dict(run_together([(_tensor_writer, (b.socket_dir, 30)), (_tensor_reader, (b.socket_dir, 30))]))
+    got = dict(run_together([(tensor_writer, (b.socket_dir, 30)), (tensor_reader, (b.socket_dir, 30))]))
     assert got["carved"] > 0
     assert [s[3] for s in got["seen"]] == [float(2 * i) for i in range(30)]
     assert all(s[:2] == ("torch.bfloat16", (64, 128)) and s[2] for s in got["seen"])

@@ -12,23 +12,8 @@ import zmq
 
 import ipcpool
 from ipcpool import fdpass, protocol
-from tests.conftest import fd_count
-
-
-def control(broker) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s.settimeout(10)
-    s.connect(str(broker.socket_dir / "broker.sock"))
-    return s
-
-
-def reply_then_eof(sock) -> dict:
-    got = fdpass.recv(sock)
-    assert got is not None, "expected an error reply before the disconnect"
-    msg, fds = got
-    assert fds == []
-    assert fdpass.recv(sock) is None, "expected the broker to disconnect"
-    return msg
+from tests.support.fds import fd_count
+from tests.support.raw import control, reply_then_eof
 
 
 @pytest.mark.parametrize(
@@ -90,24 +75,6 @@ def test_bad_control_message_in_an_open_session(broker):
         assert msg["code"] == ipcpool.ProtocolError.code
     with ipcpool.connect(broker.socket_dir) as c:
         assert c.stats()["pools"]["default"]["used"] == 0
-
-
-@pytest.fixture
-def raw_session(broker):
-    """A session opened by hand: (control socket, DEALER with the session token)."""
-    s = control(broker)
-    fdpass.send(s, {"op": "hello", "version": protocol.PROTOCOL_VERSION})
-    hello, _ = fdpass.recv(s)
-    ctx = zmq.Context()
-    d = ctx.socket(zmq.DEALER)
-    d.setsockopt(zmq.IDENTITY, hello["token"])
-    d.setsockopt(zmq.RCVTIMEO, 5000)
-    d.setsockopt(zmq.LINGER, 0)
-    d.connect(hello["endpoint"])
-    yield s, d
-    d.close()
-    ctx.term()
-    s.close()
 
 
 @pytest.mark.parametrize(

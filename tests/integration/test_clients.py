@@ -5,7 +5,8 @@ import signal
 import time
 
 import ipcpool
-from tests.conftest import SPAWN, fd_count, run_procs
+from tests.support.fds import fd_count
+from tests.support.procs import SPAWN, run_procs
 
 
 def _worker(socket_dir, i, out):

@@ -14,8 +14,8 @@ import pytest
 import ipcpool
 from ipcpool import fdpass, paths, protocol
 from ipcpool.shm import leases
-from tests.conftest import SPAWN
-from tests.integration.test_growable_round_trips import count_requests
+from tests.support.counting import count_requests
+from tests.support.procs import SPAWN
 
 KiB = 1 << 10
 

@@ -6,8 +6,8 @@ import signal
 import numpy as np
 
 import ipcpool
-from tests.conftest import BrokerProc
-from tests.fdstore import FdStore, launch_with_fds
+from tests.support.broker import BrokerProc
+from tests.support.fdstore import FdStore, launch_with_fds
 
 
 def pattern(seed, n):

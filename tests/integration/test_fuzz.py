@@ -1,8 +1,8 @@
-"""A seeded fuzz of both sockets (bench/fuzz_broker.py, small): the broker serves after every
+"""A seeded fuzz of both sockets (tests/fuzz/fuzz_broker.py, small): the broker serves after every
 batch, never answers with an internal error, never says ``ok`` to a malformed request, and every
 reply is one a client can decode."""
 
-from bench.fuzz_broker import MALFORMED, fuzz
+from tests.fuzz.fuzz_broker import MALFORMED, fuzz
 
 
 def test_seeded_fuzz_of_both_sockets(broker):

@@ -9,7 +9,7 @@ import pytest
 
 import ipcpool
 from ipcpool.backend.host.growable import PAGE, reserve, unmap
-from tests.conftest import SPAWN
+from tests.support.procs import SPAWN
 
 MiB = 1 << 20
 

@@ -1,7 +1,6 @@
 """How many requests growable buffers cost (host backend): one round trip to create, attach or
 grow, and none for an attached process to follow another's grow."""
 
-import collections
 import contextlib
 import os
 import socket
@@ -13,25 +12,9 @@ import zmq
 import ipcpool
 from ipcpool import fdpass, paths, protocol
 
+from tests.support.counting import count_requests
+
 MiB = 1 << 20
-
-
-def count_requests(client) -> collections.Counter:
-    """Count what ``client`` sends from now on: requests on the message channel by op, and
-    requests on the control socket (each a round trip) by op under "control:"."""
-    ch, sent = client._channel, collections.Counter()
-    send, control_send = ch.send, ch.control_send
-
-    def counted_send(op, **fields):
-        sent[op] += 1
-        return send(op, **fields)
-
-    def counted_control_send(msg):   # every control request is sent here, its reply awaited
-        sent[f"control:{msg['op']}"] += 1
-        return control_send(msg)
-
-    ch.send, ch.control_send = counted_send, counted_control_send
-    return sent
 
 
 @contextlib.contextmanager

@@ -10,8 +10,8 @@ import pytest
 
 import ipcpool
 from ipcpool import growboard
-from tests.conftest import SPAWN
-from tests.integration.test_growable_round_trips import count_requests
+from tests.support.procs import SPAWN
+from tests.support.counting import count_requests
 
 MiB = 1 << 20
 

@@ -10,8 +10,8 @@ import pytest
 
 import ipcpool
 from ipcpool import board
-from tests.conftest import SPAWN, run_together
-from tests.integration.test_growable_round_trips import count_requests
+from tests.support.procs import SPAWN, run_together
+from tests.support.counting import count_requests
 
 MiB = 1 << 20
 TWO_POOLS = '[[pools]]\nname = "default"\nmax_size = "1G"\n\n[[pools]]\nname = "other"\nmax_size = "1G"\n'

@@ -6,7 +6,7 @@ import pytest
 
 import ipcpool
 from ipcpool import fdpass, protocol
-from tests.integration.test_bad_input import control, raw_session, reply_then_eof  # noqa: F401
+from tests.support.raw import control, reply_then_eof
 
 MIXED = {"op": "hello", "version": 1, "a": 1, b"b": 2}
 

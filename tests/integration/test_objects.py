@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import ipcpool
-from tests.conftest import SPAWN, run_procs
+from tests.support.procs import SPAWN, run_procs
 
 
 def used(c):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ipcpool
-from tests.integration.test_cli import ipcpool_cmd, table_rows
+from tests.support.cli import ipcpool_cmd, table_rows
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
@@ -66,7 +66,7 @@ def test_load_refuses_a_broken_file(broker, tmp_path):
 
 
 def test_load_on_a_terminal_draws_a_bar(broker, tmp_path):
-    from tests.integration.test_cli import on_a_terminal
+    from tests.support.cli import on_a_terminal
 
     path = tmp_path / "t.safetensors"
     safetensors_numpy.save_file({"x": np.ones(1 << 16, dtype=np.float32)}, str(path))

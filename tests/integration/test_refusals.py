@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import ipcpool
-from tests.integration.test_cli import ipcpool_cmd
+from tests.support.cli import ipcpool_cmd
 
 MiB = 1 << 20
 

@@ -13,8 +13,9 @@ import pytest
 
 import ipcpool
 from ipcpool import fdpass, protocol
-from tests.conftest import BrokerProc, fd_count
-from tests.integration.test_bad_input import control
+from tests.support.broker import BrokerProc
+from tests.support.fds import fd_count
+from tests.support.raw import control
 
 
 def wait_for(pred, timeout=5.0):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import ipcpool
-from tests.integration.test_cli import ipcpool_cmd, on_a_terminal, table_rows
+from tests.support.cli import ipcpool_cmd, on_a_terminal, table_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ipcpool
-from tests.conftest import SPAWN, run_together
+from tests.support.procs import SPAWN, run_together
 
 N = 3 << 20
 

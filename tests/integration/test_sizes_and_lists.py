@@ -4,7 +4,6 @@ their pool's max_size and show in its stats, and lists of any length reach the c
 import pytest
 
 import ipcpool
-from tests.integration.test_bad_input import raw_session  # noqa: F401 (a fixture)
 
 MiB = 1 << 20
 POOL_64M = '[[pools]]\nname = "default"\nmax_size = "64M"\n'

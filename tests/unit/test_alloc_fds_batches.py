@@ -11,7 +11,7 @@ import pytest
 from ipcpool import protocol
 from ipcpool._client.channel import Channel
 from ipcpool.errors import ProtocolError
-from tests.fds import is_open
+from tests.support.fds import is_open
 
 
 def _fds(n: int) -> list[int]:

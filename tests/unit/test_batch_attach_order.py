@@ -12,7 +12,7 @@ import threading
 
 from ipcpool import protocol
 from ipcpool._client.leases import Leases
-from tests.fds import is_open
+from tests.support.fds import is_open
 
 SLAB = 1 << 20
 
