@@ -29,6 +29,7 @@ from ..errors import (
     ProtocolError,
     QuotaExceeded,
 )
+from .access import PoolAccess
 from .fdguard import FdGuard
 from .handlers import Handlers
 from .session import Session
@@ -38,14 +39,14 @@ from .tables import Tables
 
 log = logging.getLogger(__name__)
 
-MAX_PENDING = 1024   # connections that sent no hello yet
 LEND_FDS = 16        # chunks lent in one reply at most (a stock holds about one of each size)
 
 
 class ControlChannel:
     def __init__(self, *, listener: socket.socket, config: Config, sessions: Sessions, guard: FdGuard,
                  tables: Tables, handlers: Handlers,
-                 backend_name: str, endpoint: str, watch: Callable[[int], None], unwatch: Callable[[int], None]):
+                 backend_name: str, endpoint: str, watch: Callable[[int], None], unwatch: Callable[[int], None],
+                 access: PoolAccess):
         self.listener = listener
         self.config = config
         self.sessions = sessions
@@ -56,6 +57,7 @@ class ControlChannel:
         self.endpoint = endpoint   # of the message channel, told in the hello's reply
         self._watch = watch
         self._unwatch = unwatch
+        self.access = access   # who may use which pool
         self._accept_paused_until = 0.0   # out of FDs: stop accepting for a moment
 
     # -- connections ------------------------------------------------------------------------------
@@ -70,13 +72,18 @@ class ControlChannel:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     self._pause_accept()
                 return
-            if len(self.sessions.pending) >= MAX_PENDING or self.guard.room() < self.guard.reserve() // 2:
+            if self.guard.room() < self.guard.reserve() // 2:
                 _reply_and_drop(conn, BrokerBusy(
                     "the broker is near its limit of open files and takes no new session now; "
                     "retry later, or ask the operator to raise its LimitNOFILE"))
                 continue
+            try:
+                uid = fdpass.peer_cred(conn).uid
+            except OSError:
+                conn.close()
+                continue
             conn.setblocking(False)
-            self.sessions.await_hello(conn)
+            self.sessions.await_hello(conn, uid)   # (an idle one of its uid may go to make room)
 
     def _pause_accept(self) -> None:
         if self._accept_paused_until == 0.0:
@@ -91,7 +98,7 @@ class ControlChannel:
 
     # -- the hello --------------------------------------------------------------------------------
     def on_hello(self, fd: int) -> None:
-        conn = self.sessions.take_pending(fd)
+        conn, since, uid = self.sessions.take_pending(fd)
         try:
             got = fdpass.recv(conn, max_fds=0)
             if got is None:
@@ -107,10 +114,10 @@ class ControlChannel:
                     f"{protocol.PROTOCOL_VERSION}); upgrade the client or the broker"
                 )
             cred = fdpass.peer_cred(conn)
-            self._admit(conn, cred)
+            groups = self._admit(conn, cred)
             pidfd = fdpass.peer_pidfd(conn, cred.pid)
         except BlockingIOError:
-            self.sessions.await_hello(conn)
+            self.sessions.await_hello(conn, uid, since)
             return
         except IpcPoolError as exc:
             log.warning("control hello rejected: %s", exc)
@@ -125,14 +132,16 @@ class ControlChannel:
             _reply_and_drop(conn, InternalError.of(exc))
             return
         session = self.sessions.open(conn, cred, pidfd)
+        session.groups = groups
         self.guard.session_opened()
+        pools = self.access.allowed_pools(cred.uid, cred.gid, groups)   # only those it may use
         self.send(session, protocol.ok_reply(
             0, token=session.token, session=session.sid, backend=self.backend_name,
-            endpoint=self.endpoint, version=protocol.PROTOCOL_VERSION, pools=sorted(self.tables.registry.pools),
-            devices={name: pool.spec.device for name, pool in self.tables.registry.pools.items()},
+            endpoint=self.endpoint, version=protocol.PROTOCOL_VERSION, pools=pools,
+            devices={name: self.tables.registry.pools[name].spec.device for name in pools},
         ))
 
-    def _admit(self, conn: socket.socket, cred: fdpass.PeerCred) -> None:
+    def _admit(self, conn: socket.socket, cred: fdpass.PeerCred) -> tuple[int, ...]:
         """Refuse a peer whose uid and groups are not allowed, whose uid has its cap of sessions,
         or when the broker has no room for one more session."""
         groups = fdpass.peer_groups(conn)
@@ -158,6 +167,7 @@ class ControlChannel:
                 f"the broker is near its limit of {self.guard.fd_limit} open files and takes no new "
                 "session now; retry later, or ask the operator to raise its LimitNOFILE"
             )
+        return groups
 
     # -- an open session's control messages ------------------------------------------------------
     def send(self, session: Session, msg: dict, fds: tuple[int, ...] = ()) -> None:
@@ -185,8 +195,10 @@ class ControlChannel:
         rid = protocol.request_id(msg)
         try:
             op, fields = protocol.validate(msg, protocol.CONTROL)
+            self.access.check_request(session, op, fields)
             if op == "pool_fd":   # the pool, and its seal board beside it
                 pool = self.tables.registry.pool(fields["pool"])
+                self.access.check(session, pool.spec.name)
                 board = self.tables.handoffs.board(pool.spec.name)
                 self.send(session, protocol.ok_reply(rid, info=pool.pool_info()), (pool.fd, board.fd))
             elif op == "chunk_fds":
@@ -236,6 +248,7 @@ class ControlChannel:
             chunks, one_file = g.memory.chunks, g.memory.one_file
         elif "alloc" in f:
             alloc = self._held(session, f["alloc"])
+            self.access.check(session, alloc.pool.spec.name)
             chunks, one_file = alloc.export.chunks, False
             if not 0 <= first < len(chunks):
                 raise InvalidRequest(f"allocation {alloc.aid} has {len(chunks)} chunks, not chunk {first}")
@@ -251,6 +264,7 @@ class ControlChannel:
         counts, fds = [], []
         for aid in aids:
             alloc = self._held(session, aid)
+            self.access.check(session, alloc.pool.spec.name)
             got = alloc.pool.chunk_fds(alloc.handle)
             counts.append(len(got))
             fds += got
