@@ -57,6 +57,7 @@ class FdGuard:
         self._zmq_at_count = 0      # ... and message-channel connections then
         self._counted_at = 0.0
         self._zmq_fds: set[int] = set()   # the message channel's connections (from its monitor)
+        self._stray_said = 0.0      # when connections without a session were last logged
         self._session_peak = 0      # the most sessions lately (clients that just closed may still
         self._peak_at = 0.0         # ... be connected on the message channel a moment)
 
