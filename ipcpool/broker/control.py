@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import select
 import socket
 import time
 from collections.abc import Callable
@@ -39,6 +40,7 @@ from .tables import Tables
 
 log = logging.getLogger(__name__)
 
+ACCEPT_BATCH = 32    # connections accepted per turn of the loop (a flood waits in the backlog)
 LEND_FDS = 16        # chunks lent in one reply at most (a stock holds about one of each size)
 
 
@@ -62,7 +64,9 @@ class ControlChannel:
 
     # -- connections ------------------------------------------------------------------------------
     def accept(self) -> None:
-        while True:
+        # A bounded batch per turn of the loop: the hellos already there are read before a flood
+        # of new connections can push them out (see _make_room).
+        for _ in range(ACCEPT_BATCH):
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -83,7 +87,23 @@ class ControlChannel:
                 conn.close()
                 continue
             conn.setblocking(False)
-            self.sessions.await_hello(conn, uid)   # (an idle one of its uid may go to make room)
+            self._make_room(uid)
+            self.sessions.await_hello(conn, uid)
+
+    def _make_room(self, uid: int) -> None:
+        """Before one more connection of ``uid`` waits for its hello: where its uid (or the broker)
+        has its share waiting, the oldest goes: served, if its hello is there, else dropped."""
+        for _ in range(4):   # (a served hello may leave the connection waiting again, at the end)
+            fd = self.sessions.oldest_pending(uid)
+            if fd is None:
+                return
+            if _readable(fd):
+                self.on_hello(fd)
+            else:
+                self.sessions.drop_pending(fd, "its uid has too many connections without a hello")
+        fd = self.sessions.oldest_pending(uid)
+        if fd is not None:
+            self.sessions.drop_pending(fd, "its uid has too many connections without a hello")
 
     def _pause_accept(self) -> None:
         if self._accept_paused_until == 0.0:
@@ -288,6 +308,12 @@ def _fd_batch(chunks: list[int], one_file: bool, first: int, fds: list[int],
         return list(chunks[first:]), fds[:1]
     fds = fds[:most]
     return list(chunks[first : first + len(fds)]), fds
+
+
+def _readable(fd: int) -> bool:
+    waiter = select.poll()   # (not select(): FDs past 1024)
+    waiter.register(fd, select.POLLIN)
+    return bool(waiter.poll(0))
 
 
 def _reply_and_drop(conn: socket.socket, exc: IpcPoolError) -> None:

@@ -53,12 +53,7 @@ class Sessions:
     # -- connections without a hello --------------------------------------------------------------
     def await_hello(self, conn: socket.socket, uid: int, since: float | None = None) -> None:
         """An accepted (or not yet complete) connection of ``uid``: its hello is due within
-        HELLO_TIMEOUT of ``since`` (its accept). Makes room first: see MAX_PENDING."""
-        mine = self.pending_by_uid.setdefault(uid, {})
-        if len(mine) >= self.pending_per_uid:
-            self._drop_pending(next(iter(mine)), "its uid has too many connections without a hello")
-        if len(self.pending) >= MAX_PENDING:
-            self._drop_pending(next(iter(self.pending)), "too many connections without a hello")
+        HELLO_TIMEOUT of ``since`` (its accept). The caller made room (``oldest_pending``)."""
         fd = conn.fileno()
         self.pending[fd] = (conn, time.monotonic() if since is None else since, uid)
         self.pending_by_uid.setdefault(uid, {})[fd] = None
@@ -77,6 +72,20 @@ class Sessions:
             mine.pop(fd, None)
             if not mine:
                 del self.pending_by_uid[uid]
+
+    def oldest_pending(self, uid: int) -> int | None:
+        """The connection to make room by before one more of ``uid`` waits for its hello: its
+        uid's oldest where it has its share (pending_hellos_per_uid), else the oldest of all where
+        MAX_PENDING wait; None where there is room."""
+        mine = self.pending_by_uid.get(uid)
+        if mine and len(mine) >= self.pending_per_uid:
+            return next(iter(mine))
+        if len(self.pending) >= MAX_PENDING:
+            return next(iter(self.pending))
+        return None
+
+    def drop_pending(self, fd: int, why: str) -> None:
+        self._drop_pending(fd, why)
 
     def _drop_pending(self, fd: int, why: str) -> None:
         conn, _, uid = self.take_pending(fd)
