@@ -297,7 +297,8 @@ def test_creates_and_stats_cost_the_same_with_many_objects(start_broker):
             c.create(f"fill/{i}", 64).seal()
         c.flush()
         later = per_create("b/")
-        assert later < 3 * first + 50e-6, f"{later * 1e6:.0f} µs a create with 30k objects against {first * 1e6:.0f}"
+        # A scan of 30,000 objects per create took ~8 ms here; noise on a shared machine, a few 100 µs.
+        assert later < max(5 * first, 2e-3), f"{later * 1e6:.0f} µs a create with 30k objects against {first * 1e6:.0f}"
 
 
 def test_a_client_whose_broker_was_killed_stops_succeeding(start_broker):
