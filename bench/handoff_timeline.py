@@ -52,9 +52,9 @@ def broker_child(marks_path: str, cli_args: list[str]) -> int:
 
     events: list[tuple[int, str, str, str | None]] = []
     spent: dict[str, list[int]] = collections.defaultdict(list)
-    on_message, send = server.Broker._on_message, server.Broker.send
+    on_message, send, reply = server.Broker._on_message, server.Broker.send, server.Broker._reply
 
-    def stamped_on_message(self, frames):
+    def stamped_on_message(self, frames, *rest):
         try:
             msg = protocol.unpack(frames[1])
             op, name = str(msg.get("op")), msg.get("name")
@@ -62,7 +62,7 @@ def broker_child(marks_path: str, cli_args: list[str]) -> int:
             op, name = "?", None
         events.append((time.perf_counter_ns(), "recv", op, name))
         try:
-            return on_message(self, frames)
+            return on_message(self, frames, *rest)
         finally:
             events.append((time.perf_counter_ns(), "done", op, name))
 
@@ -70,6 +70,10 @@ def broker_child(marks_path: str, cli_args: list[str]) -> int:
         kind = msg.get("notify") or ("pending" if msg.get("pending") else "reply")
         events.append((time.perf_counter_ns(), "send", kind, None))
         return send(self, ident, msg)
+
+    def stamped_reply(self, session, op, rid, fields):   # an answer (the outbox sends it packed)
+        events.append((time.perf_counter_ns(), "send", "pending" if fields.get("pending") else "reply", None))
+        return reply(self, session, op, rid, fields)
 
     def timed(name):
         inner = getattr(handlers.Handlers, name)
@@ -82,7 +86,7 @@ def broker_child(marks_path: str, cli_args: list[str]) -> int:
                 spent[name].append(time.perf_counter_ns() - t)
         setattr(handlers.Handlers, name, run)
 
-    server.Broker._on_message, server.Broker.send = stamped_on_message, stamped_send
+    server.Broker._on_message, server.Broker.send, server.Broker._reply = stamped_on_message, stamped_send, stamped_reply
     for name in [n for n in vars(handlers.Handlers) if n.startswith("op_")]:
         timed(name)
     atexit.register(lambda: Path(marks_path).write_text(json.dumps({"events": events, "spent": spent})))

@@ -26,6 +26,25 @@ class Quota:
 
 
 @dataclass(frozen=True)
+class PoolAccess:
+    """Who may use one pool (its FD, seal board, objects): by default every allowed peer."""
+    uids: frozenset[int] = frozenset()
+    gids: frozenset[int] = frozenset()
+
+    def allows(self, uid: int, gid: int, groups: tuple[int, ...]) -> bool:
+        if not self.uids and not self.gids:
+            return True
+        return uid in self.uids or gid in self.gids or not self.gids.isdisjoint(groups)
+
+
+# [limits] besides the counts: bytes the broker queues for a session that it has not read yet
+# (replies and notices), per session and per uid; connections without a hello, per uid.
+UNREAD_PER_SESSION = 32 << 20
+UNREAD_PER_UID = 256 << 20
+PENDING_HELLOS_PER_UID = 64
+
+
+@dataclass(frozen=True)
 class Config:
     socket_dir: Path | None = None
     backend: str = "auto"
@@ -42,6 +61,14 @@ class Config:
     growth_stock: int = 256 << 20  # bytes of chunks each pool keeps made for growable buffers (CUDA); 0: none
     growth_board: int = SLOTS      # growable buffers with a word on the growth board at once; 0: no board
     directory_entries: int = DIRECTORY   # named objects of a pool readers find without a reply; 0: none
+    unread_bytes_per_session: int = UNREAD_PER_SESSION
+    unread_bytes_per_uid: int = UNREAD_PER_UID
+    pending_hellos_per_uid: int = PENDING_HELLOS_PER_UID
+    pool_access: dict[str, PoolAccess] = field(default_factory=dict)   # pool -> who; absent: everyone
+
+    def pool_allowed(self, pool: str, uid: int, gid: int, groups: tuple[int, ...]) -> bool:
+        access = self.pool_access.get(pool)
+        return access is None or access.allows(uid, gid, groups)
 
     def quota_for(self, uid: int) -> Quota:
         return self.quotas.get(uid, self.default_quota)
@@ -74,10 +101,23 @@ def _known(table: dict, keys: set[str], where: str) -> None:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
 
 
+def _pool_access(table: dict, where: str) -> PoolAccess | None:
+    """``uids``, ``gids`` and ``groups`` of a [[pools]] table: who may use it (none: everyone)."""
+    if not any(k in table for k in ("uids", "gids", "groups")):
+        return None
+    uids = [_expect(u, int, f"{where}.uids[{i}]") for i, u in enumerate(_expect(table.get("uids", []), list, f"{where}.uids"))]
+    gids = [_gid(g, f"{where}.gids[{i}]") for i, g in enumerate(_expect(table.get("gids", []), list, f"{where}.gids"))]
+    gids += [_gid(g, f"{where}.groups[{i}]") for i, g in enumerate(_expect(table.get("groups", []), list, f"{where}.groups"))]
+    if not uids and not gids:
+        raise ConfigError(f"{where}: uids/gids/groups given but all empty: nobody could use this pool")
+    return PoolAccess(frozenset(uids), frozenset(gids))
+
+
 def _pool(table: Any, i: int) -> PoolSpec:
     where = f"pools[{i}]"
     _expect(table, dict, where)
-    _known(table, {"name", "max_size", "release_threshold", "device", "reuse", "peer_access", "slab_memory"}, where)
+    _known(table, {"name", "max_size", "release_threshold", "device", "reuse", "peer_access", "slab_memory",
+                   "uids", "gids", "groups"}, where)
     name = _expect(table.get("name"), str, f"{where}.name")
     if not name or len(name) > 64 or not name.replace("-", "").replace("_", "").isalnum():
         raise ConfigError(f"{where}.name: 1-64 letters, digits, '-' or '_', got {name!r}")
@@ -129,12 +169,23 @@ def parse(data: dict[str, Any]) -> Config:
     if not 0 <= growth_board <= MAX_SLOTS:
         raise ConfigError(f"growth.board: 0 (no board) to {MAX_SLOTS} buffers, got {growth_board}")
     limits = _expect(data.get("limits", {}), dict, "limits")
-    _known(limits, {"sessions_per_uid", "waits_per_uid", "watches_per_uid"}, "limits")
+    counts = ("sessions_per_uid", "waits_per_uid", "watches_per_uid")
+    _known(limits, {*counts, "unread_bytes_per_session", "unread_bytes_per_uid", "pending_hellos_per_uid"}, "limits")
     caps = {}
-    for key in ("sessions_per_uid", "waits_per_uid", "watches_per_uid"):
+    for key in counts:
         caps[key] = _expect(limits.get(key, 4096), int, f"limits.{key}")
         if not 0 <= caps[key] <= 1 << 30:
             raise ConfigError(f"limits.{key}: 0 (no cap) to {1 << 30}, got {caps[key]}")
+    # A session must be able to hold at least two of the largest replies unread (protocol.MAX_REPLY).
+    for key, default, least in (("unread_bytes_per_session", UNREAD_PER_SESSION, 32 << 20),
+                                ("unread_bytes_per_uid", UNREAD_PER_UID, 32 << 20)):
+        caps[key] = _size(limits.get(key, default), f"limits.{key}")
+        if caps[key] < least:
+            raise ConfigError(f"limits.{key}: at least {least >> 20} MiB (two of the largest replies), got {caps[key]}")
+    caps["pending_hellos_per_uid"] = _expect(limits.get("pending_hellos_per_uid", PENDING_HELLOS_PER_UID), int,
+                                             "limits.pending_hellos_per_uid")
+    if not 1 <= caps["pending_hellos_per_uid"] <= 1 << 16:
+        raise ConfigError(f"limits.pending_hellos_per_uid: 1 to {1 << 16}, got {caps['pending_hellos_per_uid']}")
     busy_poll_us = _expect(data.get("busy_poll_us", 500), int, "busy_poll_us")
     if not 0 <= busy_poll_us <= 100_000:
         raise ConfigError(f"busy_poll_us: 0 to 100000 microseconds, got {busy_poll_us}")
@@ -158,6 +209,8 @@ def parse(data: dict[str, Any]) -> Config:
                           f"write [[pools]] then name = \"{example}\" instead of [pools.{example}]")
     pools_raw = _expect(pools_raw, list, "pools")
     pools = tuple(_pool(t, i) for i, t in enumerate(pools_raw))
+    pool_access = {p.name: a for i, (p, t) in enumerate(zip(pools, pools_raw))
+                   if (a := _pool_access(t, f"pools[{i}]")) is not None}
     if not pools:
         raise ConfigError("pools: at least one pool is needed")
     names = [p.name for p in pools]
@@ -193,6 +246,7 @@ def parse(data: dict[str, Any]) -> Config:
         growth_stock=growth_stock,
         growth_board=growth_board,
         directory_entries=directory_entries,
+        pool_access=pool_access,
         **caps,
     )
 

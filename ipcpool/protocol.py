@@ -36,6 +36,7 @@ MAX_ARENAS = 8                   # arenas per session and pool
 MAX_ERROR = 1024                 # characters of an error reply's text (a client decodes up to MAX_STR)
 MAX_ID = 1 << 63                 # request ids are ints in [0, MAX_ID)
 LIST_PAGE = 1000                 # entries of a list (objects, growables, a watch's existing) per reply
+MAX_WAIT_MS = (1 << 31) - 1      # the longest a get may wait for its seal (poll's limit: 24.8 days)
 
 _UNPACK_LIMITS = dict(
     max_str_len=MAX_STR,
@@ -157,6 +158,11 @@ def check_names(key: str, names: list) -> None:
             check_object_name(f"{key}[{i}]", name)
 
 
+def check_wait(key: str, ms: int) -> None:
+    if ms > MAX_WAIT_MS:
+        raise InvalidRequest(f"{key}: at most {MAX_WAIT_MS} ms, got {ms}")
+
+
 def check_kind(key: str, kind: str) -> None:
     if kind not in ("objects", "growables"):
         raise InvalidRequest(f"{key}: 'objects' or 'growables', got {kind[:20]!r}")
@@ -181,6 +187,8 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "trim": {"pool": _name(), "keep": _u64()},
     "set_release_threshold": {"pool": _name(), "bytes": _u64()},
     "ping": {},
+    # One-way: only its ``read`` (bytes taken in), from a client that reads notices and asks nothing.
+    "ack": {},
     # With ``arena`` and ``offset``: the object is the range the client carved in its arena.
     # ``slot``/``seq``: the writer will post ``seq`` in that word of its arena's seal-board block once
     # its seal is recorded, on ``seal_credit`` (a credit of its own, CUDA); see ``ipcpool.board``.
@@ -191,7 +199,7 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "seal": {"name": _object_name(), "alloc": _u64(required=False), "done_event": _event()},
     # A range of pool memory this session carves objects from itself (a create without waiting).
     "arena": {"pool": _name(), "nbytes": _u64()},
-    "get": {"name": _object_name(), "timeout_ms": _u64(required=False)},
+    "get": {"name": _object_name(), "timeout_ms": Field(int, False, min_value=0, check=check_wait)},
     "get_many": {"names": Field(list, max_len=MAX_BATCH, check=check_names)},
     "delete": {"name": _object_name()},
     # Paged: at most ``limit`` (and LIST_PAGE) entries of each kind whose names sort after ``after``;
@@ -215,7 +223,7 @@ REQUESTS: dict[str, dict[str, Field]] = {
 }
 
 # One-way requests: the broker acts and sends no reply (ordering per session is kept by ZeroMQ).
-ONE_WAY = frozenset({"free"})
+ONE_WAY = frozenset({"free", "ack"})
 
 # FDs in one control reply at most (the kernel's own limit, SCM_MAX_FD, is 253): a batch attach
 # of 64 GiB in VMM slabs of 1 GiB fetches them all in one reply.
@@ -252,8 +260,10 @@ CONTROL: dict[str, dict[str, Field]] = {
     # only once its word on the growth board changed: see ipcpool.growboard).
     "grow_sync": {"name": _object_name(), "first": _u64(required=False)},
 }
-# Each schema's field names with "op" and "id": a message may carry no other (see validate).
-_ALLOWED = {id(schema): frozenset(schema) | {"op", "id"} for table in (REQUESTS, CONTROL) for schema in table.values()}
+# Each schema's field names with "op" and "id" (and ``read``: the bytes the client has taken in
+# from the message channel, on any request there): a message may carry no other (see validate).
+_COMMON = frozenset({"op", "id", "read"})
+_ALLOWED = {id(schema): frozenset(schema) | _COMMON for table in (REQUESTS, CONTROL) for schema in table.values()}
 
 # Every reply about a growable names its ``word`` on the growth board (-1: none) and the ``stamp``
 # that word holds; a session's first reply of GROWABLE_CONTROL also says ``board``: its first FD
@@ -287,7 +297,7 @@ def validate(msg: dict, schemas: dict[str, dict[str, Field]]) -> tuple[str, dict
     schema = schemas[op]
     allowed = _ALLOWED.get(id(schema))
     if allowed is None:
-        allowed = frozenset(schema) | {"op", "id"}
+        allowed = frozenset(schema) | _COMMON
     if not allowed.issuperset(msg):
         extra = set(msg) - allowed
         shown = ", ".join(_show(k, 40) for k in sorted(extra)[:5])

@@ -26,6 +26,7 @@ def subscribe(channel: Channel, prefix: str, existing: bool) -> Subscription:
     with channel.lock:
         reply = channel.call("watch", prefix=prefix, existing=existing)
         queue = channel.watches[reply["watch"]] = collections.deque()
+        channel.watch_prefixes[reply["watch"]] = prefix
         listed = list(reply["existing"])
         if reply.get("more") and isinstance(reply.get("after"), str):
             # The rest page by page. Seals announced meanwhile are queued already: an object
@@ -58,6 +59,7 @@ class Subscription:
 
     def close(self) -> None:
         channel = self._channel
+        channel.watch_prefixes.pop(self.wid, None)
         if channel.watches.pop(self.wid, None) is not None and not channel.closed:
             channel.call("unwatch", watch=self.wid)
 

@@ -28,13 +28,16 @@ from pathlib import Path
 import zmq
 
 from .. import fdpass, paths, protocol
-from ..errors import BrokerGone, ClosedError, IpcPoolError, PeerRefused, ProtocolError, error_from_wire
+from ..errors import (BrokerGone, ClosedError, InvalidRequest, IpcPoolError, PeerRefused, ProtocolError,
+                      error_from_wire)
 from .settings import Settings
 
 log = logging.getLogger(__name__)
 
 _BYE_ID = (1 << 63) - 1   # a request id no Channel.send reaches
 FD_TABLE = 1024   # open-file slots sized at connect (fdpass.presize_table)
+ACK_EVERY = 1 << 20   # bytes taken in unasked (notices) after which the broker is told (an ack)
+ALIVE_CHECK_S = 0.005   # a send looks whether the broker closed the control socket this often
 
 
 class _NotYet(Exception):
@@ -100,6 +103,14 @@ class Channel:
         # next create, allocate, seal, flush or close raises the first (a finalizer warns).
         self.unraised: collections.deque[IpcPoolError] = collections.deque()
         self.watches: dict[int, collections.deque] = {}   # watch id -> seals announced, not yet taken
+        self.watch_prefixes: dict[int, str] = {}   # watch id -> its prefix (one notice serves them all)
+        self.watch_dropped = 0   # seals the broker did not announce for want of room (we read too slowly)
+        # Bytes taken in from the message channel, and the count last told to the broker: what
+        # it holds for us unread is bounded (``broker.outbox``), so it must learn what we read.
+        self._read_bytes = 0
+        self._told_read = 0
+        self._gone: str | None = None   # why the session is over, once we know (BrokerGone after)
+        self._alive_at = 0.0
         # Set by the client's parts: what arrives unasked goes there.
         self.on_reply: Callable[[dict], bool] = lambda msg: False    # True: a reply the hook consumed
         self.on_notice: Callable[[dict], bool] = lambda msg: False   # True: a notice the hook consumed
@@ -124,6 +135,10 @@ class Channel:
             self._dealer.setsockopt(zmq.IDENTITY, hello["token"])
             self._dealer.setsockopt(zmq.LINGER, 1000)
             self._dealer.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REPLY)
+            # Replies are never dropped on our side for their number (the broker bounds their bytes),
+            # and a send waits for room no longer than our timeout.
+            self._dealer.setsockopt(zmq.RCVHWM, 0)
+            self._dealer.setsockopt(zmq.SNDTIMEO, max(1, int(self.timeout * 1000)))
             self._dealer.connect(self._check_endpoint(hello["endpoint"]))
             self._poller = zmq.Poller()
             self._poller.register(self._dealer, zmq.POLLIN)
@@ -324,15 +339,63 @@ class Channel:
             raise ClosedError("this ipcpool client is closed")
 
     def send(self, op: str, **fields) -> int:
-        """Send a request without waiting; its id."""
+        """Send a request without waiting; its id. A request over the broker's limit is refused
+        here (the broker's ZeroMQ would drop it without a word)."""
+        self._check_alive()
         rid = self._next_id
+        data = protocol.pack({"op": op, "id": rid, "read": self._read_bytes, **fields})
+        if len(data) > protocol.MAX_MESSAGE:
+            raise InvalidRequest(
+                f"{op}: this request would be {len(data)} bytes, over the limit of {protocol.MAX_MESSAGE} bytes "
+                "a request may have; send less at once (shorter metadata, fewer names)")
         self._next_id += 1
         try:
-            self._dealer.send(protocol.pack({"op": op, "id": rid, **fields}))
+            self._dealer.send(data)
+        except zmq.Again as exc:
+            raise BrokerGone(f"the broker took no request within {self.timeout:g} s") from exc
         except zmq.ZMQError as exc:
             raise BrokerGone(f"cannot send to the broker: {exc}") from exc
+        self._told_read = self._read_bytes
         self._last_sent = rid
         return rid
+
+    def _check_alive(self) -> None:
+        """Raise BrokerGone once the session is over: requests sent without waiting (a carve, a
+        free) would otherwise "succeed" into a channel nobody answers. Looks at the control
+        socket at most every ALIVE_CHECK_S (one poll)."""
+        if self._gone is not None:
+            raise BrokerGone(self._gone)
+        now = time.monotonic()
+        if now - self._alive_at < ALIVE_CHECK_S:
+            return
+        self._alive_at = now
+        waiter = select.poll()
+        waiter.register(self._control.fileno(), select.POLLIN)
+        if waiter.poll(0):
+            self._control_gone()
+
+    def _control_gone(self):
+        """The control socket is readable while nothing was asked on it: the broker ended the
+        session (its last word, if any, says why) or went away. Raises BrokerGone."""
+        why = "the broker went away (its control socket closed)"
+        try:
+            got = fdpass.recv(self._control)
+        except (OSError, IpcPoolError):
+            got = None
+        if got is not None:
+            fdpass.close_all(got[1])
+            if not got[0].get("ok") and got[0].get("error"):
+                why = f"{why}: {str(got[0]['error'])[:protocol.MAX_ERROR]}"
+        self._gone = why
+        raise BrokerGone(why)
+
+    def _ack(self) -> None:
+        """Tell the broker what we took in (notices, while we ask nothing): a one-way request."""
+        try:
+            self._dealer.send(protocol.pack({"op": "ack", "id": 0, "read": self._read_bytes}), zmq.NOBLOCK)
+            self._told_read = self._read_bytes
+        except zmq.ZMQError:
+            pass   # the next request carries it
 
     def call(self, op: str, _wait: float | None = 0.0, **fields) -> dict:
         """A request and its reply. ``_wait`` is how long the broker may legitimately hold the
@@ -364,9 +427,12 @@ class Channel:
                 continue
             if self._control.fileno() in events:
                 # Nothing is sent on the control socket unasked: readable means EOF or an error.
-                raise BrokerGone("the broker went away (its control socket closed)")
+                self._control_gone()
 
     def _take_reply(self, rid: int, data: bytes) -> dict:
+        self._read_bytes += len(data)
+        if self._read_bytes - self._told_read > ACK_EVERY:
+            self._ack()
         reply = protocol.unpack(data, protocol.MAX_REPLY)
         if "notify" not in reply and isinstance(reply.get("id"), int):
             self._last_answered = max(self._last_answered, reply["id"])
@@ -376,9 +442,15 @@ class Channel:
             if reply["notify"] == "grown":
                 self.on_grown(reply)
                 raise _NotYet
-            queue = self.watches.get(reply.get("watch"))
-            if queue is not None and isinstance(reply.get("object"), dict):
-                queue.append(reply["object"])
+            if reply["notify"] == "overflow":
+                self._overflowed(reply.get("dropped"))
+                raise _NotYet
+            obj = reply.get("object")
+            if isinstance(obj, dict) and isinstance(obj.get("name"), str):
+                # One notice per session and seal: every watch of ours whose prefix matches takes it.
+                for wid, prefix in self.watch_prefixes.items():
+                    if obj["name"].startswith(prefix) and wid in self.watches:
+                        self.watches[wid].append(obj)
             raise _NotYet
         self.on_progress()
         if self.on_reply(reply):   # a create, allocate or seal sent without waiting
@@ -388,8 +460,20 @@ class Channel:
                 return reply
             raise error_from_wire(reply.get("code", 1), str(reply.get("error", "unknown error")))
         if not reply.get("ok"):   # the error of an earlier one-way request
-            self.refused(error_from_wire(reply.get("code", 1), str(reply.get("error"))))
+            err = error_from_wire(reply.get("code", 1), str(reply.get("error")))
+            if isinstance(err, PeerRefused) and "session token" in str(err):
+                # A broker that no longer knows us (restarted): every later request would say so.
+                if self._gone is None:
+                    log.error("the broker refused this session: %s", err)
+                    self._gone = f"the broker no longer knows this session: {err}"
+                raise BrokerGone(self._gone)
+            self.refused(err)
         raise _NotYet
+
+    def _overflowed(self, dropped: object) -> None:
+        n = dropped if isinstance(dropped, int) and not isinstance(dropped, bool) else 1
+        self.watch_dropped += n
+        log.warning("the broker dropped %d seal notice(s) of this session's watches: it read them too slowly", n)
 
     def refused(self, err: IpcPoolError, *, unraised: bool = True) -> None:
         """A request sent without waiting was refused: recorded, and kept to be raised
@@ -412,7 +496,7 @@ class Channel:
         """Sleep until the broker sends something (at most ``timeout`` s), and take it all in."""
         events = dict(self._poller.poll(int(timeout * 1000)))
         if self._control.fileno() in events and self._dealer not in events:
-            raise BrokerGone("the broker went away (its control socket closed)")
+            self._control_gone()
         if self._dealer in events:
             self.drain()
 
@@ -436,7 +520,7 @@ class Channel:
                 left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
                 events = dict(self._poller.poll(left))
                 if self._control.fileno() in events and self._dealer not in events:
-                    raise BrokerGone("the broker went away (its control socket closed)")
+                    self._control_gone()
                 if self._dealer in events:
                     try:
                         self._take_reply(-1, self._dealer.recv(zmq.NOBLOCK))

@@ -253,7 +253,11 @@ class Leases:
     def get(self, name: str, stream: Any, timeout: float | None) -> Buffer:
         fields: dict[str, Any] = {"name": name}
         if timeout is not None:
-            fields["timeout_ms"] = max(0, int(timeout * 1000))
+            # Checked before anything is sent (nan, inf and negatives compare False here).
+            if not isinstance(timeout, (int, float)) or not 0 <= timeout <= protocol.MAX_WAIT_MS / 1000:
+                raise InvalidRequest(f"get: timeout is None (wait without limit) or 0 to "
+                                     f"{protocol.MAX_WAIT_MS // 1000} seconds, got {timeout!r}")
+            fields["timeout_ms"] = int(timeout * 1000)
         with self._lock:
             self._channel.check_open()
             buf = self.handoff.look(name, stream, timeout)   # from a directory: no request at all
@@ -269,7 +273,7 @@ class Leases:
 
     def get_many(self, names: list[str], stream: Any) -> list[Buffer]:
         names, out = list(names), []
-        batches = [names[i : i + protocol.MAX_BATCH] for i in range(0, len(names), protocol.MAX_BATCH)]
+        batches = _batches(names)
         if not batches:
             return out
         with self._lock:
@@ -413,3 +417,22 @@ class Leases:
         """Free every buffer still held (at close)."""
         for buf in list(self.buffers.values()):
             buf.free()
+
+
+def _batches(names: list[str]) -> list[list[str]]:
+    """``names`` cut into get_many requests: at most MAX_BATCH names, and a request within
+    MAX_MESSAGE bytes (a name packs to its length and a few bytes more)."""
+    room = protocol.MAX_MESSAGE - 256   # the request's other fields
+    out: list[list[str]] = []
+    batch: list[str] = []
+    size = 0
+    for name in names:
+        cost = len(name.encode()) + 3 if isinstance(name, str) else 0
+        if batch and (len(batch) >= protocol.MAX_BATCH or size + cost > room):
+            out.append(batch)
+            batch, size = [], 0
+        batch.append(name)
+        size += cost
+    if batch:
+        out.append(batch)
+    return out

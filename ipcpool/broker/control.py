@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import select
 import socket
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from ..errors import (
     ProtocolError,
     QuotaExceeded,
 )
+from .access import PoolAccess
 from .fdguard import FdGuard
 from .handlers import Handlers
 from .session import Session
@@ -38,14 +40,15 @@ from .tables import Tables
 
 log = logging.getLogger(__name__)
 
-MAX_PENDING = 1024   # connections that sent no hello yet
+ACCEPT_BATCH = 32    # connections accepted per turn of the loop (a flood waits in the backlog)
 LEND_FDS = 16        # chunks lent in one reply at most (a stock holds about one of each size)
 
 
 class ControlChannel:
     def __init__(self, *, listener: socket.socket, config: Config, sessions: Sessions, guard: FdGuard,
                  tables: Tables, handlers: Handlers,
-                 backend_name: str, endpoint: str, watch: Callable[[int], None], unwatch: Callable[[int], None]):
+                 backend_name: str, endpoint: str, watch: Callable[[int], None], unwatch: Callable[[int], None],
+                 access: PoolAccess):
         self.listener = listener
         self.config = config
         self.sessions = sessions
@@ -56,11 +59,14 @@ class ControlChannel:
         self.endpoint = endpoint   # of the message channel, told in the hello's reply
         self._watch = watch
         self._unwatch = unwatch
+        self.access = access   # who may use which pool
         self._accept_paused_until = 0.0   # out of FDs: stop accepting for a moment
 
     # -- connections ------------------------------------------------------------------------------
     def accept(self) -> None:
-        while True:
+        # A bounded batch per turn of the loop: the hellos already there are read before a flood
+        # of new connections can push them out (see _make_room).
+        for _ in range(ACCEPT_BATCH):
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -70,13 +76,34 @@ class ControlChannel:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     self._pause_accept()
                 return
-            if len(self.sessions.pending) >= MAX_PENDING or self.guard.room() < self.guard.reserve() // 2:
+            if self.guard.room() < self.guard.reserve() // 2:
                 _reply_and_drop(conn, BrokerBusy(
                     "the broker is near its limit of open files and takes no new session now; "
                     "retry later, or ask the operator to raise its LimitNOFILE"))
                 continue
+            try:
+                uid = fdpass.peer_cred(conn).uid
+            except OSError:
+                conn.close()
+                continue
             conn.setblocking(False)
-            self.sessions.await_hello(conn)
+            self._make_room(uid)
+            self.sessions.await_hello(conn, uid)
+
+    def _make_room(self, uid: int) -> None:
+        """Before one more connection of ``uid`` waits for its hello: where its uid (or the broker)
+        has its share waiting, the oldest goes: served, if its hello is there, else dropped."""
+        for _ in range(4):   # (a served hello may leave the connection waiting again, at the end)
+            fd = self.sessions.oldest_pending(uid)
+            if fd is None:
+                return
+            if _readable(fd):
+                self.on_hello(fd)
+            else:
+                self.sessions.drop_pending(fd, "its uid has too many connections without a hello")
+        fd = self.sessions.oldest_pending(uid)
+        if fd is not None:
+            self.sessions.drop_pending(fd, "its uid has too many connections without a hello")
 
     def _pause_accept(self) -> None:
         if self._accept_paused_until == 0.0:
@@ -91,7 +118,7 @@ class ControlChannel:
 
     # -- the hello --------------------------------------------------------------------------------
     def on_hello(self, fd: int) -> None:
-        conn = self.sessions.take_pending(fd)
+        conn, since, uid = self.sessions.take_pending(fd)
         try:
             got = fdpass.recv(conn, max_fds=0)
             if got is None:
@@ -107,10 +134,10 @@ class ControlChannel:
                     f"{protocol.PROTOCOL_VERSION}); upgrade the client or the broker"
                 )
             cred = fdpass.peer_cred(conn)
-            self._admit(conn, cred)
+            groups = self._admit(conn, cred)
             pidfd = fdpass.peer_pidfd(conn, cred.pid)
         except BlockingIOError:
-            self.sessions.await_hello(conn)
+            self.sessions.await_hello(conn, uid, since)
             return
         except IpcPoolError as exc:
             log.warning("control hello rejected: %s", exc)
@@ -125,14 +152,16 @@ class ControlChannel:
             _reply_and_drop(conn, InternalError.of(exc))
             return
         session = self.sessions.open(conn, cred, pidfd)
+        session.groups = groups
         self.guard.session_opened()
+        pools = self.access.allowed_pools(cred.uid, cred.gid, groups)   # only those it may use
         self.send(session, protocol.ok_reply(
             0, token=session.token, session=session.sid, backend=self.backend_name,
-            endpoint=self.endpoint, version=protocol.PROTOCOL_VERSION, pools=sorted(self.tables.registry.pools),
-            devices={name: pool.spec.device for name, pool in self.tables.registry.pools.items()},
+            endpoint=self.endpoint, version=protocol.PROTOCOL_VERSION, pools=pools,
+            devices={name: self.tables.registry.pools[name].spec.device for name in pools},
         ))
 
-    def _admit(self, conn: socket.socket, cred: fdpass.PeerCred) -> None:
+    def _admit(self, conn: socket.socket, cred: fdpass.PeerCred) -> tuple[int, ...]:
         """Refuse a peer whose uid and groups are not allowed, whose uid has its cap of sessions,
         or when the broker has no room for one more session."""
         groups = fdpass.peer_groups(conn)
@@ -158,6 +187,7 @@ class ControlChannel:
                 f"the broker is near its limit of {self.guard.fd_limit} open files and takes no new "
                 "session now; retry later, or ask the operator to raise its LimitNOFILE"
             )
+        return groups
 
     # -- an open session's control messages ------------------------------------------------------
     def send(self, session: Session, msg: dict, fds: tuple[int, ...] = ()) -> None:
@@ -185,8 +215,10 @@ class ControlChannel:
         rid = protocol.request_id(msg)
         try:
             op, fields = protocol.validate(msg, protocol.CONTROL)
+            self.access.check_request(session, op, fields)
             if op == "pool_fd":   # the pool, its seal board, its name directory and a lease page
                 pool = self.tables.registry.pool(fields["pool"])
+                self.access.check(session, pool.spec.name)
                 board = self.tables.handoffs.board(pool.spec.name)
                 fds, extra = [pool.fd, board.fd], {}
                 directories = self.tables.directories
@@ -246,6 +278,7 @@ class ControlChannel:
             chunks, one_file = g.memory.chunks, g.memory.one_file
         elif "alloc" in f:
             alloc = self._held(session, f["alloc"])
+            self.access.check(session, alloc.pool.spec.name)
             chunks, one_file = alloc.export.chunks, False
             if not 0 <= first < len(chunks):
                 raise InvalidRequest(f"allocation {alloc.aid} has {len(chunks)} chunks, not chunk {first}")
@@ -261,6 +294,7 @@ class ControlChannel:
         counts, fds = [], []
         for aid in aids:
             alloc = self._held(session, aid)
+            self.access.check(session, alloc.pool.spec.name)
             got = alloc.pool.chunk_fds(alloc.handle)
             counts.append(len(got))
             fds += got
@@ -284,6 +318,12 @@ def _fd_batch(chunks: list[int], one_file: bool, first: int, fds: list[int],
         return list(chunks[first:]), fds[:1]
     fds = fds[:most]
     return list(chunks[first : first + len(fds)]), fds
+
+
+def _readable(fd: int) -> bool:
+    waiter = select.poll()   # (not select(): FDs past 1024)
+    waiter.register(fd, select.POLLIN)
+    return bool(waiter.poll(0))
 
 
 def _reply_and_drop(conn: socket.socket, exc: IpcPoolError) -> None:

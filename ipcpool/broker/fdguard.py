@@ -4,8 +4,10 @@ A new session takes three files (its control socket, its pidfd, its ZeroMQ conne
 libzmq aborts the process when it cannot get one it needs. libzmq accepts message-channel
 connections on its own thread, from anyone who can reach the socket file, and accept() finding
 no free file (EMFILE) is such a case. Its monitor tells us of each connection (by FD), so the
-listener is closed before that can happen: when connections outnumber sessions by more than
-STRAY_ZMQ, or files run short.
+listener is closed before that can happen: when files run short, or connections without a
+session take a quarter of the files still free. Closing it cuts every connection made through it,
+sessions' included, so connections that are merely many (100 bare ZeroMQ peers against a limit of
+20,000) are counted and logged, never a reason.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from .sessions import Sessions
 log = logging.getLogger(__name__)
 
 FD_RESERVE_MIN = 64   # open files kept free (at least)
-STRAY_ZMQ = 64        # message-channel connections beyond one per session tolerated
+STRAY_ZMQ = 64        # message-channel connections beyond one per session before they are logged
 
 
 def raise_fd_limit() -> tuple[int, int]:
@@ -55,6 +57,7 @@ class FdGuard:
         self._zmq_at_count = 0      # ... and message-channel connections then
         self._counted_at = 0.0
         self._zmq_fds: set[int] = set()   # the message channel's connections (from its monitor)
+        self._stray_said = 0.0      # when connections without a session were last logged
         self._session_peak = 0      # the most sessions lately (clients that just closed may still
         self._peak_at = 0.0         # ... be connected on the message channel a moment)
 
@@ -91,10 +94,20 @@ class FdGuard:
                 elif event == zmq.EVENT_DISCONNECTED:
                     self._zmq_fds.discard(fd)
         if self.zmq_open:
-            stray = self._stray_zmq()
             estimate = self._fd_count + len(self._zmq_fds) - self._zmq_at_count
-            if stray > STRAY_ZMQ or (self.fd_limit and self.fd_limit - estimate < self.reserve()):
+            if self.fd_limit and (self.fd_limit - estimate < self.reserve() or self._strays_threaten(estimate)):
                 self._check(self.room())
+            stray = self._stray_zmq()
+            if stray > STRAY_ZMQ and time.monotonic() - self._stray_said > 10.0:
+                self._stray_said = time.monotonic()
+                log.warning("%d message-channel connections without a session (%d sessions)", stray,
+                            len(self.sessions.by_token))
+
+    def _strays_threaten(self, in_use: int) -> bool:
+        """Connections without a session that take a quarter of the files still free: libzmq
+        accepts on its own thread, faster than we hear of it, so a flood that size may reach the
+        limit before the next look. (100 of them against a limit of 20,000 never do.)"""
+        return self._stray_zmq() > max(STRAY_ZMQ, (self.fd_limit - in_use) // 4)
 
     def _stray_zmq(self) -> int:
         """Message-channel connections beyond one per session (or session about to be, or that
@@ -106,21 +119,19 @@ class FdGuard:
         return len(self._zmq_fds) - max(self._session_peak, sessions) - len(self.sessions.pending)
 
     def _check(self, room: int) -> None:
-        """Close the message channel's listener when connections outnumber sessions by more than
-        STRAY_ZMQ or fewer than half the reserve of files is left (libzmq then drops the connections
-        it accepted there: clients reconnect by themselves; a request in flight may be lost). Open
-        it again once the strays are gone and the whole reserve is free. Meanwhile new sessions are
-        refused (BrokerBusy)."""
+        """Close the message channel's listener when fewer than half the reserve of files is left
+        (the last resort before libzmq aborts: it drops the connections it accepted there; clients
+        reconnect by themselves; a request in flight may be lost). Open it again once the whole
+        reserve is free. Meanwhile new sessions are refused (BrokerBusy)."""
         reserve = self.reserve()
-        stray = self._stray_zmq()
-        if self.zmq_open and (room < reserve // 2 or stray > STRAY_ZMQ):
+        if self.zmq_open and (room < reserve // 2 or self._strays_threaten(self._fd_count)):
             log.warning("message channel closed to new connections: %d connections for %d sessions, "
                         "%d of %d open files in use", len(self._zmq_fds), len(self.sessions.by_token),
                         self._fd_count, self.fd_limit)
             self.router.unbind(self.endpoint)
             self._zmq_fds.clear()   # libzmq drops them all (and says nothing of each)
             self.zmq_open = False
-        elif not self.zmq_open and room >= reserve and stray <= STRAY_ZMQ // 2:
+        elif not self.zmq_open and room >= reserve and self._stray_zmq() <= STRAY_ZMQ // 2:
             old = os.umask(0o117)
             try:
                 self.router.bind(self.endpoint)

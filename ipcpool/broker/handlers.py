@@ -95,6 +95,9 @@ class Handlers:
     def op_ping(self, session: Session, f: dict, rid: int) -> dict:
         return {}
 
+    def op_ack(self, session: Session, f: dict, rid: int) -> dict:
+        return {}   # its ``read`` was taken by the server
+
     # -- named objects ---------------------------------------------------------------------------
     def op_create(self, session: Session, f: dict, rid: int) -> dict:
         carve = board = None

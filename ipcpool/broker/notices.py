@@ -54,9 +54,12 @@ class Notices:
                 self.objects.lease(w.session, obj.name)
                 fields = {**lease_fields(obj), **credit(obj.alloc.pool, w.session)}
                 self.send(w.session.token, protocol.ok_reply(w.rid, **fields))
-        info = obj.info()
-        for watch in self.objects.watchers(obj.name):
-            self.send(watch.session.token, {"notify": "sealed", "watch": watch.wid, "object": info})
+        # One notice per watching session, however many of its watches match (its client gives
+        # it to each): a session with thousands of watches costs a seal no more than one with one.
+        info = None
+        for session, wid in self.objects.watching_sessions(obj.name).items():
+            info = info or obj.info()
+            self.send(session.token, {"notify": "sealed", "watch": wid, "object": info})
 
     def aborted(self, obj: NamedObject, waiters: list) -> None:
         """An object that will never be sealed: its waiting gets fail, its pending readers are told

@@ -93,6 +93,10 @@ class ObjectTable:
         self.waiters: dict[str, dict[Waiter, None]] = {}
         self.watches: dict[int, Watch] = {}
         self._by_prefix: dict[str, dict[int, Watch]] = {}   # a seal looks up its name's prefixes only
+        # prefix -> session -> its watches there: a seal is told once per watching session, however
+        # many watches it holds (its client fans the notice out to them).
+        self._sessions_by_prefix: dict[str, dict[Session, dict[int, None]]] = {}
+        self.objects_by_uid: collections.Counter = collections.Counter()   # (the objects quota: no scan)
         self.watches_by_uid: collections.Counter = collections.Counter()
         self._next_wid = 1
         # Parked gets by deadline (a heap; settled ones are skipped when they reach the top), by
@@ -126,6 +130,7 @@ class ObjectTable:
             self.directory.publish(obj, where)
         self.registry.hold(alloc, obj)
         self.objects[name] = obj
+        self.objects_by_uid[alloc.uid] += 1
         return obj
 
     def seal(self, session: Session, name: str, aid: int | None, done_event: bytes) -> NamedObject:
@@ -142,7 +147,7 @@ class ObjectTable:
         return obj
 
     def count_by_uid(self, uid: int) -> int:
-        return sum(1 for o in self.objects.values() if o.alloc.uid == uid)
+        return self.objects_by_uid[uid]
 
     def restore(self, rows: list[dict], take_fds) -> int:
         """Re-create sealed objects a previous broker recorded (``take_fds(key, count)`` gives a
@@ -163,6 +168,7 @@ class ObjectTable:
                               sealed=True, fdkey=row.get("fdkey"))
             self.registry.hold(alloc, obj)
             self.objects[obj.name] = obj
+            self.objects_by_uid[obj.alloc.uid] += 1
             n += 1
         return n
 
@@ -273,6 +279,10 @@ class ObjectTable:
         del self.objects[obj.name]
         if self.directory is not None:   # its directory readers become holders first
             self.directory.gone(obj)
+        uid = obj.alloc.uid
+        self.objects_by_uid[uid] -= 1
+        if self.objects_by_uid[uid] <= 0:
+            del self.objects_by_uid[uid]
         # The object's own hold; the memory goes once the readers (and a writer) let go too.
         self.registry.unhold(obj.alloc, obj, b"", None)
 
@@ -288,6 +298,7 @@ class ObjectTable:
         self._next_wid += 1
         self.watches[w.wid] = w
         self._by_prefix.setdefault(prefix, {})[w.wid] = w
+        self._sessions_by_prefix.setdefault(prefix, {}).setdefault(session, {})[w.wid] = None
         self.watches_by_uid[uid] += 1
         return w
 
@@ -303,6 +314,12 @@ class ObjectTable:
         del ws[w.wid]
         if not ws:
             del self._by_prefix[w.prefix]
+        by_session = self._sessions_by_prefix[w.prefix]
+        del by_session[w.session][w.wid]
+        if not by_session[w.session]:
+            del by_session[w.session]
+            if not by_session:
+                del self._sessions_by_prefix[w.prefix]
         uid = w.session.cred.uid
         self.watches_by_uid[uid] -= 1
         if self.watches_by_uid[uid] <= 0:
@@ -315,6 +332,18 @@ class ObjectTable:
             ws = self._by_prefix.get(name[:i])
             if ws:
                 out.extend(ws.values())
+        return out
+
+    def watching_sessions(self, name: str) -> dict[Session, int]:
+        """The sessions with a watch whose prefix ``name`` starts with, each with one of those
+        watches' ids: one lookup per prefix of the name, one entry per session."""
+        out: dict[Session, int] = {}
+        for i in range(len(name) + 1):
+            by_session = self._sessions_by_prefix.get(name[:i])
+            if by_session:
+                for session, wids in by_session.items():
+                    if session not in out:
+                        out[session] = next(iter(wids))
         return out
 
     def end_session(self, session: Session) -> tuple[list[NamedObject], list[tuple[str, Waiter]]]:

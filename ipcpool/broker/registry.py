@@ -44,6 +44,7 @@ class Registry:
         self.backend = backend
         self.pools: dict[str, BrokerPool] = {}
         self.allocations: dict[int, Allocation] = {}
+        self.count_by_pool: collections.Counter = collections.Counter()   # pool name -> allocations (stats: no scan)
         self.by_token: dict[bytes, Allocation] = {}
         self.bytes_by_uid: collections.Counter = collections.Counter()
         self.renamed: dict[str, str] = {}   # configured name -> its read-only restored generation
@@ -99,6 +100,7 @@ class Registry:
         alloc = Allocation(self._next_aid, pool, handle, export, uid)
         self._next_aid += 1
         self.allocations[alloc.aid] = alloc
+        self.count_by_pool[alloc.pool.spec.name] += 1
         self.bytes_by_uid[uid] += nbytes
         return alloc
 
@@ -127,6 +129,7 @@ class Registry:
         alloc = Allocation(self._next_aid, pool, handle, export, uid)
         self._next_aid += 1
         self.allocations[alloc.aid] = alloc
+        self.count_by_pool[alloc.pool.spec.name] += 1
         self.bytes_by_uid[uid] += nbytes
         self.hold(alloc, session)
         return alloc
@@ -138,6 +141,7 @@ class Registry:
         alloc = Allocation(self._next_aid, arena.pool, handle, export, arena.uid, charged=False)
         self._next_aid += 1
         self.allocations[alloc.aid] = alloc
+        self.count_by_pool[alloc.pool.spec.name] += 1
         self.hold(alloc, session)
         return alloc
 
@@ -203,6 +207,7 @@ class Registry:
                 alloc.pool.add_release(alloc.handle, ctx, done_event)
             return
         del self.allocations[alloc.aid]
+        self.count_by_pool[alloc.pool.spec.name] -= 1
         if alloc.share_token is not None:
             del self.by_token[alloc.share_token]
         if alloc.charged:
@@ -237,10 +242,8 @@ class Registry:
         return count
 
     def stats(self) -> dict[str, dict]:
-        out = {name: {**pool.stats().as_dict(), "allocations": 0} for name, pool in self.pools.items()}
-        for alloc in self.allocations.values():
-            out[alloc.pool.spec.name]["allocations"] += 1
-        return out
+        return {name: {**pool.stats().as_dict(), "allocations": self.count_by_pool[name]}
+                for name, pool in self.pools.items()}
 
     def close(self) -> None:
         for pool in self.pools.values():

@@ -26,7 +26,8 @@ from .. import fdpass, paths, protocol
 from ..backend import Choice, broker_backend
 from ..backend.base import BrokerBackend
 from ..config import Config
-from ..errors import AlreadyRunning, IpcPoolError, PeerRefused, ProtocolError
+from ..errors import AlreadyRunning, IpcPoolError, PeerRefused, ProtocolError, QuotaExceeded
+from .access import PoolAccess
 from .control import ControlChannel
 from .directory import Directories
 from .durable import Durability
@@ -37,6 +38,7 @@ from .handoff import Handoffs
 from .metrics import Metrics
 from .notices import Notices
 from .objects import ObjectTable
+from .outbox import Outbox
 from .registry import Registry
 from .replies import unexpected
 from .session import Session
@@ -170,10 +172,19 @@ class Broker:
             self.router.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE)
             self.router.setsockopt(zmq.LINGER, 0)
             self.router.setsockopt(zmq.RCVHWM, 100_000)
+            # No limit in messages on what is queued for a peer (past it ZeroMQ drops replies
+            # without a word): the outbox bounds it in bytes. MANDATORY: a send to a peer that is
+            # gone fails, and the outbox logs it.
+            self.router.setsockopt(zmq.SNDHWM, 0)
+            self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.router.setsockopt(zmq.BACKLOG, ZMQ_BACKLOG)   # bounds a burst of connections
             self.router.bind(f"ipc://{endpoint}")
         finally:
             os.umask(old)
+        self.outbox = Outbox(self.router, self.sessions, self.config, self._disconnect)
+        self.session_table.outbox = self.outbox
+        self.session_table.pending_per_uid = self.config.pending_hellos_per_uid
+        self.access = PoolAccess(self.config, self.tables)
         # The router's monitor tells the guard of each message-channel connection (fdguard says why).
         self._monitor = self.router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         self.guard = FdGuard(self.router, self._monitor, f"ipc://{endpoint}", self.fd_limit, self.session_table)
@@ -181,6 +192,7 @@ class Broker:
             listener=self.listener, config=self.config, sessions=self.session_table, guard=self.guard,
             tables=self.tables, handlers=self.handlers,
             backend_name=self.choice.name, endpoint=f"ipc://{endpoint}", watch=self._watch, unwatch=self._unwatch,
+            access=self.access,
         )
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -345,31 +357,66 @@ class Broker:
     def _drain_router(self) -> None:
         for _ in range(1000):   # bounded, so the control socket is never starved
             try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK)
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._on_message(frames)
+            self._on_message([f.bytes for f in frames], _peer_uid(frames[-1]))
             self.handoffs.settle()   # a range a request made idle goes back before the next request
             self._last_request = time.monotonic()
 
     def send(self, ident: bytes, msg: dict) -> None:
-        try:
-            self.router.send_multipart([ident, protocol.pack(msg)], zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            log.info("reply dropped: %s", exc)
+        self.outbox.send(ident, msg)
 
-    def _on_message(self, frames: list[bytes]) -> None:
+    def _disconnect(self, session: Session, why: str) -> None:
+        """A session that does not read what it is sent: told why on its control socket, then
+        treated as if it had closed it (its process may still hold memory: orphaned)."""
+        if session.orphaned:
+            return
+        log.warning("session %d (pid %d uid %d) disconnected: %s", session.sid, session.cred.pid,
+                    session.cred.uid, why)
+        self.control.send(session, protocol.error_reply(0, QuotaExceeded(f"the broker ended this session: {why}")))
+        self.session_table.orphan(session)
+
+    def _reply(self, session: Session, op: str, rid: int, reply: dict) -> None:
+        """An answer, unless the client could not take it (too large) or its session has no room
+        for it: then an error naming the limit, and what the answer would have lent is let go."""
+        data = protocol.pack(protocol.ok_reply(rid, **reply))
+        why = self.outbox.refusal(session, op, len(data))
+        if why is None:
+            self.outbox.send_packed(session, data)
+            return
+        self._undo(session, op, reply)
+        log.info("session %d: %s", session.sid, why)
+        self.outbox.send_packed(session, protocol.pack(protocol.error_reply(rid, QuotaExceeded(why))))
+
+    def _undo(self, session: Session, op: str, reply: dict) -> None:
+        """Let go of the leases (or the watch) a reply that is not sent would have given."""
+        if op == "get_many":
+            for aid in reply.get("alloc", ()):
+                self.registry.free(session, aid)
+        elif op == "get" and "alloc" in reply and not reply.get("pending"):
+            self.registry.free(session, reply["alloc"])
+        elif op == "watch":
+            self.objects.unwatch(session, reply["watch"])
+
+    def _on_message(self, frames: list[bytes], peer_uid: int | None = None) -> None:
         ident = frames[0]
         session = self.sessions.get(ident)
         rid = 0
         try:
             if session is None:
                 raise PeerRefused("unknown or expired session token; reconnect with ipcpool.connect()")
+            if peer_uid is not None and peer_uid != session.cred.uid:
+                log.warning("session %d's token came from uid %d's connection (the session is uid %d's); refused",
+                            session.sid, peer_uid, session.cred.uid)
+                raise PeerRefused("this session token belongs to another uid's session; connect with ipcpool.connect()")
             if not session.heard:
                 self.notices.heard(session)
             if len(frames) != 2:
                 raise ProtocolError(f"expected one message frame, got {len(frames) - 1}")
             msg = protocol.unpack(frames[1])
+            if "read" in msg:
+                self.outbox.read(session, msg["read"])
             if "id" not in msg:
                 raise ProtocolError("missing field 'id'")
             rid = protocol.check_id(msg["id"])   # an invalid id is answered with 0, never executed
@@ -384,13 +431,14 @@ class Broker:
                 session.said_bye = True
                 self.session_table.end(session, "bye after its control socket closed")
                 return
+            self.access.check_request(session, op, fields)
             t0 = time.perf_counter()
             try:
                 reply = self.handlers.handle(session, op, fields, rid)
                 if self.metrics is not None:
                     self.metrics.observe(op, time.perf_counter() - t0)
                 if reply is not None and op not in protocol.ONE_WAY:   # None: answered later
-                    self.send(ident, protocol.ok_reply(rid, **reply))
+                    self._reply(session, op, rid, reply)
             finally:   # (after the answer: retiring events and sweeping frees wait for no reader)
                 session.backend.peer_progressed()
         except IpcPoolError as exc:
@@ -401,3 +449,12 @@ class Broker:
         except Exception as exc:   # the backend's own failure, else a bug of ours: keep serving
             who = f"session {session.sid}" if session else "unknown peer"
             self.send(ident, protocol.error_reply(rid, unexpected(self.backend, exc, who)))
+
+
+def _peer_uid(frame: zmq.Frame) -> int | None:
+    """The uid of the process at the other end of the message's connection: libzmq puts the
+    ipc peer's SO_PEERCRED in "Peer-Address" ("host:uid:gid:pid"). None where it does not."""
+    try:
+        return int(frame.get("Peer-Address").split(":")[-3])
+    except (zmq.ZMQError, ValueError, IndexError, AttributeError):
+        return None

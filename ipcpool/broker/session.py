@@ -27,6 +27,16 @@ class Session:
     # drops what is sent to it: growth notices wait here meanwhile (the newest per buffer).
     heard: bool = False
     unheard_growth: dict[str, dict] = field(default_factory=dict)
+    groups: tuple[int, ...] = ()   # supplementary groups at hello (per-pool access)
+    # Bytes sent on the message channel and bytes the client says it took in (``read`` on its
+    # requests): the difference sits in ZeroMQ's queues or the client's, charged to this session.
+    sent_bytes: int = 0
+    read_bytes: int = 0
+    dropped_notices: int = 0   # notices not sent for want of room (told as an overflow notice)
+
+    @property
+    def unread(self) -> int:
+        return self.sent_bytes - self.read_bytes
 
     def close_conn(self) -> None:
         if self.conn.fileno() >= 0:

@@ -23,7 +23,12 @@ from .tables import Tables
 
 log = logging.getLogger(__name__)
 
-HELLO_TIMEOUT = 5.0
+# A client says hello the moment it connects: a connection silent this long is dropped. Each uid
+# has a few connections without a hello at most (``pending_hellos_per_uid``), and the broker
+# MAX_PENDING in all: one more drops the oldest (of its uid, else of all), never the newcomer, so
+# idle connections opened faster than they expire cannot keep an honest client out.
+HELLO_TIMEOUT = 2.0
+MAX_PENDING = 1024
 
 
 class Sessions:
@@ -33,33 +38,70 @@ class Sessions:
         self.by_token = by_token   # token -> session (the message channel finds its sender here)
         self.by_fd: dict[int, Session] = {}      # control conn fd -> session
         self.by_pidfd: dict[int, Session] = {}   # pidfd -> orphaned session
-        self.pending: dict[int, tuple[socket.socket, float]] = {}   # accepted, no hello yet
+        self.pending: dict[int, tuple[socket.socket, float, int]] = {}   # accepted, no hello yet (oldest first)
+        self.pending_by_uid: dict[int, dict[int, None]] = {}   # uid -> its pending FDs, oldest first
+        self.pending_per_uid = 64   # the config's pending_hellos_per_uid (set by the server)
+        self.evicted = 0            # connections dropped for newer ones (logged now and then)
         self.by_uid: collections.Counter = collections.Counter()
         self._next_sid = 1
         self.backend = backend
         self.notices = notices
         self._watch = watch       # poll an FD (the server's poller)
         self._unwatch = unwatch
+        self.outbox = None   # the server's (set once the message channel is bound): what ends is uncharged
 
     # -- connections without a hello --------------------------------------------------------------
-    def await_hello(self, conn: socket.socket) -> None:
-        """An accepted (or not yet complete) connection: its hello is due within HELLO_TIMEOUT."""
-        self.pending[conn.fileno()] = (conn, time.monotonic())
-        self._watch(conn.fileno())
+    def await_hello(self, conn: socket.socket, uid: int, since: float | None = None) -> None:
+        """An accepted (or not yet complete) connection of ``uid``: its hello is due within
+        HELLO_TIMEOUT of ``since`` (its accept). The caller made room (``oldest_pending``)."""
+        fd = conn.fileno()
+        self.pending[fd] = (conn, time.monotonic() if since is None else since, uid)
+        self.pending_by_uid.setdefault(uid, {})[fd] = None
+        self._watch(fd)
 
-    def take_pending(self, fd: int) -> socket.socket:
-        conn, _ = self.pending.pop(fd)
+    def take_pending(self, fd: int) -> tuple[socket.socket, float, int]:
+        """A pending connection that became readable: (its socket, its accept time, its uid)."""
+        got = self.pending.pop(fd)
+        self._forget_uid(fd, got[2])
         self._unwatch(fd)
-        return conn
+        return got
+
+    def _forget_uid(self, fd: int, uid: int) -> None:
+        mine = self.pending_by_uid.get(uid)
+        if mine is not None:
+            mine.pop(fd, None)
+            if not mine:
+                del self.pending_by_uid[uid]
+
+    def oldest_pending(self, uid: int) -> int | None:
+        """The connection to make room by before one more of ``uid`` waits for its hello: its
+        uid's oldest where it has its share (pending_hellos_per_uid), else the oldest of all where
+        MAX_PENDING wait; None where there is room."""
+        mine = self.pending_by_uid.get(uid)
+        if mine and len(mine) >= self.pending_per_uid:
+            return next(iter(mine))
+        if len(self.pending) >= MAX_PENDING:
+            return next(iter(self.pending))
+        return None
+
+    def drop_pending(self, fd: int, why: str) -> None:
+        self._drop_pending(fd, why)
+
+    def _drop_pending(self, fd: int, why: str) -> None:
+        conn, _, uid = self.take_pending(fd)
+        conn.close()
+        self.evicted += 1
+        if self.evicted == 1 or self.evicted % 1000 == 0:
+            log.warning("dropped a connection of uid %d without a hello (%s; %d so far)", uid, why, self.evicted)
 
     def expire_pending(self) -> None:
+        """Drop the connections whose hello is overdue (the oldest come first: no full scan)."""
         now = time.monotonic()
-        for fd, (conn, since) in list(self.pending.items()):
-            if now - since > HELLO_TIMEOUT:
-                log.warning("dropping a connection that sent no hello in %.0f s", HELLO_TIMEOUT)
-                del self.pending[fd]
-                self._unwatch(fd)
-                conn.close()
+        while self.pending:
+            fd, (conn, since, uid) = next(iter(self.pending.items()))
+            if now - since <= HELLO_TIMEOUT:
+                return
+            self._drop_pending(fd, f"no hello within {HELLO_TIMEOUT:g} s")
 
     # -- sessions ---------------------------------------------------------------------------------
     def open(self, conn: socket.socket, cred: PeerCred, pidfd: int) -> Session:
@@ -98,6 +140,8 @@ class Sessions:
     def end(self, session: Session, why: str) -> None:
         """Let go of all the session held: arenas, growables, objects it was writing (their
         waiting readers are told), every hold on an allocation; then close its FDs."""
+        if self.outbox is not None:
+            self.outbox.forget(session)
         if self.by_token.pop(session.token, None) is not None:
             uid = session.cred.uid
             self.by_uid[uid] -= 1
@@ -126,6 +170,7 @@ class Sessions:
         """End every session and drop every connection without a hello."""
         for s in list(self.by_token.values()):
             self.end(s, why)
-        for conn, _ in self.pending.values():
+        for conn, _, _ in self.pending.values():
             conn.close()
         self.pending.clear()
+        self.pending_by_uid.clear()
