@@ -154,10 +154,7 @@ class Channel:
                 ) from exc
             except PermissionError as exc:
                 sock.close()
-                raise PeerRefused(
-                    f"permission denied on {path}: this user may not reach the broker; ask the "
-                    "operator to add it to the broker's group"
-                ) from exc
+                raise PeerRefused(f"permission denied on {path}: {paths.why_denied(path)}") from exc
             except OSError as exc:
                 sock.close()
                 raise BrokerGone(f"cannot connect to the broker at {path}: {exc}") from exc
@@ -167,10 +164,8 @@ class Channel:
         # ZeroMQ retries a refused ipc connect silently; say it plainly instead of timing out later.
         path = endpoint.removeprefix("ipc://")
         if endpoint.startswith("ipc://") and not os.access(path, os.R_OK | os.W_OK):
-            raise PeerRefused(
-                f"permission denied on {path}: this user may not reach the broker's message "
-                "channel; ask the operator to add it to the broker's group"
-            )
+            raise PeerRefused(f"permission denied on {path} (the broker's message channel): "
+                              f"{paths.why_denied(Path(path))}")
         return endpoint
 
     def _hello(self) -> dict:
