@@ -206,6 +206,8 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "grow": {"name": _object_name(), "nbytes": _u64()},
     "grow_detach": {"name": _object_name()},
     "grow_delete": {"name": _object_name()},
+    # Open sessions (pid, uid, what each holds), LIST_PAGE at most, those of ids above ``after``.
+    "sessions": {"after": _u64(required=False)},
 }
 
 # One-way requests: the broker acts and sends no reply (ordering per session is kept by ZeroMQ).
