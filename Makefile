@@ -33,8 +33,10 @@ test: $(STAMP)
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
 
+# Results go to bench/out/ (ignored by git): bench/results keeps the runs the README cites.
+BENCH_OUT ?= bench/out
 bench: $(STAMP)
-	$(PY) bench/host_roundtrip.py
+	$(PY) bench/host_roundtrip.py --out-dir $(BENCH_OUT)
 
 clean:
 	rm -rf $(VENV) $(LOCK) build *.egg-info

@@ -3,7 +3,8 @@ against a raw Python AF_UNIX ping-pong measured in the same run.
 
     .venv/bin/python bench/host_roundtrip.py [--iterations N]
 
-Writes bench/results/host_roundtrip.json and .png.
+Writes bench/results/host_roundtrip.json and .png (``--out-dir``: elsewhere; `make bench` writes
+bench/out/, which git ignores, so a run never overwrites the results kept in the repository).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import broker, machine, percentiles, save  # noqa: E402
+from bench.common import RESULTS, broker, machine, percentiles, save  # noqa: E402
 from ipcpool.progress import Progress  # noqa: E402
 
 CTX = mp.get_context("spawn")
@@ -170,6 +171,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=5000, help="round trips per client")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--out-dir", type=Path, default=RESULTS, help="where the JSON and PNG go (default bench/results)")
     args = parser.parse_args()
 
     results = {"benchmark": "host_roundtrip", "machine": machine(), "iterations": args.iterations}
@@ -180,7 +182,8 @@ def main() -> None:
     one = results["ipcpool"][0]
     results["ratio_p50_vs_raw"] = one["p50_us"] / results["raw_af_unix"]["p50_us"]
     results["ratio_p50_vs_zmq"] = one["p50_us"] / results["raw_zmq"]["p50_us"]
-    path = save("host_roundtrip", results, plot)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    path = save("host_roundtrip", results, plot, args.out_dir)
 
     raw = results["raw_af_unix"]
     print(f"\n{'':<24}{'p50 µs':>10}{'p99 µs':>10}{'allocs/s':>12}")

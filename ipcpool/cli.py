@@ -1,5 +1,10 @@
-"""`ipcpool ...`: broker, status, stats, trim, ls, rm, load, demo, doctor. The only place that
-configures logging. Tables are drawn with rich; every byte count goes through ``sizes.format_size``."""
+"""`ipcpool ...`: broker, status, stats, sessions, trim, ls, rm, load, demo, doctor. The only place
+that configures logging. Tables are drawn with rich; every byte count goes through
+``sizes.format_size``.
+
+Exit status: 0 done; 1 the command ran and the answer is no (``rm`` of a name that is not there,
+``demo`` failed, ``doctor``: the backend cannot run here); 2 an error (no broker, refused, a bad
+config or argument); 130 Ctrl-C; 141 its output pipe closed (``| head``), quietly."""
 
 from __future__ import annotations
 
@@ -24,13 +29,13 @@ SOCKET_DIR_HELP = ("the broker's socket directory (default: $IPCPOOL_SOCKET_DIR,
 
 
 # -- output ----------------------------------------------------------------------------------------
-def _console(stream=None):
+def _console(stream=None, width: int = 200):
     from rich.console import Console
 
     stream = stream or sys.stdout
     # Wide enough that a pipe or a log never gets a wrapped table (a terminal uses its own width).
     return Console(file=stream, markup=False, highlight=False, emoji=False,
-                   width=None if stream.isatty() else 200)
+                   width=None if stream.isatty() else width)
 
 
 def _table(*columns: str, left: int = 1):
@@ -48,8 +53,11 @@ def _stats_view(stats: dict):
     from rich.console import Group
     from rich.text import Text
 
-    cols = ("reserved", "used", "reserved_high", "used_high", "arena_free", "growable_bytes")
-    table = _table("pool", *cols, "allocations")
+    # Short headers: eight columns of sizes up to "1023.9 MiB" fit 80 columns.
+    cols = {"reserved": "reserved", "used": "used", "reserved_high": "res_high", "used_high": "used_high",
+            "arena_free": "arena_free", "growable_bytes": "growable"}
+    table = _table("pool", *cols.values(), "allocs")
+    table.collapse_padding = True
     for name, s in stats["pools"].items():
         table.add_row(name, *(format_size(s.get(c, 0)) for c in cols), str(s["allocations"]))
     head = Text(f"{time.strftime('%H:%M:%S')}  backend {stats['backend']}  sessions {stats['sessions']}  "
@@ -62,6 +70,9 @@ def cmd_broker(args) -> int:
     from .broker import Broker
     from .config import load
 
+    if args.print_config:
+        print(_config_template(), end="")
+        return 0
     config = load(args.config)
     choice = backends.choose(args.backend or (config.backend if config.backend != "auto" else None))
     broker = Broker(config, choice, args.socket_dir)
@@ -76,6 +87,13 @@ def cmd_broker(args) -> int:
     return 0
 
 
+def _config_template() -> str:
+    """The documented config (every key), shipped inside the package: a wheel has no deploy/."""
+    from importlib.resources import files
+
+    return files("ipcpool").joinpath("config_template.toml").read_text(encoding="utf-8")
+
+
 def cmd_stats(args) -> int:
     from ._client.client import connect
 
@@ -83,7 +101,7 @@ def cmd_stats(args) -> int:
         if args.json:
             print(json.dumps(client.stats(), indent=2))
             return 0
-        console = _console()
+        console = _console(width=80)
         if not args.watch:
             console.print(_stats_view(client.stats()))
             return 0
@@ -111,8 +129,10 @@ def cmd_status(args) -> int:
 
     with connect(args.socket_dir) as client:
         s = client.stats()
-    if args.json:
-        print(json.dumps(s, indent=2))
+    if args.json:   # what the broker is and whether it is up; `stats --json` has every figure
+        pools = {name: {k: p[k] for k in ("used", "reserved", "allocations")} for name, p in s["pools"].items()}
+        print(json.dumps({k: s[k] for k in ("version", "pid", "uptime", "backend", "sessions", "objects")}
+                         | {"socket_dir": str(client.socket_dir), "pools": pools}, indent=2))
         return 0
     up = int(s["uptime"])
     console = _console()
@@ -165,11 +185,59 @@ def cmd_ls(args) -> int:
     return 0
 
 
+def cmd_sessions(args) -> int:
+    from ._client.client import connect
+
+    with connect(args.socket_dir) as client:
+        rows = client.sessions()
+        mine = client.session
+    for r in rows:   # the process behind each, where this process may see it
+        r["user"], r["command"] = _user(r["uid"]), _command(r["pid"])
+        r["self"] = r["session"] == mine
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = _table("SESSION", "PID", "USER", "COMMAND", "BYTES", "ALLOCS", "LEASES", "WRITING", "GROWABLES",
+                   "STATE", left=4)
+    for r in rows:
+        table.add_row(str(r["session"]) + ("*" if r["self"] else ""), str(r["pid"]), r["user"], r["command"],
+                      format_size(r["bytes"]), str(r["allocations"]), str(r["leases"]), str(r["writing"]),
+                      str(r["growables"]), r["state"])
+    console = _console()
+    console.print(table)
+    console.print(f"{len(rows)} session(s), {format_size(sum(r['bytes'] for r in rows))} held "
+                  "(* this command's own)")
+    return 0
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() or "-"
+    except OSError:   # gone, or hidden from us (another pid namespace, hidepid)
+        return "-"
+
+
 def cmd_rm(args) -> int:
     from ._client.client import connect
 
+    if not args.names and args.prefix is None:
+        raise IpcPoolError("name what to remove: NAME..., or --prefix PREFIX")
+    if args.prefix == "":
+        raise IpcPoolError("--prefix '' would remove every object; give at least one character")
     failed = 0
     with connect(args.socket_dir) as client:
+        if args.prefix is not None:
+            failed += _rm_prefix(client, args.prefix)
         for name in args.names:
             try:
                 try:
@@ -183,6 +251,28 @@ def cmd_rm(args) -> int:
                 print(f"ipcpool rm: {name}: {exc}", file=sys.stderr)
                 failed += 1
     return 1 if failed else 0
+
+
+def _rm_prefix(client, prefix: str) -> int:
+    """Every object and growable buffer under ``prefix``; how many could not be removed."""
+    failed = removed = 0
+    for what, names, delete in (
+            ("object", [o["name"] for o in client.list(prefix)], client.delete),
+            ("growable buffer", [g["name"] for g in client.list_growables(prefix)], client.delete_growable)):
+        for name in names:
+            try:
+                delete(name)
+                removed += 1
+            except ObjectNotFound:   # removed by someone else meanwhile: gone all the same
+                pass
+            except IpcPoolError as exc:
+                print(f"ipcpool rm: {name}: {exc}", file=sys.stderr)
+                failed += 1
+    if not removed and not failed:
+        print(f"ipcpool rm: nothing is named {prefix}...", file=sys.stderr)
+        return 1
+    print(f"removed {removed} name(s) under {prefix}")
+    return failed
 
 
 def cmd_load(args) -> int:
@@ -214,7 +304,7 @@ def cmd_demo(args) -> int:
 def cmd_doctor(args) -> int:
     from .doctor import lines, report
 
-    rep, usable = report(args.backend)
+    rep, usable = report(args.backend, args.socket_dir)
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
     else:
@@ -260,7 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     backend_help = "memory backend: auto (CUDA where a driver and a GPU answer, else host), host or cuda"
     p = add("broker", "run the broker in the foreground; SIGTERM or Ctrl-C stops it", cmd_broker)
-    p.add_argument("--config", metavar="FILE", help="TOML configuration file (deploy/broker.toml documents every key)")
+    p.add_argument("--config", metavar="FILE", help="TOML configuration file (--print-config shows every key)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the documented configuration file (every key, its default) and exit")
     p.add_argument("--backend", choices=backends.BACKENDS,
                    help=backend_help + " (default: the config's backend, else $IPCPOOL_BACKEND, else auto)")
 
@@ -274,6 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --watch: seconds between tables (default: 1)")
     p.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N tables (default: until Ctrl-C)")
 
+    p = add("sessions", "open sessions: the process (pid, user, command) and what each holds", cmd_sessions)
+    p.add_argument("--json", action="store_true", help="print the sessions as JSON")
+
     p = add("trim", "give a pool's freed memory back to the system", cmd_trim)
     p.add_argument("pool", help="the pool's name, as in `ipcpool stats`")
     p.add_argument("--keep", type=_size_arg, default=0, metavar="SIZE",
@@ -284,7 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print objects and growable buffers as JSON")
 
     p = add("rm", "delete named objects or growable buffers (freed once nothing holds them)", cmd_rm)
-    p.add_argument("names", nargs="+", metavar="NAME", help="an object's or growable buffer's name")
+    p.add_argument("names", nargs="*", metavar="NAME", help="an object's or growable buffer's name")
+    p.add_argument("--prefix", metavar="PREFIX",
+                   help="also delete every object and growable buffer whose name starts with PREFIX")
 
     p = add("load", "stream a safetensors file into sealed named objects, one per tensor", cmd_load)
     p.add_argument("file", metavar="FILE", help="a .safetensors file")
@@ -299,8 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="always use a private broker in a temporary directory, even where one is running")
     p.add_argument("--backend", choices=backends.BACKENDS, help=backend_help + ", for a private broker")
 
-    p = add("doctor", "which backend the broker would choose here and why; the GPU's capabilities; MPS",
-            cmd_doctor, parent=common)
+    p = add("doctor", "which backend the broker would choose here and why; the GPU's capabilities; MPS; "
+                      "whether a broker answers", cmd_doctor)
     p.add_argument("--backend", choices=backends.BACKENDS, help="check this backend (default: as the broker would)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (always JSON, GPU or not)")
     return parser
@@ -334,17 +431,35 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+def _fail(args, exc: BaseException, text: str) -> int:
+    """An error: one line on stderr, or with --json a JSON object on stdout (where the caller reads)."""
+    if getattr(args, "json", False):
+        print(json.dumps({"error": text, "type": type(exc).__name__, "code": getattr(exc, "code", None)}))
+    else:
+        print(f"ipcpool {args.command}: {text}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     args: Any = build_parser().parse_args(argv)
     configure_logging(args.log_level)
     try:
-        return args.func(args)
-    except IpcPoolError as exc:
-        print(f"ipcpool {args.command}: {_one_line(exc)}", file=sys.stderr)
-        return 2
-    except OSError as exc:    # a file named on the command line: missing, unreadable
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"ipcpool {args.command}: {where}{exc.strerror or _one_line(exc)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        try:
+            code = args.func(args)
+            sys.stdout.flush()   # a closed pipe shows here, not at exit
+            return code
+        except IpcPoolError as exc:
+            return _fail(args, exc, _one_line(exc))
+        except BrokenPipeError:
+            raise
+        except OSError as exc:    # a file named on the command line: missing, unreadable
+            where = f"{exc.filename}: " if exc.filename else ""
+            return _fail(args, exc, f"{where}{exc.strerror or _one_line(exc)}")
+        except KeyboardInterrupt:
+            return 130
+    except BrokenPipeError:   # `ipcpool ls | head`: the reader has all it wanted
+        # Python would flush stdout again at exit and complain: point it at /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import grp
 import os
+import pwd
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +20,10 @@ from .growboard import MAX_SLOTS, SLOTS
 from .shm.directory import CAPACITY as DIRECTORY
 from .shm.directory import MAX_CAPACITY as MAX_DIRECTORY
 from .sizes import parse_size
+
+
+MIN_POOL = 1 << 20   # a max_size below this is a missing unit ("100" for "100G"), not a pool
+SOCKET_MODE = 0o750  # the socket directory's mode by default: its owner and its group
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,10 @@ PENDING_HELLOS_PER_UID = 64
 @dataclass(frozen=True)
 class Config:
     socket_dir: Path | None = None
+    # The socket directory's group (and so its sockets'): who the filesystem lets reach the broker.
+    # None: the broker's own group. By default the first group under [access].
+    socket_group: int | None = None
+    socket_mode: int = SOCKET_MODE
     backend: str = "auto"
     allow_uids: frozenset[int] = frozenset()
     allow_gids: frozenset[int] = frozenset()
@@ -96,9 +107,11 @@ def _expect(value: Any, kind: type, key: str):
 
 
 def _known(table: dict, keys: set[str], where: str) -> None:
-    unknown = set(table) - keys
+    unknown = sorted(set(table) - keys)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+        hints = [f"{k} (did you mean {near[0]}?)" if (near := difflib.get_close_matches(k, keys, 1)) else k
+                 for k in unknown]
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(hints)}; known: {', '.join(sorted(keys))}")
 
 
 def _pool_access(table: dict, where: str) -> PoolAccess | None:
@@ -134,9 +147,13 @@ def _pool(table: Any, i: int) -> PoolSpec:
     slab_memory = _expect(table.get("slab_memory", "pool"), str, f"{where}.slab_memory")
     if slab_memory not in SLAB_MEMORY:
         raise ConfigError(f"{where}.slab_memory: one of {', '.join(SLAB_MEMORY)}, got {slab_memory!r}")
+    max_size = _size(table.get("max_size", 0), f"{where}.max_size")
+    if 0 < max_size < MIN_POOL:   # it would refuse every allocation: say so now, not at each
+        raise ConfigError(f"{where}.max_size: {max_size} bytes cannot serve an allocation; a pool needs "
+                          f"at least 1M (sizes take a unit: \"512M\", \"{max_size}G\"), or 0 for the backend's default")
     return PoolSpec(
         name=name,
-        max_size=_size(table.get("max_size", 0), f"{where}.max_size"),
+        max_size=max_size,
         release_threshold=None if threshold is None else _size(threshold, f"{where}.release_threshold"),
         device=device,
         reuse=reuse,
@@ -154,9 +171,34 @@ def _gid(value: Any, key: str) -> int:
     return _expect(value, int, key)
 
 
+def _uid(value: Any, key: str) -> int:
+    """A uid, or a user's name (looked up now: the broker starts knowing whom it means)."""
+    if isinstance(value, str) and not value.isdigit():
+        try:
+            return pwd.getpwnam(value).pw_uid
+        except KeyError:
+            raise ConfigError(f"{key}: no user named {value!r}") from None
+    return int(value) if isinstance(value, str) else _expect(value, int, key)
+
+
+def _socket_mode(value: Any) -> int:
+    """The socket directory's mode: an int (TOML 0o750) or a string of octal digits ("0750")."""
+    if isinstance(value, str):
+        try:
+            value = int(value, 8)
+        except ValueError:
+            raise ConfigError(f"socket_mode: octal digits such as \"0750\", got {value!r}") from None
+    mode = _expect(value, int, "socket_mode")
+    # The owner needs everything; nobody else may write (replace a socket) or list it openly.
+    if mode & ~0o777 or mode & 0o700 != 0o700 or mode & 0o022:
+        raise ConfigError(f"socket_mode: rwx for the owner, no write for group or others (such as 0o750, "
+                          f"0o770 is refused), got {oct(mode)}")
+    return stat.S_IMODE(mode)
+
+
 def parse(data: dict[str, Any]) -> Config:
-    _known(data, {"socket_dir", "backend", "access", "pools", "quotas", "metrics_address", "busy_poll_us",
-                  "limits", "growth", "handoff"}, "config")
+    _known(data, {"socket_dir", "socket_group", "socket_mode", "backend", "access", "pools", "quotas",
+                  "metrics_address", "busy_poll_us", "limits", "growth", "handoff"}, "config")
     handoff = _expect(data.get("handoff", {}), dict, "handoff")
     _known(handoff, {"directory"}, "handoff")
     directory_entries = _expect(handoff.get("directory", DIRECTORY), int, "handoff.directory")
@@ -199,9 +241,13 @@ def parse(data: dict[str, Any]) -> Config:
         raise ConfigError(f"backend: one of {', '.join(BACKENDS)}; got {backend!r}")
     access = _expect(data.get("access", {}), dict, "access")
     _known(access, {"uids", "gids", "groups"}, "access")
-    uids = [_expect(u, int, f"access.uids[{i}]") for i, u in enumerate(access.get("uids", []))]
-    gids = [_gid(g, f"access.gids[{i}]") for i, g in enumerate(access.get("gids", []))]
-    gids += [_gid(g, f"access.groups[{i}]") for i, g in enumerate(access.get("groups", []))]
+    uids = [_uid(u, f"access.uids[{i}]") for i, u in enumerate(_expect(access.get("uids", []), list, "access.uids"))]
+    groups = [_gid(g, f"access.groups[{i}]") for i, g in enumerate(_expect(access.get("groups", []), list, "access.groups"))]
+    gids = [_gid(g, f"access.gids[{i}]") for i, g in enumerate(_expect(access.get("gids", []), list, "access.gids"))]
+    # A group [access] admits must reach the sockets too: the directory is its by default.
+    group = data.get("socket_group", (groups + gids)[0] if groups or gids else "")
+    socket_group = None if group == "" else _gid(group, "socket_group")
+    socket_mode = _socket_mode(data.get("socket_mode", SOCKET_MODE))
     pools_raw = data.get("pools", [{"name": "default"}])
     if isinstance(pools_raw, dict):   # [pools.default] / [pools] instead of [[pools]]
         example = next(iter(pools_raw), "default")
@@ -228,16 +274,20 @@ def parse(data: dict[str, Any]) -> Config:
         quota = Quota(bytes=_size(table.get("bytes", 0), f"quotas.{key}.bytes"), objects=objects)
         if key == "default":
             default_quota = quota
-        elif key.isdigit():
-            quotas[int(key)] = quota
-        else:
-            raise ConfigError(f"quotas.{key}: expected a numeric uid or 'default'")
+        else:   # a uid, or a user's name
+            try:
+                quotas[_uid(key, f"quotas.{key}")] = quota
+            except ConfigError:
+                raise ConfigError(f"quotas.{key}: expected a uid, a user's name or 'default'; "
+                                  f"no user named {key!r}") from None
     socket_dir = data.get("socket_dir")
     return Config(
         socket_dir=Path(_expect(socket_dir, str, "socket_dir")) if socket_dir is not None else None,
+        socket_group=socket_group,
+        socket_mode=socket_mode,
         backend=backend,
         allow_uids=frozenset(uids),
-        allow_gids=frozenset(gids),
+        allow_gids=frozenset(groups + gids),
         pools=pools,
         quotas=quotas,
         default_quota=default_quota,

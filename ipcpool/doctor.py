@@ -1,5 +1,6 @@
-"""`ipcpool doctor`: which backend the broker would choose here and why, what the GPU can do, and
-whether CUDA MPS serves it. One plain dict, printed as JSON or as lines by the CLI."""
+"""`ipcpool doctor`: which backend the broker would choose here and why, what the GPU can do,
+whether CUDA MPS serves it, and whether a broker answers. One plain dict, printed as JSON or as
+lines by the CLI."""
 
 from __future__ import annotations
 
@@ -10,7 +11,26 @@ from .backend.mps import MPS_NOTE, mps_status  # noqa: F401 (part of what doctor
 from ._version import __version__
 from .errors import IpcPoolError
 
-def report(requested: str | None) -> tuple[dict[str, Any], bool]:
+BROKER_TIMEOUT = 2.0   # seconds a broker has to answer before doctor says none does
+
+
+def broker_status(socket_dir: str | None) -> dict[str, Any]:
+    """Whether a broker answers at ``socket_dir`` (default: where a client would look), and which."""
+    from . import paths
+    from ._client.client import connect
+
+    out: dict[str, Any] = {"socket_dir": str(socket_dir) if socket_dir else None, "answers": False}
+    try:
+        out["socket_dir"] = str(paths.resolve(socket_dir))
+        with connect(socket_dir, timeout=BROKER_TIMEOUT) as client:
+            s = client.stats()
+        out.update(answers=True, **{k: s[k] for k in ("version", "pid", "backend", "uptime", "sessions")})
+    except IpcPoolError as exc:
+        out["error"] = " ".join(str(exc).split())
+    return out
+
+
+def report(requested: str | None, socket_dir: str | None = None) -> tuple[dict[str, Any], bool]:
     """(the report, whether the requested backend can run here)."""
     ok, why = backends.probe_cuda()
     out: dict[str, Any] = {"version": __version__, "backend": None, "reason": None,
@@ -30,6 +50,7 @@ def report(requested: str | None) -> tuple[dict[str, Any], bool]:
         except Exception as exc:   # a report, not a crash: say what failed
             out["capabilities_error"] = f"{type(exc).__name__}: {exc}"
     out["mps"] = mps_status(ok)
+    out["broker"] = broker_status(socket_dir)
     return out, usable
 
 
@@ -60,4 +81,10 @@ def lines(rep: dict[str, Any]) -> list[str]:
             out.append(f"  peer access: {caps['peer_access']}")
     if rep.get("capabilities_error"):
         out.append(f"capabilities: {rep['capabilities_error']}")
+    b = rep["broker"]
+    if b["answers"]:
+        out.append(f"broker: answers at {b['socket_dir']} (ipcpool {b['version']}, pid {b['pid']}, "
+                   f"backend {b['backend']}, {b['sessions']} session(s))")
+    else:
+        out.append(f"broker: none answers at {b['socket_dir'] or 'the default socket directory'} ({b['error']})")
     return out

@@ -31,8 +31,9 @@ class ClosedError(IpcPoolError):
     code = 2
 
 
-class BrokerGone(IpcPoolError):
-    """The broker is not running, or went away mid-session."""
+class BrokerGone(IpcPoolError, ConnectionError):
+    """The broker is not running, or went away mid-session. Also a ConnectionError, so code that
+    handles a lost connection handles this one."""
 
     code = 3
 
@@ -92,8 +93,9 @@ class ObjectExists(InvalidRequest):
     code = 12
 
 
-class ObjectNotFound(InvalidRequest):
-    """No sealed object of that name (and the caller chose not to wait)."""
+class ObjectNotFound(InvalidRequest, LookupError):
+    """No sealed object of that name (and the caller chose not to wait). Also a LookupError, as
+    a missing key is."""
 
     code = 13
 
@@ -104,8 +106,8 @@ class ObjectAborted(IpcPoolError):
     code = 14
 
 
-class WaitTimeout(IpcPoolError):
-    """What was waited for did not happen within the timeout."""
+class WaitTimeout(IpcPoolError, TimeoutError):
+    """What was waited for did not happen within the timeout. Also a TimeoutError."""
 
     code = 15
 

@@ -220,6 +220,8 @@ REQUESTS: dict[str, dict[str, Field]] = {
                 "done_event": _event()},
     # The export of an allocation a directory entry names (an arena), for a reader to import once.
     "dir_export": {"pool": _name(), "alloc": _u64()},
+    # Open sessions (pid, uid, what each holds), LIST_PAGE at most, those of ids above ``after``.
+    "sessions": {"after": _u64(required=False)},
 }
 
 # One-way requests: the broker acts and sends no reply (ordering per session is kept by ZeroMQ).

@@ -31,6 +31,7 @@ from .. import fdpass, paths, protocol
 from ..errors import (BrokerGone, ClosedError, InvalidRequest, IpcPoolError, PeerRefused, ProtocolError,
                       error_from_wire)
 from .settings import Settings
+from .waitlog import SlowWait, describe
 
 log = logging.getLogger(__name__)
 
@@ -180,10 +181,7 @@ class Channel:
                 ) from exc
             except PermissionError as exc:
                 sock.close()
-                raise PeerRefused(
-                    f"permission denied on {path}: this user may not reach the broker; ask the "
-                    "operator to add it to the broker's group"
-                ) from exc
+                raise PeerRefused(f"permission denied on {path}: {paths.why_denied(path)}") from exc
             except OSError as exc:
                 sock.close()
                 raise BrokerGone(f"cannot connect to the broker at {path}: {exc}") from exc
@@ -193,10 +191,8 @@ class Channel:
         # ZeroMQ retries a refused ipc connect silently; say it plainly instead of timing out later.
         path = endpoint.removeprefix("ipc://")
         if endpoint.startswith("ipc://") and not os.access(path, os.R_OK | os.W_OK):
-            raise PeerRefused(
-                f"permission denied on {path}: this user may not reach the broker's message "
-                "channel; ask the operator to add it to the broker's group"
-            )
+            raise PeerRefused(f"permission denied on {path} (the broker's message channel): "
+                              f"{paths.why_denied(Path(path))}")
         return endpoint
 
     def _hello(self) -> dict:
@@ -404,10 +400,14 @@ class Channel:
             self.check_open()
             rid = self.send(op, **fields)
             spin = self.get_spin_s if _wait != 0.0 else self.spin_s
-            return self.wait_reply(rid, None if _wait is None else self.timeout + _wait, spin=spin)
+            if _wait is None:   # a wait without a limit says, once, what it waits for
+                return self.wait_reply(rid, None, spin=spin, slow=SlowWait(describe(op, fields)))
+            return self.wait_reply(rid, self.timeout + _wait, spin=spin)
 
-    def wait_reply(self, rid: int, timeout: float | None, until=None, spin: float | None = None) -> dict | None:
-        """The reply to ``rid``; or, with ``until``, None as soon as ``until()`` holds."""
+    def wait_reply(self, rid: int, timeout: float | None, until=None, spin: float | None = None,
+                   slow: SlowWait | None = None) -> dict | None:
+        """The reply to ``rid``; or, with ``until``, None as soon as ``until()`` holds. ``slow``:
+        logs once when the wait lasts (its sleeps are cut to log on time)."""
         timeout_ms = -1 if timeout is None else int(timeout * 1000)
         spin_until = time.perf_counter() + (self.spin_s if spin is None else spin)
         while True:
@@ -420,8 +420,16 @@ class Channel:
                     continue
             except _NotYet:
                 continue
-            events = dict(self._poller.poll(timeout_ms))
+            if slow is not None and not slow.logged:
+                events = dict(self._poller.poll(slow.poll_ms(timeout_ms)))
+                slow.tick()
+                if not events and not slow.logged:
+                    continue
+            else:
+                events = dict(self._poller.poll(timeout_ms))
             if not events:
+                if timeout is None:   # the line was due: sleep on
+                    continue
                 raise BrokerGone(f"the broker did not answer within {timeout:.0f} s")
             if self._dealer in events:
                 continue

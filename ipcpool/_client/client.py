@@ -215,6 +215,18 @@ class Client:
         reply.pop("id"), reply.pop("ok")
         return reply
 
+    def sessions(self) -> list[dict]:
+        """The broker's open sessions: ``session``, ``pid``, ``uid``, ``gid``, ``bytes`` it keeps
+        alive (its arenas included), ``arena_bytes``, ``allocations``, ``leases`` on objects,
+        objects it is ``writing``, ``growables`` attached, ``state`` (open, or orphaned: its
+        socket closed, its process not gone yet)."""
+        out: list[dict] = []
+        while True:
+            reply = self._channel.call("sessions", after=out[-1]["session"] if out else 0)
+            out += reply["sessions"]
+            if not reply.get("more") or not reply["sessions"]:
+                return out
+
     def reset_high(self, pool: str | None = None) -> None:
         self._channel.call("reset_high", **({"pool": pool} if pool else {}))
 

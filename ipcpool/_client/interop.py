@@ -56,13 +56,37 @@ def _module(kind: str) -> Any:
     return module
 
 
-def _xp_dtype(xp: Any, kind: str, dtype: str) -> Any:
+def _xp_dtype(xp: Any, kind: str, dtype: str, name: str = "") -> Any:
     found = _XP_DTYPES.get((kind, dtype))
     if found is None:
-        found = xp.dtype(dtype)   # (an unknown name raises here, and is not kept)
+        try:
+            found = xp.dtype(dtype)   # (an unknown name raises here, and is not kept)
+        except TypeError:
+            found = _ml_dtype(kind, dtype, name)
         if len(_XP_DTYPES) < 256:
             _XP_DTYPES[(kind, dtype)] = found
     return found
+
+
+def _ml_dtype(kind: str, dtype: str, name: str) -> Any:
+    """A dtype numpy does not have (bfloat16, float8_*: torch's names): ml_dtypes' where it is
+    installed (numpy arrays of it work), else an error saying what to use."""
+    what = f"object {name!r}: " if name else ""
+    if kind == "numpy":
+        try:
+            import ml_dtypes
+        except ModuleNotFoundError:
+            ml_dtypes = None
+        found = getattr(ml_dtypes, dtype, None) if ml_dtypes is not None else None
+        if found is not None:
+            return _module("numpy").dtype(found)
+        if ml_dtypes is None:
+            raise MissingDependency(
+                f"{what}numpy has no dtype {dtype!r}: pip install ml_dtypes (numpy then reads it), or read "
+                "it as a torch tensor with get_tensor(), or as raw bytes with Client.get()") from None
+    raise MissingDependency(
+        f"{what}{'CuPy' if kind == 'cupy' else 'numpy'} has no dtype {dtype!r}: read it as a torch tensor "
+        "with get_tensor() (pip install 'ipcpool[torch]'), or as raw bytes with Client.get()") from None
 
 
 def _kind(obj: Any) -> str:
@@ -180,13 +204,17 @@ class Views:
             except BaseException:
                 lease.free()
                 raise
-        xp = _module(kind)
+        try:
+            xp = _module(kind)
+            np_dtype = _xp_dtype(xp, kind, dtype, name)
+        except BaseException:
+            lease.free()
+            raise
         if kind == "numpy" and not lease.freed:
-            fast = self._host_array(lease, memory, xp, _xp_dtype(xp, kind, dtype), shape, count)
+            fast = self._host_array(lease, memory, xp, np_dtype, shape, count)
             if fast is not None:
                 return fast
         arr = xp.asarray(lease)
-        np_dtype = xp.dtype(dtype)
         return arr[: count * np_dtype.itemsize].view(np_dtype).reshape(shape)
 
     def typed_many(self, leases: list[Any], memories: list[ImportedMemory], kind: str) -> dict[str, Any]:
@@ -209,7 +237,7 @@ class Views:
                 continue
             np_dtype = dtypes.get(dtype)
             if np_dtype is None:
-                np_dtype = dtypes[dtype] = _xp_dtype(np, kind, dtype)
+                np_dtype = dtypes[dtype] = _xp_dtype(np, kind, dtype, lease.name)
             slab, offset = base
             whole = bases.get((id(slab), np_dtype, lease.readonly))
             count, itemsize = prod(shape), np_dtype.itemsize

@@ -170,8 +170,9 @@ class ControlChannel:
                         cred.pid, cred.uid, cred.gid, list(groups[:16]))
             raise PeerRefused(
                 f"uid {cred.uid} (gid {cred.gid}, {len(groups)} supplementary group(s)) is not "
-                "allowed to use this broker; ask the operator to add it to a group listed under "
-                "[access] in the broker's config (then log in again), or to list its uid"
+                "allowed to use this broker: its config refused it (the filesystem let it reach the "
+                "socket); ask the operator to add it to a group listed under [access] in the "
+                "broker's config (then log in again), or to list its uid"
             )
         cap = self.config.sessions_per_uid
         if cap and self.sessions.by_uid[cred.uid] >= cap:

@@ -232,3 +232,39 @@ class Handlers:
 
     def op_dir_export(self, session: Session, f: dict, rid: int) -> dict:
         return export_fields(self.tables.directories.export_of(session, f["pool"], f["alloc"]))
+
+    # -- who is connected --------------------------------------------------------------------------
+    def op_sessions(self, session: Session, f: dict, rid: int) -> dict:
+        """Open sessions of ids above ``after``, a page at most: who (pid, uid, gid) and what each
+        keeps alive, so an operator can find the process behind the memory."""
+        after = f.get("after", 0)
+        shown = sorted((s for s in self.sessions.values() if s.sid > after), key=lambda s: s.sid)
+        more = len(shown) > protocol.LIST_PAGE
+        shown = shown[: protocol.LIST_PAGE]
+        allocations = self.tables.registry.allocations
+        objects = {o.alloc.aid: o for o in self.tables.objects.objects.values()}
+        arenas: dict[Session, int] = {}
+        for arena in self.tables.handoffs.arenas.values():
+            if not arena.closed:
+                arenas[arena.session] = arenas.get(arena.session, 0) + arena.alloc.size
+        growables: dict[Session, int] = {}
+        for g in self.tables.growables.by_name.values():
+            for holder in g.holders:
+                growables[holder] = growables.get(holder, 0) + 1
+        rows = []
+        for s in shown:
+            held, leases, writing = arenas.get(s, 0), 0, 0
+            for aid, n in s.held.items():
+                alloc, obj = allocations.get(aid), objects.get(aid)
+                if alloc is None:
+                    continue
+                lease = obj is not None and obj.writer is not s
+                leases += n if lease else 0
+                writing += obj is not None and not lease and not obj.sealed
+                # A range carved from its own arena is in the arena's bytes already.
+                held += alloc.size if alloc.charged or lease else 0
+            rows.append({"session": s.sid, "pid": s.cred.pid, "uid": s.cred.uid, "gid": s.cred.gid,
+                         "bytes": held, "arena_bytes": arenas.get(s, 0), "allocations": len(s.held),
+                         "leases": leases, "writing": writing, "growables": growables.get(s, 0),
+                         "state": "orphaned" if s.orphaned else "open"})
+        return {"sessions": rows, "more": more}

@@ -12,6 +12,7 @@ what each request does ``handlers``', and what other sessions are told ``notices
 from __future__ import annotations
 
 import fcntl
+import grp
 import logging
 import os
 import signal
@@ -53,15 +54,36 @@ FD_TABLE = 16384     # open-file slots sized at start: sessions, chunks and pool
 STOCK_IDLE_S = 0.005   # the growth stock is refilled once no request came for this long
 
 
-def _prepare_dir(path: Path) -> None:
-    path.mkdir(mode=0o750, parents=True, exist_ok=True)
+def _prepare_dir(path: Path, group: int | None, mode: int) -> None:
+    """The socket directory, ours, of ``group`` (None: as it is) and ``mode`` (its setgid bit
+    kept): what the filesystem lets through must match what [access] admits."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = path.lstat()
     if not stat.S_ISDIR(st.st_mode):
         raise IpcPoolError(f"socket directory {path} is not a directory")
     if st.st_uid != os.getuid():
         raise IpcPoolError(f"socket directory {path} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
-    if st.st_mode & 0o027:  # never world-accessible, never group-writable
-        os.chmod(path, 0o750)
+    if group is not None and st.st_gid != group:
+        _chgrp(path, group)
+    if stat.S_IMODE(st.st_mode) & 0o777 != mode:
+        os.chmod(path, mode | (st.st_mode & stat.S_ISGID))
+
+
+def _chgrp(path: Path, group: int) -> None:
+    try:
+        os.chown(path, -1, group)
+    except PermissionError:
+        raise IpcPoolError(
+            f"cannot give {path} to group {_group_name(group)} (socket_group, by default the first "
+            f"[access] group): this user is not a member of it; add it, or set socket_group"
+        ) from None
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return f"{grp.getgrgid(gid).gr_name} ({gid})"
+    except KeyError:
+        return str(gid)
 
 
 class Broker:
@@ -98,7 +120,7 @@ class Broker:
     # -- set-up and tear-down -------------------------------------------------------------
     def start(self) -> None:
         """Take the directory lock, create pools, bind both sockets. Rolls back on failure."""
-        _prepare_dir(self.socket_dir)
+        _prepare_dir(self.socket_dir, self.config.socket_group, self.config.socket_mode)
         self._lock_fd = os.open(self.socket_dir / paths.LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
         try:
             try:
@@ -161,7 +183,8 @@ class Broker:
         endpoint = self.socket_dir / paths.ZMQ_NAME
         for stale in (control, endpoint):  # we hold the lock: whatever is there is dead
             stale.unlink(missing_ok=True)
-        old = os.umask(0o117)   # sockets 0660, set before bind
+        # Sockets 0660 (0666 where the directory lets others in), set before bind.
+        old = os.umask(0o111 if self.config.socket_mode & 0o001 else 0o117)
         try:
             self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
             self.listener.bind(str(control))
@@ -185,6 +208,9 @@ class Broker:
         self.session_table.outbox = self.outbox
         self.session_table.pending_per_uid = self.config.pending_hellos_per_uid
         self.access = PoolAccess(self.config, self.tables)
+        if self.config.socket_group is not None:   # their group, whatever the directory's setgid bit
+            for sock in (control, endpoint):
+                _chgrp(sock, self.config.socket_group)
         # The router's monitor tells the guard of each message-channel connection (fdguard says why).
         self._monitor = self.router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         self.guard = FdGuard(self.router, self._monitor, f"ipc://{endpoint}", self.fd_limit, self.session_table)

@@ -106,4 +106,4 @@ def test_stats_table_shows_growable_bytes(broker):
     lines = out.stdout.splitlines()
     header = next(line for line in lines if line.split()[:1] == ["pool"])
     row = next(line for line in lines if line.split()[:1] == ["default"])
-    assert "growable_bytes" in header and "3.0 MiB" in row
+    assert "growable" in header and "3.0 MiB" in row

@@ -43,7 +43,7 @@ def test_every_third_party_import_is_declared():
             dist = "cuda-" + module.split(".")[1]
         else:
             dist = DISTRIBUTION.get(top, top).replace("_", "-").lower()
-        if top in ("torch", "cupy"):
+        if top in ("torch", "cupy", "ml_dtypes"):
             assert dist in optional, f"{module} ({sorted(files)}): no extra installs {dist}"
         else:
             assert dist in required, f"{module} ({sorted(files)}): {dist} is not a declared dependency"
