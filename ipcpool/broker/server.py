@@ -27,6 +27,7 @@ from ..backend import Choice, broker_backend
 from ..backend.base import BrokerBackend
 from ..config import Config
 from ..errors import AlreadyRunning, IpcPoolError, PeerRefused, ProtocolError
+from .checkpoints import CheckpointTable
 from .control import ControlChannel
 from .durable import Durability
 from .fdguard import FdGuard, raise_fd_limit
@@ -131,7 +132,8 @@ class Broker:
                 self.durable.store(self.registry)
                 self.durable.save()
             self.notices = Notices(self.objects, self.sessions, self.send)
-            self.tables = Tables(self.registry, self.objects, self.growables, self.handoffs, self.durable)
+            self.tables = Tables(self.registry, self.objects, self.growables, self.handoffs, self.durable,
+                                 CheckpointTable(self.registry))
             self.handlers = Handlers(tables=self.tables, notices=self.notices, sessions=self.sessions,
                                      backend_name=self.choice.name, started=self.started)
             self.session_table = Sessions(by_token=self.sessions, backend=self.backend, tables=self.tables,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .checkpoints import CheckpointTable
 from .durable import Durability
 from .growables import GrowableTable
 from .handoff import Handoffs
@@ -19,3 +20,4 @@ class Tables:
     growables: GrowableTable
     handoffs: Handoffs       # seal boards and subscriptions
     durable: Durability      # what outlives the broker (FD store, records)
+    checkpoints: CheckpointTable   # named sets of tensors in versions (not durable yet)
