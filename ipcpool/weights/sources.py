@@ -3,6 +3,7 @@ sharded layout, ``model.safetensors.index.json``, or every ``*.safetensors`` fil
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ def read_source(path: str | os.PathLike) -> list[SourceTensor]:
     elif path.is_file():
         paths = [path]
     else:
-        raise InvalidRequest(f"{path}: no such file or directory")
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
     out: list[SourceTensor] = []
     seen: dict[str, Path] = {}
     for p in paths:

@@ -322,3 +322,19 @@ def test_load_or_attach_times_out_naming_the_loader(broker, tmp_path):
     finally:
         dying.kill()
         dying.join()
+
+
+def test_cli_load_ls_rm_a_checkpoint(broker, tmp_path):
+    from tests.integration.test_cli import ipcpool_cmd
+
+    path = tmp_path / "tiny.safetensors"
+    write_safetensors(path, _tensors())
+    sd = str(broker.socket_dir)
+    out = ipcpool_cmd("load", str(path), "--socket-dir", sd)
+    assert out.returncode == 0, out.stderr
+    assert "loaded 3 tensor(s)" in out.stdout and "as checkpoint 'tiny' version 1" in out.stdout
+    listed = json.loads(ipcpool_cmd("ls", "--json", "--socket-dir", sd).stdout)["checkpoints"]
+    assert [(c["name"], c["current"], c["versions"][0]["tensors"]) for c in listed] == [("tiny", 1, 3)]
+    assert "tiny" in ipcpool_cmd("ls", "--socket-dir", sd).stdout
+    assert ipcpool_cmd("rm", "tiny", "--socket-dir", sd).returncode == 0
+    assert json.loads(ipcpool_cmd("ls", "--json", "--socket-dir", sd).stdout)["checkpoints"] == []
