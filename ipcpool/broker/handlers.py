@@ -228,7 +228,7 @@ class Handlers:
         if isinstance(made, Checkpoint):   # elected elsewhere: attach, or wait for the loader
             cur = made.current
             return {"busy": True, "current": cur.number if cur else None}
-        shards = [{**export_fields(a), **credit(a.pool, session)} for a in made.shards]
+        shards = [export_fields(a) for a in made.shards]   # (no credits: the writer's release makes its own event)
         return {"version": made.number, "shards": shards}
 
     def op_ckpt_add(self, session: Session, f: dict, rid: int) -> dict:
