@@ -11,7 +11,7 @@ import warnings
 from typing import Any
 
 from ..errors import InvalidRequest
-from .interop import _module, _torch_dtype
+from .interop import _require
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -26,7 +26,7 @@ def _raw(buf: Any, kind: str, writable: bool) -> Any:
     """A flat uint8 tensor or array over a whole shard."""
     memory = buf._memory
     if kind == "torch":
-        torch = _module("torch")
+        torch = _require("torch")
         if memory.view is None:
             return torch.from_dlpack(buf).view(torch.uint8)
         import numpy
@@ -34,7 +34,7 @@ def _raw(buf: Any, kind: str, writable: bool) -> Any:
         with warnings.catch_warnings():   # read-only by contract, not by page bits
             warnings.simplefilter("ignore", UserWarning)
             return torch.from_numpy(numpy.frombuffer(memory.view, dtype=numpy.uint8))
-    xp = _module(kind)
+    xp = _require(kind)
     if kind == "numpy":
         if memory.view is None:
             raise InvalidRequest("numpy arrays need host memory: use kind='torch' or 'cupy' on a GPU")
@@ -50,22 +50,26 @@ def _xp_dtype(xp: Any, name: str) -> Any:
         return xp.dtype(name)
     except TypeError:
         pass
-    try:   # bfloat16 and float8 live in ml_dtypes where installed
-        import ml_dtypes
+    raise InvalidRequest(f"{xp.__name__} has no dtype {name!r}: use kind='torch'")
 
-        return xp.dtype(getattr(ml_dtypes, name))
-    except (ImportError, AttributeError, TypeError):
-        raise InvalidRequest(f"{xp.__name__} has no dtype {name!r}: use kind='torch'") from None
+
+def _torch_dtype(name: str, dtype: str) -> Any:
+    torch = _require("torch")
+    found = getattr(torch, dtype, None)
+    if not isinstance(found, torch.dtype):
+        raise InvalidRequest(f"tensor {name!r}: torch has no dtype {dtype!r}")
+    return found
 
 
 def shard_views(bufs: list[Any], entries: list[Any], kind: str, *, writable: bool) -> dict[str, Any]:
-    """Every entry (``name, dtype, shape, shard, offset, nbytes``) as a view of its shard."""
+    """Every entry (``name, dtype, shape, shard, offset, nbytes``) as a view of its shard.
+    (Modules are imported with ``_require``, not cached: a process that hides torch later sees it.)"""
     if kind not in ("torch", "numpy", "cupy"):
         raise InvalidRequest(f"kind: 'torch', 'numpy' or 'cupy', not {kind!r}")
     raws: dict[int, Any] = {}
     wholes: dict[tuple[int, str], Any] = {}
     out: dict[str, Any] = {}
-    xp = _module(kind) if kind != "torch" else None
+    xp = _require(kind) if kind != "torch" else None
     for e in entries:
         if not 0 <= e.shard < len(bufs) or e.offset + e.nbytes > bufs[e.shard].size:
             raise InvalidRequest(f"tensor {e.name!r} lies outside its shard")

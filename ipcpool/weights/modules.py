@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._client.interop import _module
+from .._client.interop import _require
 from ..errors import InvalidRequest
 from ..meta import dtype_name
 from .layout import DEFAULT_SHARD_BYTES, TensorSpec, plan
@@ -22,7 +22,7 @@ def publish_tensors(client: Any, name: str, tensors: Mapping[str, Any], *, pool:
     """A new version of ``name`` holding a copy of ``tensors`` (torch, on the client's kind of
     memory), made current once the copies on ``stream`` (torch's current one by default) are done.
     Returns its number."""
-    torch = _module("torch")
+    torch = _require("torch")
     items = list(tensors.items())
     specs = [TensorSpec(k, dtype_name(t.dtype), tuple(t.shape)) for k, t in items]
     shards, entries = plan(specs, shard_bytes)
@@ -90,7 +90,7 @@ def bind_module(module: Any, tensors: Mapping[str, Any], *, copy: bool = False) 
     """Make ``module``'s parameters and persistent buffers ``tensors`` (a checkpoint's, by
     state-dict name): zero-copy views, or with ``copy=True`` copies into the module's own memory.
     Checked first (``check_module``); returns the module."""
-    torch = _module("torch")
+    torch = _require("torch")
     source = check_module(module, tensors)
     if copy:
         with torch.no_grad():

@@ -23,6 +23,7 @@ from ipcpool.config import Config
 ROOT = Path(__file__).resolve().parents[2]
 KILL_TESTS = {
     "test_killed_client_memory_comes_back",
+    "test_readers_never_see_a_mix_on_the_gpu",
     "test_client_killed_with_a_free_in_flight",
     "test_writer_death_on_a_gpu",
     "test_a_pending_reader_of_a_writer_killed_before_its_seal_gets_object_aborted",
