@@ -177,6 +177,8 @@ def attach_ipcpool(sock: Path, name: str, kind: str, readers: int) -> list[dict]
 def _mp_worker(q_in, q_out):
     import torch  # noqa: F401
 
+    if torch.cuda.is_available():
+        torch.cuda.init()   # its context made before the clock starts, as an ipcpool worker's is at connect
     q_in.get(timeout=300)   # a warm-up item: the worker is up and torch imported
     t0 = time.perf_counter()
     sd = q_in.get()
@@ -269,7 +271,9 @@ def c_backend(sock: Path) -> str:
 
 def swap_ipcpool(sock: Path, name: str, state: dict, readers: int, kind: str) -> dict:
     q_ready, q_out = SPAWN.Queue(), SPAWN.Queue()
-    poll_s = 0.0 if c_backend(sock) == "cuda" else 0.001
+    # A host of few cores: readers polling without pause (and the broker's busy poll after each
+    # request) would take the cores the trainer needs.
+    poll_s = 0.0 if c_backend(sock) == "cuda" else 0.005
     procs = [SPAWN.Process(target=_swap_reader, args=(str(sock), name, kind, poll_s, q_ready, q_out))
              for _ in range(readers)]
     for p in procs:
@@ -277,6 +281,7 @@ def swap_ipcpool(sock: Path, name: str, state: dict, readers: int, kind: str) ->
     for _ in procs:
         q_ready.get(timeout=300)
     with ipcpool.connect(sock) as c:
+        c.reset_high()
         before = c.stats()["pools"]["default"]["used"]
         t0 = time.monotonic()
         if kind == "torch":
