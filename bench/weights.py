@@ -403,6 +403,11 @@ def run_case(label: str, path: Path, info: dict, sock: Path, backend: str, reade
     return res
 
 
+LABELS = {"load_ipcpool_s": "ipcpool", "load_safetensors_s": "safetensors", "load_floor_s": "pinned floor",
+          "attach_ipcpool_s": "ipcpool", "attach_torch_mp_s": "torch.mp", "attach_floor_s": "IPC floor",
+          "swap_ipcpool_swap_s": "ipcpool", "swap_per_tensor_ipc_s": "per-tensor IPC", "swap_goal_s": "goal: 2x d2d+10ms"}
+
+
 def plot(results: list[dict], png: Path, device: str) -> None:
     import matplotlib
 
@@ -416,7 +421,7 @@ def plot(results: list[dict], png: Path, device: str) -> None:
     for row, r in zip(axes, results):
         for ax, (g, keys) in zip(row, groups.items()):
             keys = [k for k in keys if k in r]
-            ax.bar([k.replace("_s", "").replace(g + "_", "").replace("swap_", "") for k in keys],
+            ax.bar([LABELS[k] for k in keys],
                    [r[k] * 1e3 for k in keys], color=["tab:blue", "tab:orange", "tab:gray"][: len(keys)])
             ax.set_title(f"{r['case']}: {g} (ms)")
             ax.tick_params(axis="x", labelsize=7)
