@@ -252,7 +252,12 @@ class Checkpoint:
         return not self._leases
 
     def ranges(self) -> list[tuple[int, int, int | None]]:
+        """``(address, size, device)`` of each shard: what a transfer engine registers."""
         return [(b.ptr, b.size, b.device) for b in self._leases]
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        return [b.size for b in self._leases]
 
     def refresh(self, stream: Any = None) -> bool:
         """Move to the current version if it is newer than this one (one round trip when it is

@@ -227,6 +227,13 @@ class Client:
         shards, entries = plan(specs, shard_bytes or DEFAULT_SHARD_BYTES)
         return self._checkpoints.begin(name, shards, entries, pool=pool, user=user, exclusive=False, stream=stream)
 
+    def new_version_like(self, name: str, shard_sizes: list[int], entries: list, *, pool: str = "default",
+                         user: dict | None = None, stream: Any = None) -> VersionWriter:
+        """A version laid out exactly as given (``Entry``s and shard sizes, e.g. another broker's
+        ``Checkpoint.entries`` and ``shard_sizes``): a pull copies shard for shard, byte for byte."""
+        return self._checkpoints.begin(name, list(shard_sizes), list(entries), pool=pool, user=user,
+                                       exclusive=False, stream=stream)
+
     def publish_tensors(self, name: str, tensors: Any, *, pool: str = "default", stream: Any = None,
                         user: dict | None = None) -> int:
         """A new version of ``name`` copied from live torch tensors (device to device on CUDA),

@@ -1,5 +1,6 @@
 """Checkpoints on the host backend: versions published whole, attach, refresh, holders, death."""
 
+import ctypes
 import json
 import os
 import random
@@ -338,3 +339,17 @@ def test_cli_load_ls_rm_a_checkpoint(broker, tmp_path):
     assert "tiny" in ipcpool_cmd("ls", "--socket-dir", sd).stdout
     assert ipcpool_cmd("rm", "tiny", "--socket-dir", sd).returncode == 0
     assert json.loads(ipcpool_cmd("ls", "--json", "--socket-dir", sd).stdout)["checkpoints"] == []
+
+
+def test_a_version_laid_out_like_another_copies_shard_for_shard(broker):
+    """What a pull from a peer broker does (issue 35): the same layout, bytes copied per shard."""
+    with ipcpool.connect(broker.socket_dir) as c:
+        write_version(c, "src", 7, shard_bytes=4096)
+        with c.attach("src", kind="numpy") as src:
+            with c.new_version_like("dst", src.shard_sizes, src.entries, user={"from": "src"}) as w:
+                assert [size for _, size, _ in w.ranges()] == src.shard_sizes
+                for mine, theirs in zip(w.shards, src.ranges()):
+                    mine.view[:] = memoryview((ctypes.c_ubyte * theirs[1]).from_address(theirs[0])).cast("B")
+                w.publish()
+        with c.attach("dst", kind="numpy") as ck:
+            assert ck.user == {"from": "src"} and all((t == 7).all() for t in ck.tensors.values())
