@@ -2,6 +2,7 @@
 
 from ._version import __version__  # noqa: F401 (public, outside __all__ as is usual)
 from ._client.catalog import Subscription
+from ._client.checkpoints import Checkpoint, VersionWriter
 from ._client.client import Client, connect
 from ._client.leases import Buffer
 from .errors import (
@@ -30,6 +31,7 @@ __all__ = [
     "BrokerBusy",
     "BrokerGone",
     "Buffer",
+    "Checkpoint",
     "Client",
     "ClosedError",
     "ObjectAborted",
@@ -44,6 +46,7 @@ __all__ = [
     "QuotaExceeded",
     "Subscription",
     "UnknownPool",
+    "VersionWriter",
     "WaitTimeout",
     "connect",
 ]

@@ -163,8 +163,9 @@ def cmd_ls(args) -> int:
     with connect(args.socket_dir) as client:
         objects = client.list(args.prefix)
         growables = client.list_growables(args.prefix)
+        checkpoints = client.list_checkpoints(args.prefix)
     if args.json:
-        print(json.dumps({"objects": objects, "growables": growables}, indent=2))
+        print(json.dumps({"objects": objects, "growables": growables, "checkpoints": checkpoints}, indent=2))
         return 0
     console = _console()
     table = _table("NAME", "SIZE", "DTYPE", "SHAPE", "STATE", "LEASES")
@@ -182,6 +183,15 @@ def cmd_ls(args) -> int:
             table.add_row(g["name"], format_size(g["size"]), str(g["chunks"]), g["pool"], g["state"], str(g["attached"]))
         console.print(table)
         console.print(f"{len(growables)} growable buffer(s), {format_size(sum(g['size'] for g in growables))}")
+    if checkpoints:
+        from .weights.command import ls_rows
+
+        console.print()
+        table = _table("CHECKPOINT", "VERSION", "STATE", "TENSORS", "SIZE", "SHARDS", "HOLDERS")
+        for row in ls_rows(checkpoints):
+            table.add_row(*row)
+        console.print(table)
+        console.print(f"{len(checkpoints)} checkpoint(s)")
     return 0
 
 
@@ -245,8 +255,11 @@ def cmd_rm(args) -> int:
                 except ObjectNotFound:   # not an object: a growable buffer of that name?
                     try:
                         client.delete_growable(name)
-                    except ObjectNotFound:
-                        raise ObjectNotFound(f"no object or growable buffer named {name!r}") from None
+                    except ObjectNotFound:   # a checkpoint, then (every version, as one)
+                        try:
+                            client.delete_checkpoint(name)
+                        except ObjectNotFound:
+                            raise ObjectNotFound(f"no object, growable buffer or checkpoint named {name!r}") from None
             except IpcPoolError as exc:
                 print(f"ipcpool rm: {name}: {exc}", file=sys.stderr)
                 failed += 1
@@ -276,23 +289,9 @@ def _rm_prefix(client, prefix: str) -> int:
 
 
 def cmd_load(args) -> int:
-    from pathlib import Path
+    from .weights.command import cmd_load
 
-    from ._client.client import connect
-    from .loader import NotStored, load, read_header
-
-    read_header(Path(args.file))    # a missing or broken file is refused before the broker is asked
-    with connect(args.socket_dir) as client:
-        try:
-            names = load(client, args.file, prefix=args.prefix, pool=args.pool, overwrite=args.overwrite)
-        except NotStored as exc:
-            for name, err in exc.failed.items():
-                print(f"ipcpool load: not stored: {name}: {_one_line(err)}", file=sys.stderr)
-            hint = "" if args.overwrite else " (--overwrite replaces objects that exist)"
-            print(f"ipcpool load: {len(exc.failed)} tensor(s) of {args.file} not stored{hint}", file=sys.stderr)
-            return 1
-    print(f"loaded {len(names)} tensor(s) from {args.file} as sealed objects under {args.prefix or '(no prefix)'}")
-    return 0
+    return cmd_load(args)
 
 
 def cmd_demo(args) -> int:
@@ -383,12 +382,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", metavar="PREFIX",
                    help="also delete every object and growable buffer whose name starts with PREFIX")
 
-    p = add("load", "stream a safetensors file into sealed named objects, one per tensor", cmd_load)
-    p.add_argument("file", metavar="FILE", help="a .safetensors file")
-    p.add_argument("--prefix", default="", help="put PREFIX before each tensor's name (for example m/)")
+    p = add("load", "publish a safetensors file, or a directory of them (model.safetensors.index.json), "
+                    "as one checkpoint version", cmd_load)
+    p.add_argument("file", metavar="PATH", help="a .safetensors file or a directory of them")
+    p.add_argument("--name", help="the checkpoint's name (default: the file's stem or the directory's name)")
+    p.add_argument("--prefix", default=None,
+                   help="instead: one sealed object per tensor, named PREFIX + its name (for example m/)")
     p.add_argument("--pool", default="default", help="the pool to load into (default: default)")
     p.add_argument("--overwrite", action="store_true",
-                   help="delete an object of the same name first (readers that hold it keep their lease)")
+                   help="with --prefix: delete an object of the same name first (readers that hold it keep "
+                        "their lease)")
 
     p = add("demo", "a producer process writes into broker memory, a consumer process checks it zero-copy; "
                     "starts a private broker where none is running", cmd_demo)

@@ -224,6 +224,86 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "sessions": {"after": _u64(required=False)},
 }
 
+# Checkpoints (``broker.checkpoints``): a version is begun with its shards' sizes, its manifest added
+# in pieces of at most MAX_ARRAY entries, then published (or aborted); readers attach and read the
+# manifest in pages.
+CKPT_MAX_SHARDS = 256            # allocations of one version
+CKPT_MAX_ENTRIES = 1 << 18       # tensors of one version
+# Bytes per element of the dtypes a checkpoint may hold: the broker checks every tensor's size.
+CKPT_ITEMSIZE = {
+    "bool": 1, "uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "uint64": 8,
+    "int64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "float8_e4m3fn": 1,
+    "float8_e5m2": 1, "complex64": 8, "complex128": 16,
+}
+
+
+def _count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 63
+
+
+def check_sizes(key: str, sizes: list) -> None:
+    if not sizes or not all(_count(n) and n > 0 for n in sizes):
+        raise InvalidRequest(f"{key}: 1 to {CKPT_MAX_SHARDS} positive sizes in bytes")
+
+
+def check_user(key: str, user: dict) -> None:
+    check_meta(key, {"user": user})
+
+
+def check_events(key: str, events: list) -> None:
+    for i, e in enumerate(events):
+        if not isinstance(e, bytes):
+            raise InvalidRequest(f"{key}[{i}]: an event handle is bytes")
+        check_event(f"{key}[{i}]", e)
+
+
+def check_entries(key: str, entries: list) -> None:
+    """Manifest entries ``[name, dtype, shape, shard, offset, nbytes]``: types, a known dtype, a
+    size that matches dtype and shape, an aligned offset (the shard bounds are the table's)."""
+    for i, e in enumerate(entries):
+        where = f"{key}[{i}]"
+        if not isinstance(e, list) or len(e) != 6:
+            raise InvalidRequest(f"{where}: [name, dtype, shape, shard, offset, nbytes]")
+        name, dtype, shape, shard, offset, nbytes = e
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME or not name.isprintable():
+            raise InvalidRequest(f"{where}: a tensor name is 1-{MAX_NAME} printable characters")
+        itemsize = CKPT_ITEMSIZE.get(dtype) if isinstance(dtype, str) else None
+        if itemsize is None:
+            raise InvalidRequest(f"{where}: dtype {_show(dtype, 32)} is not one of {', '.join(CKPT_ITEMSIZE)}")
+        if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_count(d) for d in shape):
+            raise InvalidRequest(f"{where}: a shape is a list of at most {MAX_DIMS} non-negative ints")
+        if not (_count(shard) and _count(offset) and _count(nbytes)):
+            raise InvalidRequest(f"{where}: shard, offset and nbytes are non-negative ints")
+        count = 1
+        for d in shape:
+            count *= d
+            if count * itemsize > nbytes:
+                break
+        if count * itemsize != nbytes:
+            raise InvalidRequest(f"{where}: {name[:80]!r} is {dtype} {shape}"[:200] + f", not {nbytes} bytes")
+        if offset % itemsize:
+            raise InvalidRequest(f"{where}: offset {offset} is not aligned to {dtype}")
+
+
+REQUESTS.update({
+    # ``exclusive``: elect one loader. Where the checkpoint has a current version or a live writer,
+    # nothing is made and the reply says ``busy`` (with ``current``) instead.
+    "ckpt_begin": {"name": _object_name(), "shards": Field(list, max_len=CKPT_MAX_SHARDS, check=check_sizes),
+                   "count": _u64(), "pool": _name(),
+                   "user": Field(dict, False, check=check_user), "exclusive": Field(bool, False)},
+    "ckpt_add": {"name": _object_name(), "version": _u64(), "entries": Field(list, max_len=MAX_ARRAY, check=check_entries)},
+    # ``done_events``: one per shard (the writer's release of its import), or none (host).
+    "ckpt_publish": {"name": _object_name(), "version": _u64(),
+                     "done_events": Field(list, False, max_len=CKPT_MAX_SHARDS, check=check_events)},
+    "ckpt_abort": {"name": _object_name(), "version": _u64()},
+    # The current version (or ``version``); with ``newer_than``: ``same`` where the current is no newer.
+    "ckpt_attach": {"name": _object_name(), "version": _u64(required=False), "newer_than": _u64(required=False)},
+    "ckpt_manifest": {"name": _object_name(), "version": _u64(), "start": _u64()},
+    "ckpt_list": {"prefix": Field(str, False, max_len=MAX_NAME), "after": Field(str, False, max_len=MAX_NAME),
+                  "limit": _u64(required=False)},
+    "ckpt_delete": {"name": _object_name()},
+})
+
 # One-way requests: the broker acts and sends no reply (ordering per session is kept by ZeroMQ).
 ONE_WAY = frozenset({"free", "ack"})
 

@@ -17,6 +17,7 @@ from ..errors import IpcPoolError
 from . import gcpause, interop
 from .catalog import Subscription, list_all, subscribe
 from .channel import Channel
+from .checkpoints import Checkpoint, Checkpoints, VersionWriter, wait_attach
 from .growable import GrowableBuffer, Remap
 from .growables import Growables
 from .leases import Buffer, Leases
@@ -59,6 +60,7 @@ class Client:
         self._leases = Leases(channel, self._pools, self._backend, settings.arena_bytes)
         self._handoff = self._leases.handoff
         self._growables = Growables(channel, self._backend, settings.growable_span)
+        self._checkpoints = Checkpoints(channel, self._leases)
         # What arrives unasked, and the replies to requests sent without waiting, go to the parts.
         channel.on_reply, channel.on_notice = self._handoff.on_reply, self._handoff.on_notice
         channel.on_grown = self._growables.on_grown
@@ -204,6 +206,66 @@ class Client:
     def delete_growable(self, name: str) -> None:
         """Delete a growable buffer; its memory goes once every attached client has closed it."""
         self._growables.delete(name)
+
+    # -- checkpoints (model weights: a name -> versions, each published whole) ---------------------
+    def attach(self, name: str, *, version: int | None = None, kind: str = "torch", stream: Any = None,
+               timeout: float | None = 0) -> Checkpoint:
+        """Checkpoint ``name``'s current version (or ``version``) as zero-copy tensors in one call:
+        ``ckpt.tensors`` (``kind``: torch, numpy or cupy), ``ckpt.version``, ``ckpt.refresh()``
+        to move to the newest, ``ckpt.release()`` (or ``with``). ``timeout``: seconds to wait for
+        a first version (None: for ever; 0: not at all)."""
+        return wait_attach(self._checkpoints, name, version, kind, stream, timeout)
+
+    def new_version(self, name: str, tensors: list, *, pool: str = "default", user: dict | None = None,
+                    shard_bytes: int | None = None, stream: Any = None) -> VersionWriter:
+        """A version of checkpoint ``name`` to fill: ``tensors`` lists ``TensorSpec``s (or
+        ``(name, dtype, shape)``). Write through ``w.tensors()``, then ``w.publish(stream)``; a
+        ``with`` block left without publishing drops it. ``w.ranges()``: its memory, shard by shard."""
+        from ..weights.layout import DEFAULT_SHARD_BYTES, TensorSpec, plan
+
+        specs = [t if isinstance(t, TensorSpec) else TensorSpec(t[0], str(t[1]), tuple(t[2])) for t in tensors]
+        shards, entries = plan(specs, shard_bytes or DEFAULT_SHARD_BYTES)
+        return self._checkpoints.begin(name, shards, entries, pool=pool, user=user, exclusive=False, stream=stream)
+
+    def new_version_like(self, name: str, shard_sizes: list[int], entries: list, *, pool: str = "default",
+                         user: dict | None = None, stream: Any = None) -> VersionWriter:
+        """A version laid out exactly as given (``Entry``s and shard sizes, e.g. another broker's
+        ``Checkpoint.entries`` and ``shard_sizes``): a pull copies shard for shard, byte for byte."""
+        return self._checkpoints.begin(name, list(shard_sizes), list(entries), pool=pool, user=user,
+                                       exclusive=False, stream=stream)
+
+    def publish_tensors(self, name: str, tensors: Any, *, pool: str = "default", stream: Any = None,
+                        user: dict | None = None) -> int:
+        """A new version of ``name`` copied from live torch tensors (device to device on CUDA),
+        current once the copies are done; returns its number."""
+        from ..weights.modules import publish_tensors
+
+        return publish_tensors(self, name, tensors, pool=pool, stream=stream, user=user)
+
+    def load_checkpoint(self, name: str, path: Any, *, pool: str = "default", progress: bool = True,
+                        stream: Any = None) -> int:
+        """A new version of ``name`` from a safetensors file or a sharded directory; its number."""
+        from ..weights.load import load_checkpoint
+
+        return load_checkpoint(self, name, path, pool=pool, progress=progress, stream=stream)
+
+    def load_or_attach(self, name: str, path: Any, *, pool: str = "default", kind: str = "torch",
+                       timeout: float | None = None, progress: bool = False, stream: Any = None) -> Checkpoint:
+        """Attach ``name``, loading it from ``path`` first where no one has: of many callers one
+        loads, the others wait and attach; a loader that dies is replaced by the next caller."""
+        from ..weights.load import load_or_attach
+
+        return load_or_attach(self, name, path, pool=pool, kind=kind, timeout=timeout, progress=progress,
+                              stream=stream)
+
+    def list_checkpoints(self, prefix: str = "") -> list[dict]:
+        """Checkpoints: name, current version, and each live version (state, tensors, size,
+        shards, holders)."""
+        return self._checkpoints.list(prefix)
+
+    def delete_checkpoint(self, name: str) -> None:
+        """Forget ``name``: versions go once their readers release them."""
+        self._checkpoints.delete(name)
 
     # -- sharing and administration ---------------------------------------------------------------
     def share(self, buf: Buffer) -> bytes:

@@ -355,5 +355,13 @@ class ClientBackend(ABC):
     def release_loaned(self, device: int, handle: Any) -> None:
         """Release a lent chunk's handle that no buffer took."""
 
+    def read_files(self, jobs: list[tuple[int, int, ImportedMemory, int, int]], stream: Any = None,
+                   on_bytes: Callable[[int], None] | None = None) -> None:
+        """File bytes into imported memory: each job ``(fd, file_offset, memory, offset, nbytes)``,
+        ordered on ``stream`` (host: done on return). ``on_bytes(n)`` reports progress."""
+        from .filecopy import read_into_host
+
+        read_into_host(jobs, on_bytes)
+
     def close(self) -> None:
         """Release backend-wide client resources."""

@@ -13,6 +13,7 @@ import time
 from .. import protocol
 from .._version import __version__
 from ..errors import InvalidRequest
+from .checkpoints import Checkpoint
 from .notices import Notices
 from .replies import batch_fields, credit, export_fields, lease_fields, page, pending_fields
 from .session import Session
@@ -71,7 +72,7 @@ class Handlers:
         return {
             "backend": self.backend_name, "sessions": len(self.sessions), "pools": pools,
             "objects": len(self.tables.objects.objects), "pid": os.getpid(), "uptime": time.time() - self.started,
-            "version": VERSION,
+            "version": VERSION, "checkpoints": self.tables.checkpoints.stats(),
         }
 
     def op_reset_high(self, session: Session, f: dict, rid: int) -> dict:
@@ -268,3 +269,83 @@ class Handlers:
                          "leases": leases, "writing": writing, "growables": growables.get(s, 0),
                          "state": "orphaned" if s.orphaned else "open"})
         return {"sessions": rows, "more": more}
+
+    # -- checkpoints (``checkpoints``) --------------------------------------------------------------
+    def op_ckpt_begin(self, session: Session, f: dict, rid: int) -> dict:
+        made = self.tables.checkpoints.begin(session, f["name"], f["shards"], f["count"], f["pool"],
+                                             f.get("user", {}), f.get("exclusive", False))
+        if isinstance(made, Checkpoint):   # elected elsewhere: attach, or wait for the loader
+            cur = made.current
+            return {"busy": True, "current": cur.number if cur else None}
+        shards = [export_fields(a) for a in made.shards]   # (no credits: the writer's release makes its own event)
+        return {"version": made.number, "shards": shards}
+
+    def op_ckpt_add(self, session: Session, f: dict, rid: int) -> dict:
+        v = self.tables.checkpoints.add(session, f["name"], f["version"], f["entries"])
+        return {"have": len(v.entries)}
+
+    def op_ckpt_publish(self, session: Session, f: dict, rid: int) -> dict:
+        v, old = self.tables.checkpoints.publish(session, f["name"], f["version"], f.get("done_events", []))
+        return {"version": v.number, "replaced": old.number if old else None}
+
+    def op_ckpt_abort(self, session: Session, f: dict, rid: int) -> dict:
+        self.tables.checkpoints.abort(session, f["name"], f["version"])
+        return {}
+
+    def op_ckpt_attach(self, session: Session, f: dict, rid: int) -> dict:
+        table = self.tables.checkpoints
+        newer = f.get("newer_than")
+        if newer is not None and "version" not in f:
+            ckpt = table.checkpoints.get(f["name"])
+            if ckpt is not None and ckpt.current is not None and ckpt.current.number <= newer:
+                return {"same": True, "version": ckpt.current.number}
+        v = table.attach(session, f["name"], f.get("version"))
+        # The shards as a batch of leases (``Leases._adopt_batch`` imports them): one event per
+        # pool after every shard's seal.
+        shims = [_ShardLease(a) for a in v.shards]
+        by_pool: dict = {}
+        for a in v.shards:
+            by_pool.setdefault(a.pool, []).append(a.handle)
+        joined = {pool: pool.join_seals(handles, session.backend) for pool, handles in by_pool.items()}
+        entries, more = _manifest_page(v.entries, 0)
+        return {"version": v.number, "count": len(v.entries), "entries": entries, "more": more,
+                "user": v.user, **batch_fields(shims, list(v.shards), joined)}
+
+    def op_ckpt_manifest(self, session: Session, f: dict, rid: int) -> dict:
+        v = self.tables.checkpoints.held(session, f["name"], f["version"])
+        entries, more = _manifest_page(v.entries, f["start"])
+        return {"entries": entries, "more": more}
+
+    def op_ckpt_list(self, session: Session, f: dict, rid: int) -> dict:
+        table = self.tables.checkpoints
+        table.prune()
+        limit = min(f.get("limit") or protocol.LIST_PAGE, protocol.LIST_PAGE)
+        listed, more, last = page(table.checkpoints, f.get("prefix", ""), f.get("after", ""), limit, table.info)
+        return {"checkpoints": listed, "more": more, "after": last}
+
+    def op_ckpt_delete(self, session: Session, f: dict, rid: int) -> dict:
+        self.tables.checkpoints.delete(f["name"])
+        return {}
+
+
+class _ShardLease:
+    """What ``batch_fields`` reads of an object, for a shard (its metadata: none)."""
+
+    __slots__ = ("alloc", "meta")
+
+    def __init__(self, alloc):
+        self.alloc, self.meta = alloc, {}
+
+
+MANIFEST_PAGE_BYTES = 4 << 20   # of a reply's MAX_REPLY
+
+
+def _manifest_page(entries: list, start: int) -> tuple[list, bool]:
+    """Entries from ``start``: at most MAX_ARRAY (what a client unpacks) and about 4 MiB."""
+    out, budget = [], MANIFEST_PAGE_BYTES
+    for e in entries[start : start + protocol.MAX_ARRAY]:
+        budget -= 40 + len(e[0]) + 9 * len(e[2])
+        if budget < 0 and out:
+            break
+        out.append(e)
+    return out, start + len(out) < len(entries)

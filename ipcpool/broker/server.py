@@ -29,6 +29,7 @@ from ..backend.base import BrokerBackend
 from ..config import Config
 from ..errors import AlreadyRunning, IpcPoolError, PeerRefused, ProtocolError, QuotaExceeded
 from .access import PoolAccess
+from .checkpoints import CheckpointTable
 from .control import ControlChannel
 from .directory import Directories
 from .durable import Durability
@@ -159,7 +160,7 @@ class Broker:
                 self.durable.save()
             self.notices = Notices(self.objects, self.sessions, self.send)
             self.tables = Tables(self.registry, self.objects, self.growables, self.handoffs, self.durable,
-                                 self.directories)
+                                 self.directories, CheckpointTable(self.registry))
             self.handlers = Handlers(tables=self.tables, notices=self.notices, sessions=self.sessions,
                                      backend_name=self.choice.name, started=self.started)
             self.session_table = Sessions(by_token=self.sessions, backend=self.backend, tables=self.tables,

@@ -154,6 +154,9 @@ class Sessions:
             self.tables.handoffs.end_session(session)
             for g in self.tables.growables.end_session(session):
                 self.tables.durable.forget_growable(g)
+            for v in self.tables.checkpoints.end_session(session):
+                log.info("session %d: checkpoint %r version %d dropped (never published)", session.sid,
+                         v.checkpoint, v.number)
             aborted, orphans = self.tables.objects.end_session(session)
             for obj in aborted:
                 log.info("session %d: object %r aborted (never sealed)", session.sid, obj.name)

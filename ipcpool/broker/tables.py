@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .directory import Directories
+from .checkpoints import CheckpointTable
 from .durable import Durability
 from .growables import GrowableTable
 from .handoff import Handoffs
@@ -21,3 +22,4 @@ class Tables:
     handoffs: Handoffs       # seal boards and subscriptions
     durable: Durability      # what outlives the broker (FD store, records)
     directories: Directories   # name directories and lease pages (reads without a reply)
+    checkpoints: CheckpointTable   # named sets of tensors in versions (not durable yet)

@@ -91,7 +91,7 @@ def test_rm_prefix_and_exit_1_for_what_is_not_there(broker):
     again = cli("rm", "--prefix", "a/", "--socket-dir", sd)
     assert again.returncode == 1 and again.stderr.strip() == "ipcpool rm: nothing is named a/...", again.stderr
     missing = cli("rm", "nope/x", "--socket-dir", sd)
-    assert missing.returncode == 1 and "no object or growable buffer named 'nope/x'" in missing.stderr
+    assert missing.returncode == 1 and "no object, growable buffer or checkpoint named 'nope/x'" in missing.stderr
 
 
 def test_doctor_says_whether_a_broker_answers(broker, tmp_path):

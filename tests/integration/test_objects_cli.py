@@ -50,7 +50,7 @@ def test_load_ls_rm(broker, tmp_path):
         assert table[-1][:3] == ["1", "growable", "buffer(s),"]
 
     rm = ipcpool_cmd("rm", "m/empty", "m/nope", "m/kv", "--socket-dir", sd)
-    assert rm.returncode == 1 and "m/nope: no object or growable buffer named 'm/nope'" in rm.stderr
+    assert rm.returncode == 1 and "m/nope: no object, growable buffer or checkpoint named 'm/nope'" in rm.stderr
     listed = json.loads(ipcpool_cmd("ls", "--json", "--socket-dir", sd).stdout)
     assert [o["name"] for o in listed["objects"]] == ["m/embed.weight", "m/layer0.bias"]
     assert listed["growables"] == []

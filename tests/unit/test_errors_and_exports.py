@@ -6,10 +6,10 @@ from ipcpool import errors
 
 def test_public_surface_is_explicit():
     assert sorted(ipcpool.__all__) == sorted(
-        ["AllocationTooLarge", "BackendUnavailable", "BrokerBusy", "BrokerGone", "Buffer", "Client", "ClosedError",
+        ["AllocationTooLarge", "BackendUnavailable", "BrokerBusy", "BrokerGone", "Buffer", "Checkpoint", "Client", "ClosedError",
          "InvalidRequest", "IpcPoolError", "MissingDependency", "ObjectAborted", "ObjectExists", "ObjectNotFound", "OutOfMemory",
-         "PeerRefused", "ProtocolError", "QuotaExceeded", "Subscription", "UnknownPool", "WaitTimeout",
-         "connect"]
+         "PeerRefused", "ProtocolError", "QuotaExceeded", "Subscription", "UnknownPool", "VersionWriter",
+         "WaitTimeout", "connect"]
     )
     for name in ipcpool.__all__:
         assert getattr(ipcpool, name) is not None

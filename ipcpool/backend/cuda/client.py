@@ -18,7 +18,7 @@ from . import driver as drv
 from . import vmm
 from .client_pool import CudaClientPool
 from .context import OnDevice, check_device
-from .errors import usable
+from .errors import is_cuda_error, translate, usable
 
 
 def growable_access(device: int, peers: list[int]) -> tuple[int, ...]:
@@ -109,6 +109,7 @@ class CudaClientBackend(ClientBackend):
         self._done: collections.deque[tuple[int, Any]] = collections.deque()
         self._lock = threading.Lock()
         self._worker: ThreadPoolExecutor | None = None   # slab imports (client_pool), made when first needed
+        self._stagers: dict[int, Any] = {}   # device -> PinnedStager, made by the first file load
         self._closed = False
 
     def import_pool(self, info: dict[str, Any], fd: int) -> ClientPool:
@@ -201,10 +202,35 @@ class CudaClientBackend(ClientBackend):
             while self._done and self._done[0][0] + 2 <= self._replies and self._done[0][1].is_done:
                 self._done.popleft()[1].close()
 
+    def read_files(self, jobs: list[tuple[int, int, Any, int, int]], stream: Any = None,
+                   on_bytes: Callable[[int], None] | None = None) -> None:
+        """File bytes to device memory through pinned buffers, reads and copies overlapped
+        (``staging``); the copies are ordered on ``stream``."""
+        from .staging import PinnedStager
+
+        by_device: dict[int, list[tuple[int, int, int, int]]] = {}
+        for fd, file_offset, memory, offset, nbytes in jobs:
+            if nbytes:
+                by_device.setdefault(memory.device, []).append((fd, file_offset, memory.ptr + offset, nbytes))
+        for device, pieces in by_device.items():
+            stager = self._stagers.get(device)
+            if stager is None:
+                stager = self._stagers[device] = PinnedStager(device)
+            s = self.stream(stream, device)
+            try:
+                stager.run(pieces, int(s.handle), on_bytes)
+            except Exception as exc:
+                if not is_cuda_error(exc):
+                    raise
+                raise translate(exc, "loading file bytes to the GPU") from exc
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        for stager in self._stagers.values():
+            stager.close()
+        self._stagers.clear()
         if self._worker is not None:   # (the pools waited for their imports already)
             self._worker.shutdown(wait=True)
         with self._lock:

@@ -1,0 +1,151 @@
+"""Checkpoints on a GPU: a load through pinned buffers, versions from live tensors (device to
+device), readers that never see a mix while writers are killed, a held version freed after its
+release, and a Hugging Face model's workers reproducing its logits (skips without transformers)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import pytest
+
+import ipcpool
+from tests.support.procs import SPAWN, run_procs
+from tests.support.safetensors import sample_tensors as _tensors
+from tests.support.safetensors import write_safetensors
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+
+def used(c):
+    return c.stats()["pools"]["default"]["used"]
+
+
+def test_load_through_pinned_buffers_and_attach(cuda_broker, tmp_path):
+    np = pytest.importorskip("numpy")
+    big = {f"t{i}": np.full((1 << 20,), i, dtype=np.float32) for i in range(24)}   # 96 MiB: many slots
+    path = tmp_path / "m.safetensors"
+    write_safetensors(path, {**big, **_tensors()})
+    with ipcpool.connect(cuda_broker.socket_dir) as c:
+        base = used(c)
+        assert c.load_checkpoint("m", path, progress=False) == 1
+        with c.attach("m") as ck:
+            assert all(t.is_cuda for t in ck.tensors.values())
+            for k, v in {**big, **_tensors()}.items():
+                assert torch.equal(ck.tensors[k].cpu(), torch.from_numpy(v)), k
+        c.delete_checkpoint("m")
+        _settle(c, base)
+
+
+def _settle(c, want, seconds=10.0):
+    """Frees wait for done events (R2): ``used`` comes back to ``want`` within a moment."""
+    deadline = time.monotonic() + seconds
+    while used(c) != want and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert used(c) == want
+
+
+def _swap_reader(socket_dir, seconds, q):
+    with ipcpool.connect(socket_dir) as c:
+        seen, mixed, end = set(), 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            try:
+                with c.attach("swap") as ck:
+                    vals = torch.stack([t.view(-1)[[0, -1]] for t in ck.tensors.values()]).unique().tolist()
+                    mixed += vals != [ck.version]
+                    seen.add(ck.version)
+            except ipcpool.ObjectNotFound:
+                pass
+        q.put((sorted(seen), mixed))
+
+
+def _swap_writer(socket_dir, q):
+    with ipcpool.connect(socket_dir) as c:
+        q.put(("ready", os.getpid()))
+        src = {f"w{i}": torch.empty(1 << 18, dtype=torch.float32, device="cuda") for i in range(64)}
+        while True:
+            with c.new_version("swap", [(k, "float32", tuple(t.shape)) for k, t in src.items()], shard_bytes=16 << 20) as w:
+                s = torch.cuda.current_stream()
+                for t in w.tensors().values():
+                    t.fill_(float(w.version))
+                    torch.cuda._sleep(20000)              # GPU work in flight when the kill comes
+                w.publish(stream=s)
+
+
+@pytest.mark.kills_clients
+def test_readers_never_see_a_mix_on_the_gpu(cuda_broker):
+    sd, rng = str(cuda_broker.socket_dir), random.Random(34)
+    with ipcpool.connect(sd) as c:
+        base = used(c)
+        q = SPAWN.Queue()
+        readers = [SPAWN.Process(target=_swap_reader, args=(sd, 12.0, q)) for _ in range(2)]
+        for r in readers:
+            r.start()
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            p = SPAWN.Process(target=_swap_writer, args=(sd, q))
+            p.start()
+            assert q.get(timeout=60)[0] == "ready"
+            time.sleep(rng.uniform(0.05, 1.0))
+            os.kill(p.pid, signal.SIGKILL)
+            p.join()
+        results = [q.get(timeout=60) for _ in readers]
+        for r in readers:
+            r.join()
+        assert all(m == 0 for _, m in results), results
+        c.delete_checkpoint("swap")
+        _settle(c, base)
+
+
+def test_a_held_version_survives_its_replacement_and_goes_after_release(cuda_broker):
+    with ipcpool.connect(cuda_broker.socket_dir) as w, ipcpool.connect(cuda_broker.socket_dir) as r:
+        base = used(r)
+        # 128 MiB: a pool allocation of its own (a shard of at most 64 MiB is a slab range, not in ``used``)
+        src = {f"p{i}": torch.full((1 << 22,), float(i), device="cuda") for i in range(8)}
+        assert w.publish_tensors("m", src) == 1
+        ck = r.attach("m")
+        one_version = used(r) - base
+        assert w.publish_tensors("m", {k: v + 100 for k, v in src.items()}) == 2
+        assert used(r) - base == 2 * one_version                 # the old one held: both resident
+        assert torch.equal(ck.tensors["p3"], src["p3"])          # still version 1's bytes
+        assert ck.refresh() and ck.version == 2
+        assert torch.equal(ck.tensors["p3"], src["p3"] + 100)
+        torch.cuda.synchronize()
+        _settle(r, base + one_version)                           # version 1 freed after the release
+        ck.release()
+        r.delete_checkpoint("m")
+        _settle(r, base)
+
+
+def _hf_worker(socket_dir, config_dict, ids, q):
+    import transformers
+
+    from ipcpool.weights.modules import bind_module
+
+    torch.manual_seed(1)   # other weights than the original's: the checkpoint's must replace them
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config_dict)).to("cuda", torch.bfloat16)
+    with ipcpool.connect(socket_dir) as c, c.attach("llama") as ck:
+        bind_module(model, ck.tensors)
+        model.eval()
+        with torch.no_grad():
+            logits = model(torch.tensor(ids, device="cuda")).logits
+        q.put(logits.float().cpu().numpy().tobytes())
+
+
+def test_a_transformers_model_reproduces_its_logits(cuda_broker):
+    transformers = pytest.importorskip("transformers")
+    cfg = dict(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).to("cuda", torch.bfloat16).eval()
+    ids = [[1, 5, 9, 200, 7, 3]]
+    with torch.no_grad():
+        want = model(torch.tensor(ids, device="cuda")).logits.float().cpu().numpy().tobytes()
+    with ipcpool.connect(cuda_broker.socket_dir) as c:
+        c.publish_tensors("llama", dict(model.state_dict()))
+        torch.cuda.synchronize()
+        results = run_procs(_hf_worker, [(str(cuda_broker.socket_dir), cfg, ids)] * 4, timeout=300)
+    assert all(r == want for r in results)
