@@ -100,17 +100,8 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             stream = torch.cuda.Stream()
             torch.cuda.set_stream(stream)
         steps, marks = [], []
-        answered = [0]
-        await_seal = c._handoff.await_seal
-
-        def traced(*args, **kwargs):   # when the broker's pending answer came (before the seal)
-            answered[0] = time.perf_counter_ns()
-            return await_seal(*args, **kwargs)
-
-        c._handoff.await_seal = traced
         for i in range(n):
             go.put(True)
-            answered[0] = 0
             lease = c.get(f"h/{i}", stream=stream, timeout=60)
             t_got = time.perf_counter_ns()
             if stream is not None:
@@ -126,11 +117,11 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             assert value == i % 251, (value, i)
             lease.release(stream=stream)
             t0, t_sent, t_create = link.get()
-            steps.append((t_got - t0, (answered[0] or t_got) - t0, t_got - t_sent, t_view - t_got, t1 - t_view))
-            marks.append((t0, t_create, t_sent, answered[0] or t_got, t_got))
+            steps.append((t_got - t0, t_got - t_sent, t_view - t_got, t1 - t_view))
+            marks.append((t0, t_create, t_sent, t_got, t_got))
             out.put(t1 - t0)
             acks.put(True)
-        _report_steps("consumer", ("start->got lease", "start->answered", "seal sent->got lease", "view", "read"),
+        _report_steps("consumer", ("start->got lease", "seal sent->got lease", "view", "read"),
                       steps)
     if os.environ.get("HANDOFF_MARKS"):   # each hand-off's moments, for bench/handoff_timeline.py
         Path(os.environ["HANDOFF_MARKS"]).write_text(json.dumps(marks[WARMUP:]))
@@ -232,6 +223,10 @@ def main() -> None:
     peers = results["peers"]
     with broker(args.backend, pool) as socket_dir:
         peers["ipcpool"] = run_pair("ipcpool", _ipc_producer, _ipc_consumer, n, socket_dir, tag)
+        import ipcpool
+
+        with ipcpool.connect(socket_dir) as c:   # the broker's own time from a create's receipt to its entry
+            results["broker"] = c.stats().get("handoff", {})
     if args.no_spin_too:   # the same without busy polling (broker busy_poll_us = 0, clients' spin 0)
         os.environ["IPCPOOL_CLIENT_SPIN_US"] = "0"   # inherited by the spawned clients
         with broker(args.backend, "busy_poll_us = 0\n" + pool) as socket_dir:
@@ -257,6 +252,10 @@ def main() -> None:
     for k, v in peers.items():
         x_floor = "-" if v["x_floor"] is None else f"{v['x_floor']:.2f}"
         print(f"{k:<26}{v['p50_us']:>9.1f}{v['p99_us']:>9.1f}{x_floor:>9}{v[f'speedup_vs_{peer}']:>13.2f}x")
+    b = results.get("broker", {})
+    if b.get("creates"):
+        print(f"broker: create received -> directory entry p50 {b['create_to_entry_p50_us']:.1f} µs, "
+              f"p99 {b['create_to_entry_p99_us']:.1f} µs over its last {b['creates']} creates")
     print(f"-> {path}")
 
 

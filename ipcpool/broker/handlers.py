@@ -73,6 +73,7 @@ class Handlers:
             "backend": self.backend_name, "sessions": len(self.sessions), "pools": pools,
             "objects": len(self.tables.objects.objects), "pid": os.getpid(), "uptime": time.time() - self.started,
             "version": VERSION, "checkpoints": self.tables.checkpoints.stats(),
+            "handoff": self.tables.directories.timing(),
         }
 
     def op_reset_high(self, session: Session, f: dict, rid: int) -> dict:

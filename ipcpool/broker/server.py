@@ -387,6 +387,7 @@ class Broker:
                 frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            self.directories.received = time.perf_counter_ns()   # (a create's entry is timed from here)
             self._on_message([f.bytes for f in frames], _peer_uid(frames[-1]))
             self.handoffs.settle()   # a range a request made idle goes back before the next request
             self._last_request = time.monotonic()
