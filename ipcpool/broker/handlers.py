@@ -132,9 +132,13 @@ class Handlers:
 
     def op_seal(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.tables.objects.seal(session, f["name"], f.get("alloc"), f.get("done_event", b""))
+        if obj is not None:   # (None: sealed from the board already, and told then)
+            self.sealed(obj)
+        return {}
+
+    def sealed(self, obj) -> None:
         self.notices.sealed(obj)   # the readers waiting first: the rest is bookkeeping
         self.tables.durable.record_object(obj)
-        return {}
 
     def op_get(self, session: Session, f: dict, rid: int) -> dict | None:
         obj = self.tables.objects.lease(session, f["name"])
@@ -173,7 +177,7 @@ class Handlers:
         prefix, after, kind = f.get("prefix", ""), f.get("after", ""), f.get("kind")
         limit = min(f.get("limit") or protocol.LIST_PAGE, protocol.LIST_PAGE)
         objects, more_o, last_o = ([], False, "") if kind == "growables" else page(
-            self.tables.objects.objects, prefix, after, limit, lambda o, h=self.tables.directories.hazards(): o.info(h))
+            self.tables.objects.objects, prefix, after, limit, lambda o, h=self.tables.directories.hazards(): self.tables.objects.caught_up(o).info(h))
         growables, more_g, last_g = ([], False, "") if kind == "objects" else page(
             self.tables.growables.by_name, prefix, after, limit, lambda g: g.describe())
         return {"objects": objects, "growables": growables, "more": more_o or more_g,

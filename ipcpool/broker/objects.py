@@ -87,6 +87,12 @@ class ObjectTable:
     def __init__(self, registry: Registry, directory=None):
         self.registry = registry
         self.directory = directory   # broker.directory.Directories: entries readers see without a reply
+        # One state per object: a seal a reader may have seen on the board (``board_word(pool,
+        # word)``) is the broker's too before any answer about the object (``caught_up``); then
+        # ``on_board_seal(obj)`` tells the waiting and records it, as the seal's message would.
+        self.board_word: Callable[[str, int], int] | None = None
+        self.on_board_seal: Callable[[NamedObject], None] = lambda obj: None
+        self.board_sealed: dict[tuple[Session, str], int] = {}   # (writer, name) -> alloc: its message due
         self.objects: dict[str, NamedObject] = {}
         # By name, each an ordered set (dict): a seal finds its own without a scan, and a timed-out
         # or gone waiter leaves its set in O(1).
@@ -133,7 +139,25 @@ class ObjectTable:
         self.objects_by_uid[alloc.uid] += 1
         return obj
 
-    def seal(self, session: Session, name: str, aid: int | None, done_event: bytes) -> NamedObject:
+    def caught_up(self, obj: NamedObject | None) -> NamedObject | None:
+        """``obj``, sealed now where its writer posted its seal on the board and its message is
+        still on the way: what a reader sees, every answer says. (A pool's board is trusted as far
+        as its clients are: see ``ipcpool.board``.)"""
+        if (obj is not None and not obj.sealed and obj.word is not None and obj.writer is not None
+                and self.board_word is not None
+                and self.board_word(obj.alloc.pool.spec.name, obj.word) >= obj.seq):
+            writer = obj.writer
+            self.seal(writer, obj.name, None, obj.promised)   # the event it promised, recorded before the word
+            self.board_sealed[(writer, obj.name)] = obj.alloc.aid
+            self.on_board_seal(obj)
+        return obj
+
+    def seal(self, session: Session, name: str, aid: int | None, done_event: bytes) -> NamedObject | None:
+        """None where the broker had taken this seal from the board already (``caught_up``)."""
+        taken = self.board_sealed.get((session, name))
+        if taken is not None and aid in (None, taken):   # (its object may be deleted since)
+            del self.board_sealed[(session, name)]
+            return None
         obj = self.objects.get(name)
         if obj is None or obj.writer is not session or aid not in (None, obj.alloc.aid):
             raise InvalidRequest(f"{name!r} is not an object this session is writing")
@@ -174,7 +198,7 @@ class ObjectTable:
 
     def lease(self, session: Session, name: str) -> NamedObject | None:
         """A read lease on a sealed object, or None where it is not sealed yet."""
-        obj = self.objects.get(name)
+        obj = self.caught_up(self.objects.get(name))
         if obj is None or not obj.sealed:
             return None
         self.registry.hold(obj.alloc, session)
@@ -192,8 +216,9 @@ class ObjectTable:
 
     def lease_many(self, session: Session, names: list[str]) -> list[NamedObject]:
         """Leases on every one of ``names``, or none: all must be sealed."""
-        get = self.objects.get
+        get, catch = self.objects.get, self.caught_up
         objs = [get(n) for n in names]
+        objs = [o if o is None or o.sealed else catch(o) for o in objs]
         if not all(o is not None and o.sealed for o in objs):
             missing = [n for n, o in zip(names, objs) if o is None or not o.sealed]
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
@@ -267,7 +292,7 @@ class ObjectTable:
         return heap[0][0] if heap else None
 
     def delete(self, session: Session, name: str) -> NamedObject:
-        obj = self.objects.get(name)
+        obj = self.caught_up(self.objects.get(name))
         if obj is None:
             raise ObjectNotFound(f"no object named {name!r}")
         if not obj.sealed and obj.writer is not session:
@@ -288,7 +313,8 @@ class ObjectTable:
 
     def list(self, prefix: str = "") -> list[dict]:
         hazards = self.directory.hazards() if self.directory is not None else None
-        return [o.info(hazards) for name, o in sorted(self.objects.items()) if name.startswith(prefix)]
+        listed = [o for name, o in sorted(self.objects.items()) if name.startswith(prefix)]
+        return [(o if o.sealed else self.caught_up(o)).info(hazards) for o in listed]
 
     def watch(self, session: Session, prefix: str) -> Watch:
         uid = session.cred.uid
@@ -349,6 +375,8 @@ class ObjectTable:
     def end_session(self, session: Session) -> tuple[list[NamedObject], list[tuple[str, Waiter]]]:
         """A session is gone: abort what it was writing, forget its waits and watches. Returns the
         aborted objects and the waiters (of any session) that were waiting for them."""
+        for key in [k for k in self.board_sealed if k[0] is session]:
+            del self.board_sealed[key]
         for w in [w for w in self.watches.values() if w.session is session]:
             self._drop_watch(w)
         for w in list(self._by_session.get(session, ())):

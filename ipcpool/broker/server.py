@@ -163,6 +163,9 @@ class Broker:
                                  self.directories, CheckpointTable(self.registry))
             self.handlers = Handlers(tables=self.tables, notices=self.notices, sessions=self.sessions,
                                      backend_name=self.choice.name, started=self.started)
+            # One state per object: a seal seen on the board is the broker's before any answer.
+            self.objects.board_word = lambda pool, word: self.handoffs.board(pool).read(word)
+            self.objects.on_board_seal = self.handlers.sealed
             self.session_table = Sessions(by_token=self.sessions, backend=self.backend, tables=self.tables,
                                           notices=self.notices, watch=self._watch, unwatch=self._unwatch)
             self._bind()

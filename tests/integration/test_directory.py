@@ -177,3 +177,27 @@ def test_a_client_cannot_write_the_directory_nor_reopen_it_writable(broker):
                 os.ftruncate(directory, 0)
         finally:
             fdpass.close_all(fds)
+
+
+def test_a_seal_on_the_board_is_the_brokers_before_its_message_arrives(broker):
+    """One state per object: once the writer's seal is on the board (what a reader sees), the
+    broker's answers agree before the seal's own message has come: list says sealed, get_many
+    leases it, another session may delete it; the message, when it comes, is no error."""
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        held = []
+        for name in ("one", "two"):
+            buf = w.create(name, 4 * KiB)
+            buf.view[:3] = b"abc"
+            w.flush()
+            cut = buf._carving                            # the seal's board post alone, its message held back
+            w._handoff.boards["default"].post(cut.arena.words + cut.slot, cut.seq)
+            held.append(buf)
+        assert {o["state"] for o in r.list()} == {"sealed"}
+        [lease] = r.get_many(["one"])
+        assert bytes(lease.view[:3]) == b"abc"
+        lease.release()
+        r.delete("two")                                   # not "being written by another session"
+        for buf in held:                                  # the seal messages, late: no error
+            buf.seal()
+        w.flush()
+        assert [o["name"] for o in r.list()] == ["one"]
