@@ -28,6 +28,7 @@ from pathlib import Path
 import zmq
 
 from .. import fdpass, paths, protocol
+from ..shm import fence
 from ..errors import (BrokerGone, ClosedError, InvalidRequest, IpcPoolError, PeerRefused, ProtocolError,
                       error_from_wire)
 from .settings import Settings
@@ -120,6 +121,7 @@ class Channel:
         self._control = self._open_control()
         # Room for the FDs replies bring (a batch of chunks, a loan) before the zmq threads start.
         fdpass.presize_table(self._control.fileno(), FD_TABLE)
+        fence.registered()   # starts it now, on a thread: readers use directories once it is done
         # Non-blocking from here: a request or a reply that is ready is one system call (in
         # timeout mode Python polls before each), waits are polls of our own (_control_io).
         self._control.setblocking(False)

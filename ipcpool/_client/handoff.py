@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import board as boards
-from ..shm import directory
+from ..shm import directory, fence
 from ..backend.base import ImportedMemory
 from ..errors import InvalidRequest, IpcPoolError, ObjectAborted, ProtocolError, WaitTimeout, error_from_wire
 from ..protocol import HANDLE_BYTES, MAX_ARENAS
@@ -273,6 +273,8 @@ class Handoff:
         """A read lease on ``name`` taken from a directory of the pools this client has, without a
         request; None where the broker must answer instead (no entry after the spin budget, an
         object the directory cannot serve, every lease slot in use)."""
+        if not fence.registered(wait=1.0):   # (the broker's barrier must reach this process first)
+            return None
         dirs = self._pools.directories
         if not dirs:
             if self._pools.imported or "default" not in self._channel.pool_names:

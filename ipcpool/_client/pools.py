@@ -62,9 +62,6 @@ class Pools:
         try:
             if len(fds) == 2:
                 self.lease_page = ClientLeasePage(fds.pop())
-                if not fence.register():
-                    self.lease_page.close()
-                    self.lease_page = None
             if fds:
                 view = DirectoryView(fds.pop(), reply["directory"])
                 index = reply.get("pool_index")

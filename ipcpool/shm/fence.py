@@ -13,7 +13,9 @@ that, tells clients to take no lease from a directory (they ask the broker, as b
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
+import threading
 
 _SYSCALL = {"x86_64": 324, "aarch64": 283, "arm64": 283}.get(platform.machine())
 QUERY, GLOBAL, GLOBAL_EXPEDITED, REGISTER_GLOBAL_EXPEDITED = 0, 1 << 0, 1 << 1, 1 << 2
@@ -30,14 +32,44 @@ def _call(cmd: int) -> int:
     return _libc.syscall(_SYSCALL, cmd, 0, 0)
 
 
+_registered: dict[int, bool] = {}   # pid -> registered (a forked child is a process of its own)
+_registering: dict[int, threading.Thread] = {}
+
+
+def registered(wait: float = 0.0) -> bool:
+    """Whether this process takes part in the broker's barriers (waiting up to ``wait`` s for it):
+    a reader may take a lease from a directory only then. The first call starts the registration
+    on a thread of its own (``register``), so a connect does not wait for it; a process's first
+    directory read may (once)."""
+    pid = os.getpid()
+    done = _registered.get(pid)
+    if done is not None:
+        return done
+    t = _registering.get(pid)
+    if t is None:
+        t = _registering[pid] = threading.Thread(target=register, name="ipcpool-membarrier", daemon=True)
+        t.start()
+    if wait:
+        t.join(wait)
+    return _registered.get(pid, False)
+
+
 def register() -> bool:
-    """A client: take part in the broker's expedited barriers (True where the kernel can)."""
-    supported = _call(QUERY)
-    if supported < 0:
-        return False
-    if supported & REGISTER_GLOBAL_EXPEDITED:
-        return _call(REGISTER_GLOBAL_EXPEDITED) == 0
-    return bool(supported & GLOBAL)   # every process takes part in the slow one anyway
+    """A client: take part in the broker's expedited barriers (True where the kernel can). Once
+    per process: in a process with threads the kernel waits for an RCU grace period (10 to 30 ms
+    measured) to register, hence ``registered`` runs it on a thread of its own."""
+    pid = os.getpid()
+    done = _registered.get(pid)
+    if done is None:
+        supported = _call(QUERY)
+        if supported < 0:
+            done = False
+        elif supported & REGISTER_GLOBAL_EXPEDITED:
+            done = _call(REGISTER_GLOBAL_EXPEDITED) == 0
+        else:
+            done = bool(supported & GLOBAL)   # every process takes part in the slow one anyway
+        _registered[pid] = done
+    return done
 
 
 class Fence:
