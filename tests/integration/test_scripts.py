@@ -98,5 +98,6 @@ def test_the_handoff_timeline_runs_on_the_host_backend(tmp_path):
     segments = {s["label"]: s for s in result["segments"]}
     for label in ("create reaches the broker", "broker handles the create", "whole hand-off"):
         assert segments[label]["n"] == 40 and segments[label]["p50_us"] > 0, segments[label]
-    assert segments["whole hand-off"]["p50_us"] > segments["broker handles the create"]["p50_us"]
-    assert {"create", "seal", "get"} <= set(result["handlers_us"])
+    # (No comparison of two timings: which is larger depends on how busy the machine is. Readers
+    # take their leases from the name directory, so the broker handles no get of theirs.)
+    assert {"create", "seal"} <= set(result["handlers_us"])
