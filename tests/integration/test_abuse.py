@@ -10,6 +10,7 @@ import zmq
 
 import ipcpool
 from ipcpool import fdpass, protocol
+from tests.support.uids import NOBODY, connected_as
 
 BIG_META = {"user": {f"k{i}": "x" * 900 for i in range(60)}}   # ~55 KB: just under a request's limit
 
@@ -198,34 +199,14 @@ def test_a_session_with_thousands_of_watches_costs_each_seal_once(start_broker):
 
 
 # 8 --------------------------------------------------------------------------------------------
-NOBODY = 65534
+
+
+def _as_nobody(socket_dir, act) -> str:
+    """What ``act(client)`` says as uid nobody, or any error it raised."""
+    return connected_as(socket_dir, NOBODY, NOBODY, [], act, timeout=5, catch=(Exception,))
+
+
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs a client as another uid")
-
-
-def _as_uid(socket_dir, uid, act) -> str:
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            try:
-                with ipcpool.connect(socket_dir, timeout=5) as c:
-                    out = act(c)
-            except ipcpool.IpcPoolError as e:
-                out = f"{type(e).__name__} {e}"
-            except Exception as e:   # noqa: BLE001
-                out = f"{type(e).__name__} {e}"
-            os.write(w, out.encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        out = f.read().decode()
-    os.waitpid(pid, 0)
-    return out
 
 
 @pytest.fixture
@@ -259,17 +240,17 @@ uids = [0]
 """
     b = start_broker(config_text=config, socket_dir=open_dir / "s")
     _open_up(b)
-    out = _as_uid(b.socket_dir, NOBODY, lambda c: repr(c._channel.pool_names))
+    out = _as_nobody(b.socket_dir, lambda c: repr(c._channel.pool_names))
     assert out == "('default',)", out
-    out = _as_uid(b.socket_dir, NOBODY, lambda c: str(c.allocate(4096, pool="secret")))
+    out = _as_nobody(b.socket_dir, lambda c: str(c.allocate(4096, pool="secret")))
     assert out.startswith(f"PeerRefused uid {NOBODY} may not use pool 'secret'"), out
     with ipcpool.connect(b.socket_dir) as c:   # root may, and puts an object there
         buf = c.create("s/obj", 4096, pool="secret")
         buf.seal()
         c.flush()
-    out = _as_uid(b.socket_dir, NOBODY, lambda c: str(c.get("s/obj")))
+    out = _as_nobody(b.socket_dir, lambda c: str(c.get("s/obj")))
     assert out.startswith(f"PeerRefused uid {NOBODY} may not use pool 'secret'"), out
-    out = _as_uid(b.socket_dir, NOBODY, lambda c: f"OK {c.allocate(4096).pool}")
+    out = _as_nobody(b.socket_dir, lambda c: f"OK {c.allocate(4096).pool}")
     assert out == "OK default", out
 
 
@@ -334,7 +315,7 @@ def test_a_session_token_from_another_uids_connection_is_refused(start_broker, o
         return str(reply.get("error", "ANSWERED"))
 
     try:
-        out = _as_uid(b.socket_dir, NOBODY, attack)
+        out = _as_nobody(b.socket_dir, attack)
         assert "belongs to another uid's session" in out, out
     finally:
         victim.ctx.term()

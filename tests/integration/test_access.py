@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import ipcpool
+from tests.support.uids import NOBODY, connected_as
 
-NOBODY = 65534
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs a client as another uid")
 
@@ -23,38 +23,9 @@ def open_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _forked_as(socket_dir, uid: int, gid: int, groups: list[int], act) -> str:
-    """Connect from a forked child that dropped to ``uid``, primary ``gid`` and supplementary
-    ``groups`` (set in that order: setgroups, setgid, setuid, as ``usermod -aG`` and a new login
-    would leave them) and return what ``act(client)`` says, or the error. A fork, since the
-    interpreter lives under a private home: a fresh exec as another user could not start Python."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: never returns into pytest
-        try:
-            os.close(r)
-            os.setgroups(groups)
-            os.setgid(gid)
-            os.setuid(uid)
-            try:
-                with ipcpool.connect(socket_dir, timeout=10) as c:
-                    out = act(c)
-            except ipcpool.IpcPoolError as e:
-                out = f"{type(e).__name__} {e}"
-            os.write(w, out.encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        out = f.read().decode()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    return out
-
-
 def as_nobody(socket_dir) -> str:
     """Connect as uid/gid nobody; "OK <sessions>" or the error."""
-    return _forked_as(socket_dir, NOBODY, NOBODY, [], lambda c: f"OK {c.stats()['sessions']}")
+    return connected_as(socket_dir, NOBODY, NOBODY, [], lambda c: f"OK {c.stats()['sessions']}")
 
 
 @needs_root
@@ -97,7 +68,7 @@ def as_user(socket_dir, uid: int, gid: int, groups: list[int]) -> str:
             buf.view[:2] = b"hi"
             return f"OK {c.stats()['sessions']} {os.getuid()} {sorted(os.getgroups())}"
 
-    return _forked_as(socket_dir, uid, gid, groups, act)
+    return connected_as(socket_dir, uid, gid, groups, act)
 
 
 GRANTED = 23456    # the group [access] lists ("ipcpool" on a real system)

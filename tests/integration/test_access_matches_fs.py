@@ -9,12 +9,12 @@ import pytest
 
 import ipcpool
 from ipcpool import paths
+from tests.support.uids import NOBODY, forked_as
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs a client as another uid")
 
 GRANTED = 23457   # the group [access] lists ("ipcpool" on a real system)
 ALICE = 12346
-NOBODY = 65534
 
 
 @pytest.fixture
@@ -24,31 +24,6 @@ def open_dir():
     os.chmod(d, 0o711)
     yield d
     shutil.rmtree(d, ignore_errors=True)
-
-
-def _as(uid: int, groups: list[int], act) -> str:
-    """``act()`` in a forked child that dropped to ``uid`` (primary group its own, then
-    ``groups``): what it returns, or the IpcPoolError it raised."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            os.setgroups(groups)
-            os.setgid(uid)
-            os.setuid(uid)
-            try:
-                out = act()
-            except ipcpool.IpcPoolError as e:
-                out = f"{type(e).__name__} {e}"
-            os.write(w, out.encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        out = f.read().decode()
-    os.waitpid(pid, 0)
-    return out
 
 
 def _stats(socket_dir):
@@ -66,8 +41,8 @@ def test_a_group_under_access_reaches_the_sockets_and_a_refusal_says_who_refused
     assert os.stat(b.socket_dir / "broker.zmq").st_gid == GRANTED
     with ipcpool.connect(b.socket_dir):   # (imports what the child needs before it drops root)
         pass
-    assert _as(ALICE, [ALICE, GRANTED], _stats(b.socket_dir)) == "OK 1"
-    out = _as(ALICE, [ALICE], _stats(b.socket_dir))    # not in the group: the filesystem says no
+    assert forked_as(ALICE, ALICE, [ALICE, GRANTED], _stats(b.socket_dir)) == "OK 1"
+    out = forked_as(ALICE, ALICE, [ALICE], _stats(b.socket_dir))    # not in the group: the filesystem says no
     assert out.startswith("PeerRefused permission denied") and "the filesystem refused" in out, out
     assert f"of group {GRANTED}, which this process is not in" in out and f"to group {GRANTED}" in out, out
 
@@ -76,7 +51,7 @@ def test_socket_mode_opens_the_directory_and_then_the_config_refuses(start_broke
     b = start_broker(socket_dir=open_dir / "s", config_text='socket_mode = "0755"\nsocket_group = ""\n')
     assert os.stat(b.socket_dir).st_mode & 0o777 == 0o755
     assert os.stat(b.socket_dir / "broker.sock").st_mode & 0o777 == 0o666
-    out = _as(NOBODY, [], _stats(b.socket_dir))
+    out = forked_as(NOBODY, NOBODY, [], _stats(b.socket_dir))
     assert out.startswith(f"PeerRefused uid {NOBODY}") and "its config refused it" in out, out
 
 
@@ -85,6 +60,6 @@ def test_a_system_directory_closed_to_us_says_what_to_do(monkeypatch, open_dir):
     closed.mkdir(mode=0o700)
     monkeypatch.setattr(paths, "SYSTEM_DIR", closed)
     monkeypatch.delenv("IPCPOOL_SOCKET_DIR", raising=False)
-    out = _as(NOBODY, [], lambda: str(ipcpool.connect(timeout=1)))
+    out = forked_as(NOBODY, NOBODY, [], lambda: str(ipcpool.connect(timeout=1)))
     assert out.startswith(f"PeerRefused permission denied on {closed}"), out
     assert "add this user to that group" in out and "IPCPOOL_SOCKET_DIR" in out, out
