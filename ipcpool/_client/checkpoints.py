@@ -81,10 +81,7 @@ class Checkpoints:
                 for rid in rids:
                     channel.wait_reply(rid, channel.timeout)
             except BaseException:
-                for b in bufs:
-                    b.free(stream)
-                if not channel.closed:
-                    channel.call("ckpt_abort", name=name, version=number)
+                self._drop(name, number, bufs, stream)
                 raise
         return VersionWriter(self, name, number, bufs, entries)
 
@@ -101,10 +98,14 @@ class Checkpoints:
             return channel.call("ckpt_publish", name=w.name, version=w.version, **fields)["version"]
 
     def _abort(self, w: VersionWriter, stream: Any) -> None:
-        for buf in w._shards:
+        self._drop(w.name, w.version, w._shards, stream)
+
+    def _drop(self, name: str, version: int, shards: list[Buffer], stream: Any) -> None:
+        """An unpublished version goes: its shards freed here, then the broker told."""
+        for buf in shards:
             buf.free(stream)
         if not self._channel.closed:
-            self._channel.call("ckpt_abort", name=w.name, version=w.version)
+            self._channel.call("ckpt_abort", name=name, version=version)
 
     # -- reading -------------------------------------------------------------------------------
     def attach(self, name: str, version: int | None, kind: str, stream: Any, newer_than: int | None = None) -> Any:
