@@ -311,11 +311,6 @@ class ObjectTable:
         # The object's own hold; the memory goes once the readers (and a writer) let go too.
         self.registry.unhold(obj.alloc, obj, b"", None)
 
-    def list(self, prefix: str = "") -> list[dict]:
-        hazards = self.directory.hazards() if self.directory is not None else None
-        listed = [o for name, o in sorted(self.objects.items()) if name.startswith(prefix)]
-        return [(o if o.sealed else self.caught_up(o)).info(hazards) for o in listed]
-
     def watch(self, session: Session, prefix: str) -> Watch:
         uid = session.cred.uid
         _check_cap(uid, self.watches_by_uid[uid], self.registry.config.watches_per_uid, "watches",
