@@ -194,13 +194,21 @@ def attach_torch_mp(state: dict, readers: int) -> list[dict]:
     qs = [ctx.Queue() for _ in range(readers)]
     q_out = ctx.Queue()
     procs = [ctx.Process(target=_mp_worker, args=(qi, q_out)) for qi in qs]
+    # (a warm-up item first; then the workers are up: time the hand-over, not the start)
+    return _hand_over(procs, qs, q_out, state, settle_s=2.0, first=(None,))
+
+
+def _hand_over(procs: list, qs: list, q_out, payload, settle_s: float, first: tuple = ()) -> list[dict]:
+    """Start the workers, give each ``first`` then, ``settle_s`` later, ``payload``; collect one
+    result from each, then release and join them."""
     for p in procs:
         p.start()
     for qi in qs:
-        qi.put(None)
-    time.sleep(2.0)   # the workers are up: time the hand-over, not the start
+        for item in first:
+            qi.put(item)
+    time.sleep(settle_s)
     for qi in qs:
-        qi.put(state)
+        qi.put(payload)
     out = [q_out.get(timeout=300) for _ in procs]
     for qi in qs:
         qi.put(None)
@@ -240,17 +248,7 @@ def attach_floor(state: dict, readers: int) -> list[dict]:
     qs = [SPAWN.Queue() for _ in range(readers)]
     q_out = SPAWN.Queue()
     procs = [SPAWN.Process(target=_floor_worker, args=(qi, layout, q_out)) for qi in qs]
-    for p in procs:
-        p.start()
-    time.sleep(3.0)   # CUDA initialised in each: time the import only
-    for qi in qs:
-        qi.put(args)
-    out = [q_out.get(timeout=300) for _ in procs]
-    for qi in qs:
-        qi.put(None)
-    for p in procs:
-        p.join()
-    return out
+    return _hand_over(procs, qs, q_out, args, settle_s=3.0)   # CUDA initialised in each: time the import only
 
 
 # -- swap -------------------------------------------------------------------------------------------
