@@ -62,9 +62,9 @@ def why_denied(path: Path) -> str:
             group = str(st.st_gid)
         mine = st.st_gid == os.getegid() or st.st_gid in os.getgroups()
         return (f"the filesystem refused: {place} is {stat.filemode(st.st_mode)} of group {group}, "
-                + (f"which this process is in but may not use; ask the operator to fix its mode"
+                + ("which this process is in but may not use; ask the operator to fix its mode"
                    if mine else
                    f"which this process is not in; ask the operator to add this user to group {group} "
-                   f"(then log in again), or to set socket_group in the broker's config"))
+                   "(then log in again), or to set socket_group in the broker's config"))
     return (f"the filesystem refused access to {path}; ask the operator to add this user to the "
             "socket directory's group, or to set socket_group in the broker's config")

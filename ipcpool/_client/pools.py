@@ -12,7 +12,6 @@ from .. import fdpass
 from ..backend.base import ClientBackend, ClientPool, Export, ImportedMemory
 from ..board import Board
 from ..errors import ProtocolError
-from ..shm import fence
 from ..shm.directory import DirectoryView
 from ..shm.leases import ClientLeasePage
 from .channel import Channel

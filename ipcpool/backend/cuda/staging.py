@@ -16,7 +16,6 @@ import ctypes
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 from cuda.bindings import driver as cu
 
