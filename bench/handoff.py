@@ -26,11 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import broker, machine, percentiles, save  # noqa: E402
 from bench.handoff_peers import (  # noqa: E402
-    SIZE, core_consumer, core_producer, devices, floor_consumer, floor_producer, read_first, shm_consumer,
-    shm_producer, torch_consumer, torch_producer)
+    SIZE, WARMUP, core_consumer, core_producer, devices, floor_consumer, floor_producer, read_first, report_steps,
+    shm_consumer, shm_producer, torch_consumer, torch_producer)
 from ipcpool.progress import Progress  # noqa: E402
 
-WARMUP = 50
 CTX = mp.get_context("spawn")
 
 
@@ -84,7 +83,7 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
             steps.append((t1 - t0, t_view - t1, t2 - t_view, t3 - t2))
             acks.get()
             c.delete(f"h/{i}")
-        _report_steps("producer", ("create", "view", "fill", "seal"), steps)
+        report_steps("producer", ("create", "view", "fill", "seal"), steps)
 
 
 def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
@@ -121,22 +120,10 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             marks.append((t0, t_create, t_sent, t_got, t_got))
             out.put(t1 - t0)
             acks.put(True)
-        _report_steps("consumer", ("start->got lease", "seal sent->got lease", "view", "read"),
+        report_steps("consumer", ("start->got lease", "seal sent->got lease", "view", "read"),
                       steps)
     if os.environ.get("HANDOFF_MARKS"):   # each hand-off's moments, for bench/handoff_timeline.py
         Path(os.environ["HANDOFF_MARKS"]).write_text(json.dumps(marks[WARMUP:]))
-
-
-def _report_steps(who: str, names: tuple[str, ...], steps: list[tuple[int, ...]]) -> None:
-    """p50 of each step, on stderr: where a hand-off spends its time."""
-    steps = steps[WARMUP:]
-    cols = []
-    for k, name in enumerate(names):
-        xs = sorted(s[k] for s in steps)
-        cols.append(f"{name} {xs[len(xs) // 2] / 1000:.1f} µs")
-    # one write, newline included: the producer and the consumer print at the same moment
-    sys.stderr.write(f"  {who} step p50: " + ", ".join(cols) + "\n")
-    sys.stderr.flush()
 
 
 def run_pair(label, producer, consumer, n, socket_dir=None, backend=None, pipe=False) -> dict:

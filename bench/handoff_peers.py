@@ -10,9 +10,24 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import time
 
 SIZE = 1 << 20
+WARMUP = 50   # hand-offs left out of every figure
+
+
+def report_steps(who: str, names: tuple[str, ...], steps: list[tuple[int, ...]]) -> None:
+    """p50 of each step, on stderr: where a hand-off spends its time."""
+    steps = steps[WARMUP:]
+    cols = []
+    for k, name in enumerate(names):
+        xs = sorted(s[k] for s in steps)
+        cols.append(f"{name} {xs[len(xs) // 2] / 1000:.1f} µs")
+    # one write, newline included: the producer and the consumer print at the same moment
+    sys.stderr.write(f"  {who} step p50: " + ", ".join(cols) + "\n")
+    sys.stderr.flush()
+
 
 
 # -- the floor: the same hand-off done by hand, everything set up once ------------------------------
@@ -66,15 +81,21 @@ def floor_producer(_, backend, n, go, link, acks, pipe):
     views = [whole[k * SIZE : (k + 1) * SIZE] for k in range(SLOTS)]
     h = int(stream.handle)
     pipe.recv_bytes()   # the consumer has opened everything
+    steps = []
     for i in range(n):
         go.get()
         t0 = time.perf_counter_ns()
         k = i % SLOTS
         views[k].fill_(i % 251)
+        t1 = time.perf_counter_ns()
         cu.cuEventRecord(events[k], h)
+        t2 = time.perf_counter_ns()
         pipe.send_bytes(k.to_bytes(8, "little") + i.to_bytes(8, "little"))   # a 16-byte notice
+        t3 = time.perf_counter_ns()
         link.put((t0, t0))
+        steps.append((t1 - t0, t2 - t1, t3 - t2))
         pipe.recv_bytes()
+    report_steps("floor producer", ("fill", "record", "notice"), steps)
     buf.close(stream)
 
 
@@ -115,19 +136,24 @@ def floor_consumer(_, backend, n, go, link, acks, out, pipe):
         events.append(cu.cuIpcOpenEventHandle(handle)[1])
     pipe.send_bytes(b"r")
     not_ready = cu.CUresult.CUDA_ERROR_NOT_READY
+    steps = []
     for i in range(n):
         go.put(True)
         while not pipe.poll(0):
             pass
         k = int.from_bytes(pipe.recv_bytes()[:8], "little")
+        t_note = time.perf_counter_ns()
         while cu.cuEventQuery(events[k])[0] == not_ready:   # the host sees the fill complete
             pass
+        t_done = time.perf_counter_ns()
         value = int(views[k][0].item())
         t1 = time.perf_counter_ns()
         assert value == i % 251, (value, i)
         t0, _ = link.get()
+        steps.append((t_note - t0, t_done - t_note, t1 - t_done))
         out.put(t1 - t0)
         pipe.send_bytes(b"a")
+    report_steps("floor consumer", ("start->notice", "event done", "read"), steps)
     del views, whole
     buf.close()
 

@@ -28,11 +28,27 @@ class ClientArena:
         self._slots = list(range(boards.BLOCK - 1, -1, -1)) if words is not None else []
         self._seq = 0
         self._cooling: list[tuple[int, Any]] = []   # refused ranges, until their work finished
+        # Reclaimed ranges kept taken, by rounded size: a writer handing off objects of one size
+        # carves each from the last one's range (a list pop, where the allocator's best fit costs
+        # ~8 µs a carve on an H100 host). Given back to the allocator when it runs out of room.
+        self._spare: dict[int, list[int]] = {}
 
     def carve(self, nbytes: int) -> int | None:
         """An offset for ``nbytes``, or None when the arena has no room."""
         if self._cooling:
             self._cool()
+        spare = self._spare.get(self.ranges.rounded(nbytes))
+        if spare:
+            return spare.pop()
+        try:
+            return self.ranges.allocate(nbytes)
+        except OutOfMemory:
+            if not any(self._spare.values()):
+                return None
+        for offsets in self._spare.values():   # room for another size: the spares go back
+            for offset in offsets:
+                self.ranges.free(offset)
+        self._spare.clear()
         try:
             return self.ranges.allocate(nbytes)
         except OutOfMemory:
@@ -54,7 +70,7 @@ class ClientArena:
     def reclaimed(self, offset: int) -> None:
         """The broker says the range at ``offset`` is idle: every importer is done with it."""
         if self.ranges.taken(offset):   # (a stale notice of a refused range: never taken)
-            self.ranges.free(offset)
+            self._spare.setdefault(self.ranges.size_of(offset), []).append(offset)
 
     def refused(self, offset: int, stream: Any) -> None:
         """The broker never took this range: free it here once the work on ``stream`` is done."""

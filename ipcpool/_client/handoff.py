@@ -338,18 +338,19 @@ class Handoff:
         buf = self._keep(0, pool, memory, False, name, meta, True)
         buf._dirlease = lease
         try:
-            event = entry.event
+            event, kept = entry.event, entry.kept_event
             if state != directory.SEALED:
-                event = self._await_entry(buf, view, entry, timeout)
-            self._imported[pool].order_after(event, stream)
+                event, kept = self._await_entry(buf, view, entry, timeout)
+            self._imported[pool].order_after(event, stream, kept)
         except BaseException:
             buf.free(stream)
             raise
         return buf
 
-    def _await_entry(self, buf: Any, view: Any, entry: Any, timeout: float | None) -> bytes:
+    def _await_entry(self, buf: Any, view: Any, entry: Any, timeout: float | None) -> tuple[bytes, bool]:
         """Until the object of ``entry`` is sealed: its board word, else its entry; the event its
-        seal is recorded on. Spins for the get spin budget, then sleeps a little longer each time."""
+        seal is recorded on, and whether that is a credit to keep open. Spins for the get spin
+        budget, then sleeps a little longer each time."""
         board = self.boards.get(buf.pool)
         deadline = None if timeout is None else time.monotonic() + timeout
         spin_until = time.perf_counter() + self._channel.get_spin_s
@@ -357,11 +358,13 @@ class Handoff:
         word, seq = entry.word, entry.seq
         while True:
             if word is not None and board is not None and board.read(word) >= seq:
-                return entry.event   # the promised event: recorded before the word was posted
+                return entry.event, entry.kept_event   # the promised event: recorded before the word was posted
             state = view.state(entry.index, entry.gen)
             if state == directory.SEALED:
                 sealed = view.lookup(buf.name)   # (the seal's own event, where it is not the promised one)
-                return sealed.event if sealed is not None and sealed.gen == entry.gen else entry.event
+                if sealed is not None and sealed.gen == entry.gen:
+                    return sealed.event, sealed.kept_event
+                return entry.event, entry.kept_event
             if state == directory.GONE:
                 raise ObjectAborted(f"object {buf.name!r} was abandoned before it was sealed "
                                     "(its writer went away or deleted it)")

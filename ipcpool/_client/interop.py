@@ -182,9 +182,15 @@ class Views:
 
     def tensor(self, buf: Any, memory: ImportedMemory) -> Any:
         """A buffer as a torch tensor of its metadata's dtype and shape (else its bytes, uint8)."""
+        meta = buf.meta
+        if not meta and self.on_gpu:   # bytes of a slab range (a carved hand-off): one slice
+            base = memory.slab()
+            raw = self._bases.get(id(base[0])) if base is not None else None
+            if raw is not None:
+                return raw[base[1]: base[1] + memory.size]
         torch = _module("torch")
 
-        dtype, shape = buf.meta.get("dtype"), buf.meta.get("shape")
+        dtype, shape = meta.get("dtype"), meta.get("shape")
         if dtype is None or shape is None:
             return self._torch_typed(buf, memory, torch.uint8, [buf.size])
         return self._torch_typed(buf, memory, _torch_dtype(buf.name, dtype), shape)

@@ -284,10 +284,10 @@ class ClientPool(ABC):
     # Readers order their work after a seal's event: writers record each seal on one (CUDA).
     seal_event = False
 
-    def order_after(self, event: bytes, stream: Any = None) -> None:
+    def order_after(self, event: bytes, stream: Any = None, credit: bool = False) -> None:
         """Order the work on ``stream`` after the peer's IPC event ``event`` (R1): nothing once the
         host sees it complete, else after a bounded spin a stream wait. Nothing where there are no
-        events."""
+        events. ``credit``: ``event`` is one of the broker's credits, which may be kept open."""
 
     @abstractmethod
     def import_allocation(self, export: Export, stream: Any = None, fds: list[int] = ()) -> ImportedMemory:

@@ -68,24 +68,30 @@ class Directories:
         return page
 
     # -- what the object table tells us ---------------------------------------------------------
-    def publish(self, obj, where: tuple[int, int] | None) -> None:
-        """A new object: its entry, first thing. ``where``: (the arena's allocation, the offset in
-        it) for an object carved from an arena, else its own allocation at 0."""
-        d = self.by_pool.get(obj.alloc.pool.spec.name)
+    def publish(self, pool_name: str, name: str, size: int, word: int | None, seq: int, promised: bytes,
+                meta: dict, where: tuple[int, int], in_arena: bool = True) -> tuple[int, int, int] | None:
+        """A new object's entry, the first thing done with its create: (pool, index, gen), or None
+        (no directory, or no free slot on its probe: readers ask the broker). ``where``: (the
+        arena's allocation, the offset in it) for an object carved from an arena, else (its own
+        allocation, 0) with ``in_arena`` False. The caller enters it in ``live`` once the object's
+        allocation exists."""
+        d = self.by_pool.get(pool_name)
         if d is None:
-            return
+            return None
         self._gen += 1
-        aid, offset = where if where is not None else (obj.alloc.aid, 0)
-        meta = obj.meta
-        index = d.publish(obj.name, self._gen, layout.WRITING, aid, offset, obj.alloc.size, obj.word, obj.seq,
-                          obj.promised, meta.get("dtype"), meta.get("shape"), bool(meta.get("user")),
-                          where is not None)
-        if index is not None:
-            if self.received:
-                self.create_to_entry.append(time.perf_counter_ns() - self.received)
-            pool = self.pool_index[obj.alloc.pool.spec.name]
-            obj.entry = (pool, index, self._gen)
-            self.live[(pool, index)] = (self._gen, obj.alloc)
+        index = d.publish(name, self._gen, layout.WRITING, where[0], where[1], size, word, seq, promised,
+                          meta.get("dtype"), meta.get("shape"), bool(meta.get("user")), in_arena,
+                          kept_event=bool(promised))
+        if index is None:
+            return None
+        if self.received:
+            self.create_to_entry.append(time.perf_counter_ns() - self.received)
+        return self.pool_index[pool_name], index, self._gen
+
+    def withdraw(self, pool_name: str, entry: tuple[int, int, int]) -> None:
+        """An entry whose create failed after it was written (no reader can hold it yet: nothing
+        is allocated for it)."""
+        self.by_pool[pool_name].set_state(entry[1], entry[2], layout.GONE)
 
     def sealed(self, obj) -> None:
         if obj.entry is not None:

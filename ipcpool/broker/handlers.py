@@ -106,7 +106,7 @@ class Handlers:
         if "arena" in f or "offset" in f:
             if "arena" not in f or "offset" not in f:
                 raise InvalidRequest("create: arena and offset go together")
-            carve = lambda: self.tables.handoffs.carve(session, f["arena"], f["offset"], f["nbytes"])  # noqa: E731
+            carve = (f["arena"], f["offset"])
         if "slot" in f or "seq" in f:
             if carve is None or "slot" not in f or not f.get("seq"):
                 raise InvalidRequest("create: slot and a seq of at least 1 go with an arena range")
@@ -116,9 +116,7 @@ class Handlers:
             board = (word, f["seq"], promised)
         elif "seal_credit" in f:
             raise InvalidRequest("create: seal_credit goes with a seal-board slot")
-        where = (f["arena"], f["offset"]) if carve is not None else None
-        obj = self.tables.objects.create(session, f["name"], f["nbytes"], f["pool"], f.get("meta", {}), carve, board,
-                                         where)
+        obj = self.tables.objects.create(session, f["name"], f["nbytes"], f["pool"], f.get("meta", {}), carve, board)
         if board is not None:   # readers already waiting watch the board from now on
             self.notices.pending(obj)
         if carve is not None:   # the client has the memory already

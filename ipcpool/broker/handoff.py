@@ -84,11 +84,21 @@ class Handoffs:
 
     def carve(self, session: Session, aid: int, offset: int, nbytes: int) -> Allocation:
         """The range the client carved at ``offset`` of its arena ``aid``, held by ``session``."""
+        return self.record(session, self.reserve(session, aid, offset, nbytes), offset, nbytes)
+
+    def reserve(self, session: Session, aid: int, offset: int, nbytes: int) -> Arena:
+        """The range at ``offset`` of this session's arena ``aid``, checked and taken in the mirror:
+        all a create's directory entry needs (the rest, ``record``, may follow it)."""
         arena = self._own(session, aid)
         try:
             arena.ranges.reserve(offset, nbytes)
         except IpcPoolError as exc:
             raise InvalidRequest(f"arena {aid}: {nbytes} bytes at offset {offset}: {exc}") from None
+        return arena
+
+    def record(self, session: Session, arena: Arena, offset: int, nbytes: int) -> Allocation:
+        """A reserved range as an allocation of its own, held by ``session``; the range goes back
+        to the mirror where that fails."""
         try:
             alloc = self.registry.carve(session, arena.alloc, offset, nbytes, lambda: self._idle.append((arena, offset)))
         except BaseException:

@@ -84,9 +84,10 @@ class Watch:
 
 
 class ObjectTable:
-    def __init__(self, registry: Registry, directory=None):
+    def __init__(self, registry: Registry, directory=None, handoffs=None):
         self.registry = registry
         self.directory = directory   # broker.directory.Directories: entries readers see without a reply
+        self.handoffs = handoffs     # broker.handoff.Handoffs: the arenas carved objects come from
         # One state per object: a seal a reader may have seen on the board (``board_word(pool,
         # word)``) is the broker's too before any answer about the object (``caught_up``); then
         # ``on_board_seal(obj)`` tells the waiting and records it, as the seal's message would.
@@ -114,26 +115,42 @@ class ObjectTable:
         self._timed = 0   # parked gets with a deadline (the heap holds them and settled ones)
 
     def create(self, session: Session, name: str, nbytes: int, pool: str, meta: dict,
-               carve: Callable[[], Allocation] | None = None, board: tuple[int, int, bytes] | None = None,
-               where: tuple[int, int] | None = None) -> NamedObject:
-        """A new object being written by ``session``: a fresh allocation of ``pool``, or what
-        ``carve()`` gives (a range of the session's arena); ``board``: its seal-board word, the
-        number the writer will post there, and the event it promised to record its seal on;
-        ``where``: the arena's allocation and the offset in it, for the directory's entry."""
+               carve: tuple[int, int] | None = None, board: tuple[int, int, bytes] | None = None) -> NamedObject:
+        """A new object being written by ``session``: a fresh allocation of ``pool``, or the range
+        ``carve`` = (arena, offset) of the session's arena; ``board``: its seal-board word, the
+        number the writer will post there, and the event it promised to record its seal on.
+
+        A carved object's directory entry is written as soon as its range is checked: what a
+        reader spins on comes before the rest of the bookkeeping (``Directories.publish``)."""
         if name in self.objects:
             raise ObjectExists(f"an object named {name!r} already exists; delete it first or pick another name")
         uid = session.cred.uid
         limit = self.registry.config.quota_for(uid).objects
-        if limit and self.count_by_uid(uid) >= limit:
+        if limit and self.objects_by_uid[uid] >= limit:
             raise QuotaExceeded(
                 f"uid {uid} has {limit} named objects, its quota; delete some or ask the operator to raise it"
             )
-        alloc = carve() if carve is not None else self.registry.allocate(session, nbytes, pool)   # the writer's hold
-        obj = NamedObject(name, alloc, session, meta)
-        if board is not None:
-            obj.word, obj.seq, obj.promised = board
-        if self.directory is not None:   # what a reader spins on: before anything else is done
-            self.directory.publish(obj, where)
+        word, seq, promised = board if board is not None else (None, 0, b"")
+        if carve is not None:
+            aid, offset = carve
+            arena = self.handoffs.reserve(session, aid, offset, nbytes)
+            home = arena.alloc.pool.spec.name   # (the arena's pool: the object lives there)
+            entry = self.directory.publish(home, name, nbytes, word, seq, promised, meta, carve) \
+                if self.directory is not None else None
+            try:
+                alloc = self.handoffs.record(session, arena, offset, nbytes)   # the writer's hold
+            except BaseException:
+                if entry is not None:
+                    self.directory.withdraw(home, entry)
+                raise
+        else:
+            alloc = self.registry.allocate(session, nbytes, pool)   # the writer's hold
+            entry = self.directory.publish(pool, name, alloc.size, word, seq, promised, meta, (alloc.aid, 0), False) \
+                if self.directory is not None else None
+        obj = NamedObject(name, alloc, session, meta, word=word, seq=seq, promised=promised)
+        if entry is not None:
+            obj.entry = entry
+            self.directory.live[entry[:2]] = (entry[2], alloc)
         self.registry.hold(alloc, obj)
         self.objects[name] = obj
         self.objects_by_uid[alloc.uid] += 1

@@ -142,9 +142,9 @@ class Broker:
             self.registry.create_pools(self.durable)
             self.registry.on_pool_emptied = self._pool_emptied
             self.directories = Directories(self.registry, self.config.directory_entries)
-            self.objects = ObjectTable(self.registry, self.directories)
-            self.growables = GrowableTable(self.registry, self.config.growth_board)
             self.handoffs = Handoffs(self.registry, lambda session, note: self.send(session.token, note))
+            self.objects = ObjectTable(self.registry, self.directories, self.handoffs)
+            self.growables = GrowableTable(self.registry, self.config.growth_board)
             for name in self.registry.pools:   # a seal board and a name directory per pool, for the broker's life
                 self.handoffs.board(name)
                 self.directories.of(name)

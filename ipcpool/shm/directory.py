@@ -24,7 +24,7 @@ from __future__ import annotations
 import mmap
 import struct
 import zlib
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import sealing
 
@@ -50,10 +50,13 @@ _U32 = struct.Struct("<I")
 HAS_USER_META = 1       # flags: the object carries more metadata than dtype and shape
 HAS_SHAPE = 2           # flags: ``shape`` holds the object's shape (else it has none here)
 IN_ARENA = 4            # flags: ``alloc`` is an arena the object was carved from (else its own)
+KEPT_EVENT = 8          # flags: ``event`` is one of the broker's credits, never destroyed while it
+                        # lives (``backend.cuda.events.CreditStock``): a reader may keep it open
+_FLAGS_AT = 54
+_U16 = struct.Struct("<H")
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):   # (a tuple: made on every lookup, where a frozen dataclass costs ~3 µs)
     index: int
     gen: int
     state: int
@@ -67,6 +70,7 @@ class Entry:
     shape: tuple[int, ...] | None
     has_user_meta: bool
     in_arena: bool
+    kept_event: bool = False
 
 
 def _length(capacity: int) -> int:
@@ -104,7 +108,7 @@ class Directory:
 
     def publish(self, name: str, gen: int, state: int, alloc: int, offset: int, size: int,
                 word: int | None, seq: int, event: bytes, dtype: str | None,
-                shape: list[int] | None, has_user_meta: bool, in_arena: bool) -> int | None:
+                shape: list[int] | None, has_user_meta: bool, in_arena: bool, kept_event: bool = False) -> int | None:
         """A new live entry for ``name`` (no live entry of it may exist); its index, or None
         where its probe found no free slot."""
         raw = name.encode()
@@ -114,28 +118,31 @@ class Directory:
             index = (start + k) % cap
             if index in self._taken:
                 continue
-            at = self._at(index)
-            self._bump(at)   # odd: readers skip it while it changes
-            dt = (dtype or "").encode()[:32]
+            at = (index + 1) * ENTRY
+            m = self._map
+            ver = _U64.unpack_from(m, at)[0] + 1
+            _U64.pack_into(m, at, ver)   # odd: readers skip it while it changes
+            dt = dtype.encode()[:32] if dtype else b""
             dims = list(shape) if shape is not None and len(shape) <= MAX_DIMS else None
             flags = (HAS_USER_META if has_user_meta or (shape is not None and dims is None) else 0) | (
-                HAS_SHAPE if dims is not None else 0) | (IN_ARENA if in_arena else 0)
-            ver = _U64.unpack_from(self._map, at)[0]
-            _HEAD.pack_into(self._map, at, ver, gen, state, len(raw), alloc, offset, size,
+                HAS_SHAPE if dims is not None else 0) | (IN_ARENA if in_arena else 0) | (KEPT_EVENT if kept_event else 0)
+            _HEAD.pack_into(m, at, ver, gen, state, len(raw), alloc, offset, size,
                             NO_WORD if word is None else word, 0 if dims is None else len(dims), len(dt), flags,
-                            seq, event.ljust(64, b"\0")[:64])
-            _DTYPE.pack_into(self._map, at + _DTYPE_AT, dt)
+                            seq, event)   # (struct pads a short event with zeros)
+            if dt:
+                _DTYPE.pack_into(m, at + _DTYPE_AT, dt)
             if dims:
-                struct.pack_into(f"<{len(dims)}Q", self._map, at + _SHAPE_AT, *dims)
-            self._map[at + _NAME_AT: at + _NAME_AT + len(raw)] = raw
-            self._bump(at)   # even: whole
+                struct.pack_into(f"<{len(dims)}Q", m, at + _SHAPE_AT, *dims)
+            m[at + _NAME_AT: at + _NAME_AT + len(raw)] = raw
+            _U64.pack_into(m, at, ver + 1)   # even: whole
             self._taken[index] = raw
             self._changed()
             return index
         return None
 
     def set_state(self, index: int, gen: int, state: int, *, event: bytes | None = None) -> None:
-        """The entry of object ``gen`` is now ``state`` (SEALED, or GONE: a tombstone)."""
+        """The entry of object ``gen`` is now ``state`` (SEALED, or GONE: a tombstone); a new
+        ``event`` is not one to keep open (``KEPT_EVENT`` goes)."""
         at = self._at(index)
         if _U64.unpack_from(self._map, at + 8)[0] != gen:
             return
@@ -143,6 +150,7 @@ class Directory:
         _U32.pack_into(self._map, at + 16, state)
         if event is not None:
             self._map[at + 64: at + 128] = event.ljust(64, b"\0")[:64]
+            _U16.pack_into(self._map, at + _FLAGS_AT, _U16.unpack_from(self._map, at + _FLAGS_AT)[0] & ~KEPT_EVENT)
         self._bump(at)
         if state == GONE:
             self._taken.pop(index, None)
@@ -210,7 +218,8 @@ class DirectoryView:
         dtype = bytes(m[at + _DTYPE_AT: at + _DTYPE_AT + dtype_len]).decode() if dtype_len else None
         shape = struct.unpack_from(f"<{ndim}Q", m, at + _SHAPE_AT) if flags & HAS_SHAPE else None
         return Entry(index, gen, state, alloc, offset, size, None if word == NO_WORD else word, seq,
-                     event if any(event) else b"", dtype, shape, bool(flags & HAS_USER_META), bool(flags & IN_ARENA))
+                     event if any(event) else b"", dtype, shape, bool(flags & HAS_USER_META), bool(flags & IN_ARENA),
+                     bool(flags & KEPT_EVENT))
 
     def state(self, index: int, gen: int) -> int:
         """The state of entry ``index`` while it still holds object ``gen``; GONE once it does not."""

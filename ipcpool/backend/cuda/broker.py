@@ -24,7 +24,7 @@ from . import vmm
 from .allocation import Allocation
 from .context import OnDevice, make_current
 from .errors import is_cuda_error, translate, usable
-from .events import Graveyard
+from .events import CreditStock, Graveyard
 from .growable import CudaGrowable
 from .limits import VMM_CHUNK
 from .ordering import DeferredFrees, SealWatch
@@ -55,6 +55,7 @@ class CudaBrokerBackend(BrokerBackend):
         self._pools: list[CudaPool] = []
         self._frees = DeferredFrees()   # frees waiting on done events
         self._seals = SealWatch()       # seals not seen done
+        self.credits = CreditStock()    # events clients record for us, recycled (never destroyed)
 
     def create_pool(self, spec: PoolSpec) -> BrokerPool:
         pool = CudaPool(self, spec)
@@ -150,3 +151,4 @@ class CudaBrokerBackend(BrokerBackend):
         for stream in self._reapers.values():
             stream.close()
         self._reapers.clear()
+        self.credits.close()

@@ -103,6 +103,7 @@ class CudaClientBackend(ClientBackend):
         # How long a reader polls a pending seal event on the host before a stream wait (R1).
         self.event_spin_s = int(os.environ.get("IPCPOOL_EVENT_SPIN_US", "2000")) / 1e6
         self._foreign: dict[int, Stream] = {}
+        self._last_stream: tuple[Any, Stream | None] = (None, None)
         # Done events we recorded, with the reply count when recorded. One is destroyed once the
         # broker has certainly opened it (two replies later: a reply means the broker read every
         # earlier message) and it has completed.
@@ -163,6 +164,9 @@ class CudaClientBackend(ClientBackend):
         """
         if obj is None:
             return LEGACY_DEFAULT_STREAM
+        last = self._last_stream   # the usual caller passes the same stream object every time
+        if obj is last[0]:
+            return last[1]
         if isinstance(obj, Stream):
             return obj
         if isinstance(obj, int) and not isinstance(obj, bool):
@@ -183,7 +187,11 @@ class CudaClientBackend(ClientBackend):
             if wrapped is None:
                 if len(self._foreign) >= 256:
                     self._foreign.pop(next(iter(self._foreign)))
-                wrapped = self._foreign[handle] = Device(device).create_stream(obj)
+                with OnDevice(device):
+                    wrapped = self._foreign[handle] = Device(device).create_stream(obj)
+            # (kept with a reference to ``obj``: an id never names another object meanwhile, and
+            # a stream object's handle does not change)
+            self._last_stream = (obj, wrapped)
             return wrapped
         for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy Stream
             handle = getattr(obj, attr, None)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+from cuda.bindings.driver import CUresult, cuEventRecord
 from cuda.core import LEGACY_DEFAULT_STREAM, Buffer, Device, DeviceMemoryResource, Stream
 
 from ... import fdpass
@@ -27,8 +28,11 @@ from . import vmm
 from .context import OnDevice, OnStream, check_device
 from .descriptors import import_pointer
 from .errors import is_cuda_error, translate
-from .events import open_ipc, record_into, record_ipc, wait_for
+from .events import DriverEvent, open_ipc, record_into, record_ipc, wait_for
 from .memory import CudaMemory, PendingSlab, StreamSource
+
+
+MAX_OPEN_CREDITS = 1024   # credits kept open per pool (a broker hands out few: they are recycled)
 
 
 class ClientServices(StreamSource, Protocol):
@@ -43,23 +47,31 @@ class ClientServices(StreamSource, Protocol):
         """Run ``fn(*args)`` on the backend's worker thread (slab imports)."""
 
 
-def order_after_event(stream: Stream, handle: bytes, spin_s: float) -> None:
+def order_after_event(stream: Stream, handle: bytes, spin_s: float, opened: DriverEvent | None = None) -> None:
     """R1 on the host first: a stream wait on another process's IPC event costs ~270 µs on the GPU
     even when the event has completed (H100, driver 580), a query ~1 µs. So query; while pending,
     spin up to ``spin_s``; only then let ``stream`` wait, so correctness never depends on timing.
-    The event is opened in the stream's context (a caller's stream may be on a peer device)."""
+    The event is opened in the stream's context (a caller's stream may be on a peer device), unless
+    it is ``opened`` already (a credit kept open: a query or a wait needs no context switch)."""
+    if opened is not None:
+        _query_or_wait(stream, opened, spin_s)
+        return
     with OnStream(stream):
         event = open_ipc(handle)
         try:
-            if event.is_done:
-                return
-            until = time.perf_counter() + spin_s
-            while time.perf_counter() < until:
-                if event.is_done:
-                    return
-            wait_for(stream, event)   # bound now, to the latest record (R4)
+            _query_or_wait(stream, event, spin_s)
         finally:
             event.close()
+
+
+def _query_or_wait(stream: Stream, event: DriverEvent, spin_s: float) -> None:
+    if event.is_done:
+        return
+    until = time.perf_counter() + spin_s
+    while time.perf_counter() < until:
+        if event.is_done:
+            return
+    wait_for(stream, event)   # bound now, to the latest record (R4)
 
 
 class CudaClientPool(ClientPool):
@@ -94,6 +106,9 @@ class CudaClientPool(ClientPool):
             raise
         self.slab_size = int(info.get("slab_size", 0))
         self._slabs: dict[bytes, CudaMemory] = {}
+        # The broker's credits opened once, by handle (they live as long as the broker and are
+        # recycled, never destroyed: ``events.CreditStock``). Opening one costs ~10 µs (H100).
+        self._credits: dict[bytes, DriverEvent] = {}
         self._closed = False
 
     def needs_fds(self, export: Export) -> bool:
@@ -207,16 +222,30 @@ class CudaClientPool(ClientPool):
         finally:
             fdpass.close_all(fds)
 
-    def order_after(self, event: bytes, stream: Any = None) -> None:
+    def order_after(self, event: bytes, stream: Any = None, credit: bool = False) -> None:
         if not event:
             return
         try:
+            s = self._backend.stream(stream, self.device)
+            if credit:   # kept open: no context switch, one query on the usual path
+                order_after_event(s, event, self._backend.event_spin_s, self._opened(event))
+                return
             with OnDevice(self.device):
-                order_after_event(self._backend.stream(stream, self.device), event, self._backend.event_spin_s)
+                order_after_event(s, event, self._backend.event_spin_s)
         except Exception as exc:
             if not is_cuda_error(exc):
                 raise
             raise translate(exc, f"ordering after a seal of pool {self.name!r}") from exc
+
+    def _opened(self, handle: bytes) -> DriverEvent:
+        """The broker's credit ``handle``, opened in this pool's device context once."""
+        event = self._credits.get(handle)
+        if event is None:
+            if len(self._credits) >= MAX_OPEN_CREDITS:   # bounded: the oldest goes
+                self._credits.pop(next(iter(self._credits))).close()
+            with OnDevice(self.device):
+                event = self._credits[handle] = open_ipc(handle)
+        return event
 
     def carved(self, arena: ImportedMemory, offset: int, nbytes: int) -> ImportedMemory:
         if not isinstance(arena, CudaMemory) or arena.slab() is None:
@@ -277,8 +306,13 @@ class CudaClientPool(ClientPool):
                 memory.mapping.close()
             return b""
         try:
+            s = self._backend.stream(stream, self.device)
+            if credit and not memory.whole:   # a range: nothing to free; record on the credit, kept open
+                (err,) = cuEventRecord(self._opened(credit).handle, s.handle)
+                if err == CUresult.CUDA_SUCCESS:
+                    return credit   # R2 on the broker's own event: it lives as long as the broker needs
+                # (a stream of another device's context: recorded below, in the stream's)
             with OnDevice(self.device):
-                s = self._backend.stream(stream, self.device)
                 if memory.whole:
                     buf.close(stream=s)          # cudaFreeAsync of the import, after work on s
                 if credit:   # R2 on the broker's own event: it lives as long as the broker needs
@@ -312,4 +346,7 @@ class CudaClientPool(ClientPool):
                 else:
                     slab.buffer.close(stream=LEGACY_DEFAULT_STREAM)
         self._slabs.clear()
+        for event in self._credits.values():
+            event.close()
+        self._credits.clear()
         self._mr.close()

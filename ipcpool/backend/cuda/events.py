@@ -30,7 +30,7 @@ from cuda.bindings.driver import (
 )
 from cuda.core import Event, EventOptions
 
-from .context import OnStream
+from .context import OnDevice, OnStream
 from .descriptors import event_handle, open_event
 from .errors import check, is_cuda_error
 
@@ -70,17 +70,80 @@ class IpcEvent(DriverEvent):
     """An interprocess event of ours that is never recorded here, and its 64-byte handle
     (``ipc_handle``): a credit (see ``BrokerPool.credit``) is recorded by a peer, so that no command
     of ours, and with it no switch to our context on the GPU, is needed per credit. (cuda.core
-    makes IPC events only by recording them; ``record_ipc`` makes the ones recorded here.)"""
+    makes IPC events only by recording them; ``record_ipc`` makes the ones recorded here.)
 
-    __slots__ = ("ipc_handle",)
+    Credits come from a ``CreditStock`` and go back to it on ``close``: clients keep a credit open
+    by its handle bytes (opening one costs ~10 µs, H100), which is safe only because no credit is
+    destroyed while the broker lives, so its bytes never name another event."""
 
-    def __init__(self) -> None:
+    __slots__ = ("device", "ipc_handle", "stock")
+
+    def __init__(self, device: int = 0, stock: CreditStock | None = None) -> None:
         super().__init__(check(cuEventCreate(_IPC_FLAGS), "cuEventCreate"))
+        self.device = device
+        self.stock = stock
         try:
             self.ipc_handle = event_handle(self.handle)
         except BaseException:
-            self.close()
+            self.destroy()
             raise
+
+    def close(self) -> None:
+        if self.stock is not None:
+            self.stock.give_back(self)
+        else:
+            self.destroy()
+
+    def destroy(self) -> None:
+        DriverEvent.close(self)
+
+
+class CreditStock:
+    """The broker's credits, recycled (see ``IpcEvent``). One goes back to the free list once it
+    has completed: whoever records it next makes a new record that nobody still waits on, and a
+    reader that queries it learns of that record only after the one it came for (the free that
+    returns a seal's credit runs after every reader's done event, R2). One that never completes
+    (its recorder died mid-record) is kept aside, never handed out and never destroyed."""
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[IpcEvent]] = {}
+        self._stuck: list[IpcEvent] = []
+        self._out: set[int] = set()   # id() of the credits handed out (a second give-back is a bug)
+        self.made = 0
+
+    def take(self, device: int) -> IpcEvent:
+        free = self._free.get(device)
+        if free:
+            event = free.pop()
+        else:
+            with OnDevice(device):
+                event = IpcEvent(device, self)
+            self.made += 1
+        self._out.add(id(event))
+        return event
+
+    def give_back(self, event: IpcEvent) -> None:
+        if id(event) not in self._out:
+            return   # (already back: never on the free list twice)
+        self._out.discard(id(event))
+        try:
+            done = event.is_done
+        except Exception as exc:   # noqa: BLE001 (a driver failure: never hand it out again)
+            if not is_cuda_error(exc):
+                raise
+            done = False
+        (self._free.setdefault(event.device, []) if done else self._stuck).append(event)
+
+    def stats(self) -> dict[str, int]:
+        return {"credits": self.made, "credits_idle": sum(len(f) for f in self._free.values()),
+                "credits_stuck": len(self._stuck)}
+
+    def close(self) -> None:
+        """At shutdown: every credit destroyed (clients are gone with the broker)."""
+        for event in [e for f in self._free.values() for e in f] + self._stuck:
+            event.destroy()
+        self._free.clear()
+        self._stuck.clear()
 
 
 def record_ipc(stream: Any) -> tuple[Any, bytes]:

@@ -9,8 +9,8 @@ from cuda.core import Stream
 
 from ...errors import ClosedError, InvalidRequest
 from ..base import SessionContext
-from .context import OnDevice, make_current
-from .events import Graveyard, IpcEvent
+from .context import make_current
+from .events import CreditStock, Graveyard
 
 MAX_CREDITS = 64   # events of ours a session may hold unused (see CudaSession.issue_credit)
 
@@ -23,6 +23,8 @@ class FreeSweeper(Protocol):
 
     def keep_graveyard(self, graveyard: Graveyard) -> None:
         """Sweep ``graveyard`` from now on (a closed session's events still pending)."""
+
+    credits: CreditStock   # the broker's recycled credits
 
 
 class CudaSession(SessionContext):
@@ -52,12 +54,12 @@ class CudaSession(SessionContext):
         return list(self._streams.values())
 
     def issue_credit(self, device: int) -> bytes:
-        """A fresh IPC event of ours on ``device`` for the client to record (no peer has seen it
-        before): it stays ours (alive as long as anyone may wait on it, R4), queried locally."""
+        """An IPC event of ours on ``device`` for the client to record, idle (recycled from the
+        backend's stock once complete, ``CreditStock``): it stays ours (alive as long as anyone may
+        wait on it, R4), queried locally."""
         if self.closed or len(self.credits) >= MAX_CREDITS:
             return b""
-        with OnDevice(device):
-            event = IpcEvent()   # never recorded here: no GPU work of ours per credit (see the class)
+        event = self._backend.credits.take(device)   # never recorded here: no GPU work of ours per credit
         self.credits[event.ipc_handle] = event
         return event.ipc_handle
 
@@ -92,7 +94,7 @@ class CudaSession(SessionContext):
             return
         self._retire_handed()
         self.closed = True
-        for event in self.credits.values():   # never used: nobody waits on them
+        for event in self.credits.values():   # never used: back to the stock
             event.close()
         self.credits.clear()
         self.graveyard.sweep()
