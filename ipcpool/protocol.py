@@ -346,6 +346,7 @@ CONTROL: dict[str, dict[str, Field]] = {
 # from the message channel, on any request there): a message may carry no other (see validate).
 _COMMON = frozenset({"op", "id", "read"})
 _ALLOWED = {id(schema): frozenset(schema) | _COMMON for table in (REQUESTS, CONTROL) for schema in table.values()}
+_PLANS: dict[int, tuple] = {}   # filled below, once every schema is defined
 
 # Every reply about a growable names its ``word`` on the growth board (-1: none) and the ``stamp``
 # that word holds; a session's first reply of GROWABLE_CONTROL also says ``board``: its first FD
@@ -387,26 +388,36 @@ def validate(msg: dict, schemas: dict[str, dict[str, Field]]) -> tuple[str, dict
         raise ProtocolError(f"{op}: unexpected fields {shown}{more}")
     if "id" in msg:
         check_id(msg["id"])
+    plan = _PLANS.get(id(schema))
+    if plan is None:
+        plan = _plan(schema)
     fields: dict[str, Any] = {}
-    for key, spec in schema.items():
-        if key not in msg or msg[key] is None:
-            if spec.required:
+    # (one tuple per field, unpacked: a create, the hand-off's first message, is checked on the
+    # way to its directory entry, where attribute reads per field cost µs)
+    for key, required, kind, is_int, max_len, min_value, check in plan:
+        value = msg.get(key)
+        if value is None:
+            if required:
                 raise ProtocolError(f"{op}: missing field {key!r}")
             continue
-        value = msg[key]
         # bool is an int in Python; never accept it where a number is meant.
-        if not isinstance(value, spec.kind) or (spec.kind is int and isinstance(value, bool)):
-            raise ProtocolError(f"{op}: field {key!r} must be {_kind_name(spec.kind)}, got {type(value).__name__}")
-        if spec.max_len is not None and len(value) > spec.max_len:
-            raise ProtocolError(f"{op}: field {key!r} longer than {spec.max_len}")
-        if spec.min_value is not None and value < spec.min_value:
-            raise ProtocolError(f"{op}: field {key!r} must be >= {spec.min_value}")
-        if spec.kind is int and value >= 1 << 64:
+        if not isinstance(value, kind) or (is_int and isinstance(value, bool)):
+            raise ProtocolError(f"{op}: field {key!r} must be {_kind_name(kind)}, got {type(value).__name__}")
+        if max_len is not None and len(value) > max_len:
+            raise ProtocolError(f"{op}: field {key!r} longer than {max_len}")
+        if min_value is not None and value < min_value:
+            raise ProtocolError(f"{op}: field {key!r} must be >= {min_value}")
+        if is_int and value >= 1 << 64:
             raise ProtocolError(f"{op}: field {key!r} out of range")
-        if spec.check is not None:
-            spec.check(key, value)
+        if check is not None:
+            check(key, value)
         fields[key] = value
     return op, fields
+
+
+def _plan(schema: dict[str, Field]) -> tuple:
+    return tuple((key, spec.required, spec.kind, spec.kind is int, spec.max_len, spec.min_value, spec.check)
+                 for key, spec in schema.items())
 
 
 def check_id(rid: Any) -> int:
@@ -434,3 +445,6 @@ def error_reply(rid: int, exc: IpcPoolError) -> dict:
     if len(text) > MAX_ERROR:   # every reply stays decodable by the client (MAX_STR)
         text = text[: MAX_ERROR - 3] + "..."
     return {"id": rid, "ok": False, "code": exc.code, "error": text}
+
+
+_PLANS.update({id(schema): _plan(schema) for table in (REQUESTS, CONTROL) for schema in table.values()})

@@ -54,6 +54,10 @@ class ClientArena:
         except OutOfMemory:
             return None
 
+    def holds(self, offset: int) -> bool:
+        """Whether the range at ``offset`` is carved out (neither free nor a spare)."""
+        return self.ranges.taken(offset) and offset not in self._spare.get(self.ranges.size_of(offset), ())
+
     def slot(self) -> tuple[int, int] | None:
         """A free board word of this arena and the next number (numbers only grow)."""
         if not self._slots:

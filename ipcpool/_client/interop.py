@@ -187,7 +187,7 @@ class Views:
             base = memory.slab()
             raw = self._bases.get(id(base[0])) if base is not None else None
             if raw is not None:
-                return raw[base[1]: base[1] + memory.size]
+                return raw.narrow(0, base[1], memory.size)
         torch = _module("torch")
 
         dtype, shape = meta.get("dtype"), meta.get("shape")

@@ -90,8 +90,10 @@ class Directory:
         self.capacity = capacity
         self.length = _length(capacity)
         self.fd, self._map = sealing.create(f"ipcpool-directory:{pool_name}", self.length, sealing.READ_ONLY)
+        sealing.populate(self._map, write=True)   # (its pages, backed now: 4 MiB at the default capacity)
         _HEADER.pack_into(self._map, 0, MAGIC, capacity, 0)
         self._taken: dict[int, bytes] = {}   # index -> name, for live entries (WRITING, SEALED)
+        self._tombs: set[int] = set()        # gone entries a probe must pass (see ``_trim``)
         self._change = 0
 
     def _at(self, index: int) -> int:
@@ -136,6 +138,7 @@ class Directory:
             m[at + _NAME_AT: at + _NAME_AT + len(raw)] = raw
             _U64.pack_into(m, at, ver + 1)   # even: whole
             self._taken[index] = raw
+            self._tombs.discard(index)
             self._changed()
             return index
         return None
@@ -154,7 +157,27 @@ class Directory:
         self._bump(at)
         if state == GONE:
             self._taken.pop(index, None)
+            self._tombs.add(index)
+            self._trim(index)
         self._changed()
+
+    def _trim(self, index: int) -> None:
+        """Gone entries just before an empty one become empty again: a lookup of a missing name
+        stops at the first empty entry, and a table of tombstones would make every miss probe
+        MAX_PROBE entries (~25 µs). No live entry lies past an empty one on its probe (an insert
+        takes the first free entry from home, and a run is emptied only from its end), so no
+        lookup loses its name. The gen goes too: a reader's hazard on it reads GONE."""
+        cap = self.capacity
+        if (index + 1) % cap in self._taken or (index + 1) % cap in self._tombs:
+            return
+        while index in self._tombs:
+            at = self._at(index)
+            self._bump(at)
+            _U64.pack_into(self._map, at + 8, 0)
+            _U32.pack_into(self._map, at + 16, EMPTY)
+            self._bump(at)
+            self._tombs.discard(index)
+            index = (index - 1) % cap
 
     def close(self) -> None:
         if self._map is not None:
@@ -177,6 +200,7 @@ class DirectoryView:
         if magic != MAGIC or cap != capacity:
             self._map.close()
             raise ValueError("a name directory whose header does not match")
+        sealing.populate(self._map, write=False)
 
     def change(self) -> int:
         return _U64.unpack_from(self._map, _CHANGE_AT)[0]

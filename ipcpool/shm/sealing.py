@@ -45,3 +45,21 @@ def map_received(fd: int, length: int, seals: int, what: str, *, writable: bool)
         return mmap.mmap(fd, length, access=access)
     finally:
         os.close(fd)
+
+
+_MADV_POPULATE_READ, _MADV_POPULATE_WRITE = 22, 23   # Linux 5.14
+
+
+def populate(mapping: mmap.mmap, write: bool) -> None:
+    """Fault every page of ``mapping`` in now, not on the hot path: the first touch of a page of a
+    memfd costs a page fault (several µs), and a name directory's entries land on random pages."""
+    try:
+        mapping.madvise(_MADV_POPULATE_WRITE if write else _MADV_POPULATE_READ)
+        return
+    except (OSError, ValueError):   # an older kernel: touch each page
+        pass
+    for offset in range(0, len(mapping), mmap.PAGESIZE):
+        if write:
+            mapping[offset] = mapping[offset]
+        else:
+            mapping[offset]

@@ -77,7 +77,7 @@ def test_a_carved_range_comes_back_only_after_the_writers_kernel(start_broker):
         t0 = time.monotonic()
         buf.seal(stream=stream)
         c.delete("slow/carved")
-        while arena.ranges.taken(offset) and time.monotonic() - t0 < 15:
+        while arena.holds(offset) and time.monotonic() - t0 < 15:
             c._channel.drain()
             time.sleep(0.005)
         back_after = time.monotonic() - t0
