@@ -288,6 +288,24 @@ class CudaPool(BrokerPool):
             alloc.slab.ranges.free(alloc.offset + offset)
             self._slabs.used -= size
 
+    def renew(self, handle: object) -> bool:
+        """Idle once every done wait has settled (the queries a free makes, nothing enqueued: a
+        wait on a reader's event, then a stream wait of the writer's on that, would tie the writer
+        to a reader that may die, R3). The old seal and the events kept for it (no importer can
+        open them now: none holds the memory) go once the reaper stream passes; the next seal then
+        counts afresh. VMM memory is idle as soon as its last reader unmapped (after a sync)."""
+        alloc = as_alloc(handle)
+        if alloc.freed:
+            return False
+        alloc.waits = [w for w in alloc.waits if not w.settle()]
+        if alloc.waits:
+            return False
+        if alloc.extra:
+            self._backend.retire(self._backend.reaper(self.device), *alloc.extra)
+        alloc.extra = []
+        alloc.sealed, alloc.seal_done = None, False
+        return True
+
     def join_seals(self, handles: list[object], session: SessionContext) -> bytes:
         sess = as_session(session)
         stream = sess.stream(self.device)
