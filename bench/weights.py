@@ -43,6 +43,7 @@ import numpy as np  # noqa: E402
 
 import ipcpool  # noqa: E402
 from bench.common import RESULTS, broker, gpu_device, machine, progress, save  # noqa: E402
+from ipcpool.backend.filecopy import read_exact  # noqa: E402  (a preadv loop, as any reader has)
 
 SPAWN = mp.get_context("spawn")
 STEP = [0, 0]
@@ -107,15 +108,6 @@ def _ok(result):
     return rest[0] if len(rest) == 1 else (rest or None)
 
 
-def _pread_into(fd: int, view: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n <= 0:
-            raise OSError(f"short read at {offset + done}")
-        done += n
-
-
 def load_floor(path: Path, nbytes: int, device: str) -> float:
     """The least a load does, nothing else: on CUDA the file's data read into pinned host slots
     by reader threads, each slot copied (cuMemcpyHtoDAsync) to one device allocation as soon as it
@@ -130,7 +122,7 @@ def load_floor(path: Path, nbytes: int, device: str) -> float:
             buf.fill(1)   # its pages made before the clock, as the pool's are
             t0 = time.perf_counter()
             for at in range(0, nbytes, 64 << 20):
-                _pread_into(fd, memoryview(buf)[at : at + (64 << 20)], head + at)
+                read_exact(fd, memoryview(buf)[at : at + (64 << 20)], head + at)
             return time.perf_counter() - t0
         return _pinned_ring(fd, head, nbytes)
     finally:
@@ -160,7 +152,7 @@ def _pinned_ring(fd: int, head: int, nbytes: int) -> float:
         slot, (at, n) = i % SLOTS, pieces[i]
         if used[slot]:
             _ok(cu.cuEventSynchronize(events[slot]))   # its last copy is done
-        _pread_into(fd, views[slot][:n], head + at)
+        read_exact(fd, views[slot][:n], head + at)
 
     readers = ThreadPoolExecutor(READERS, initializer=lambda: _ok(cu.cuCtxSetCurrent(ctx)))
     try:

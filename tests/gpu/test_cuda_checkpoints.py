@@ -100,7 +100,7 @@ def test_readers_never_see_a_mix_on_the_gpu(cuda_broker):
         _settle(c, base)
 
 
-def test_a_held_version_survives_its_replacement_and_goes_after_release(cuda_broker):
+def test_a_held_version_survives_its_replacement_then_a_swap_loop_stays_at_two_versions(cuda_broker):
     with ipcpool.connect(cuda_broker.socket_dir) as w, ipcpool.connect(cuda_broker.socket_dir) as r:
         base = used(r)
         # 128 MiB: a pool allocation of its own (a shard of at most 64 MiB is a slab range, not in ``used``)
@@ -117,8 +117,16 @@ def test_a_held_version_survives_its_replacement_and_goes_after_release(cuda_bro
         # Version 1, released, is the spare now (the next version's memory): resident, no version's.
         assert r.stats()["checkpoints"]["spare_bytes"] == 1 << 27
         assert [v["version"] for v in r.list_checkpoints()[0]["versions"]] == [2]
+        w.reset_high()
+        for k in range(3, 8):                                    # a swap loop: each version into the spare
+            assert w.publish_tensors("m", {n: t + k for n, t in src.items()}) == k
+            assert ck.refresh() and ck.version == k
+            assert torch.equal(ck.tensors["p5"], src["p5"] + k)
+            torch.cuda.synchronize()   # the reader's done events complete: its old version is idle,
+            r.stats()                  # and its release the broker's (a round trip) before the next publish
+        assert w.stats()["pools"]["default"]["used_high"] - base <= 2 * one_version
         ck.release()
-        r.delete_checkpoint("m")                                 # and goes with its checkpoint
+        r.delete_checkpoint("m")                                 # the spare goes with its checkpoint
         _settle(r, base)
 
 
@@ -149,26 +157,6 @@ def test_the_spare_is_written_again_and_a_held_version_never(cuda_broker, case):
         held.release()
         torch.cuda.synchronize()
         _settle(r, base + 2 * one)                               # v1 freed; v4 and the spare stay
-        r.delete_checkpoint("m")
-        _settle(r, base)
-
-
-def test_a_swap_loop_on_the_gpu_stays_at_two_versions(cuda_broker):
-    with ipcpool.connect(cuda_broker.socket_dir) as w, ipcpool.connect(cuda_broker.socket_dir) as r:
-        base = used(r)
-        src = {f"p{i}": torch.full((1 << 22,), float(i), device="cuda") for i in range(8)}
-        w.publish_tensors("m", src)
-        one = used(r) - base
-        ck = r.attach("m")
-        w.reset_high()
-        for k in range(1, 6):
-            v = w.publish_tensors("m", {n: t + k for n, t in src.items()})
-            assert ck.refresh() and ck.version == v
-            assert torch.equal(ck.tensors["p5"], src["p5"] + k)
-            torch.cuda.synchronize()   # the reader's done events complete: its old version is idle,
-            r.stats()                  # and its release the broker's (a round trip) before the next publish
-        assert w.stats()["pools"]["default"]["used_high"] - base <= 2 * one
-        ck.release()
         r.delete_checkpoint("m")
         _settle(r, base)
 
