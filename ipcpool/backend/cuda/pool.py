@@ -144,6 +144,7 @@ class CudaPool(BrokerPool):
             buf.close(stream=stream)
             raise
         sess.graveyard.sweep()
+        self._note_high()
         return Allocation(buf, nbytes, ready), Export(size=nbytes, offset=0, data=data, ready_event=ready_handle)
 
     @property
@@ -178,6 +179,7 @@ class CudaPool(BrokerPool):
             sizes = vmm.split(nbytes, vmm.granularity(self.device), VMM_CHUNK)
             chunks = vmm.create_chunks(self.device, sizes, False)
         self._vmm_bytes += sum(sizes)
+        self._note_high()
         export = Export(size=nbytes, chunks=tuple(sizes))
         return Allocation(None, nbytes, None, chunks=chunks), export
 
@@ -202,9 +204,13 @@ class CudaPool(BrokerPool):
 
     def _carve(self, nbytes: int) -> tuple[object, Export]:
         slab, offset = self._slabs.take(nbytes)
-        self._used_high = max(self._used_high, self._used())
+        self._note_high()
         export = Export(size=nbytes, offset=offset, data=slab.data, sub=True, chunks=slab.chunks)
         return Allocation(None, nbytes, None, slab, offset), export
+
+    def _note_high(self) -> None:
+        """At every allocation: a peak between two stats calls (a swap's, say) is not missed."""
+        self._used_high = max(self._used_high, self._used())
 
     def _used(self) -> int:
         """Bytes handed out: the driver's count, with each slab counted by its ranges in use."""
