@@ -1,18 +1,22 @@
 """Model weights through ipcpool checkpoints, each step beside its peers in one run.
 
-  cold load   ipcpool load_checkpoint  vs  safetensors load_file(device=...)  vs  a hand-written
-              pinned double-buffered read (CUDA; on the host: readinto one buffer)
-  attach      N fresh worker processes attach  vs  torch.multiprocessing (state dict through a
-              queue)  vs  an attach floor (CUDA: one IPC handle of one flat buffer, views built,
-              nothing of ipcpool between)
+  cold load   ipcpool load_checkpoint  vs  safetensors load_file(device=...)  vs  the floor: the
+              file read into pinned host slots by reader threads, each slot copied to one device
+              allocation as it fills (ipcpool's ring, raw driver calls, memory made before the
+              clock; on the host: read into one buffer)
+  attach      N worker processes, ready (CUDA context made) and released at once, from "go" to
+              the last holding views of every tensor: ipcpool attach  vs  torch.multiprocessing
+              (state dict through a queue)  vs  the floor (CUDA: the same bytes as VMM chunks whose
+              FDs each worker holds before go; import, map, views; nothing of ipcpool)
   swap        a trainer publishes a new version from live tensors, N readers move to it (from the
-              trainer's first call to every reader on the new tensors)  vs  per-tensor CUDA IPC
-              (reduce_tensor / rebuild_cuda_tensor, what RL frameworks use); beside the
-              device-to-device copy of its bytes (the figure the goal is stated in)
+              trainer's first call to every reader on the new tensors), --rounds in a row: the
+              first into fresh memory, the rest into the spare (the steady state, reported)  vs
+              per-tensor CUDA IPC (reduce_tensor / rebuild_cuda_tensor, what RL frameworks use);
+              the floor: one device-to-device copy of its bytes (the figure the goal is stated in)
 
 Cases: "small" (64 tensors, 64 MiB) and "model" (--model-gib in --model-tensors). The file is
 synthetic safetensors written here (read from the page cache: "cold" means not in ipcpool yet).
-Writes bench/results/weights_<device>_<date>.json and a PNG beside it. ``--backend host`` runs
+Writes bench/results/weights_<device>_<date>.json (machine, device, driver, date) and a PNG beside it. ``--backend host`` runs
 on a machine without a GPU (the CUDA peers are skipped).
 
     python bench/weights.py                          # CUDA: small + 8 GiB in 320 tensors, 4 readers
@@ -25,7 +29,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -39,6 +42,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 import ipcpool  # noqa: E402
+from bench.common import RESULTS, broker, gpu_device, machine, progress, save  # noqa: E402
+from ipcpool.backend.filecopy import read_exact  # noqa: E402  (a preadv loop, as any reader has)
 
 SPAWN = mp.get_context("spawn")
 STEP = [0, 0]
@@ -46,7 +51,7 @@ STEP = [0, 0]
 
 def step(text: str) -> None:
     STEP[0] += 1
-    print(f"[{STEP[0]}/{STEP[1]}] {text}", file=sys.stderr, flush=True)
+    progress(f"[{STEP[0]}/{STEP[1]}] {text}")
 
 
 # -- the synthetic model --------------------------------------------------------------------------
@@ -65,26 +70,6 @@ def write_model(path: Path, gib: float, count: int) -> dict:
         for i in range(count):
             f.write(block)
     return {"bytes": at, "tensors": count}
-
-
-# -- a private broker -------------------------------------------------------------------------------
-def start_broker(sock: Path, backend: str, log: Path) -> subprocess.Popen:
-    cfg = sock.parent / "broker.toml"
-    cfg.write_text('[[pools]]\nname = "default"\nmax_size = "0"\n' if backend == "cuda" else
-                   '[[pools]]\nname = "default"\nmax_size = "48G"\n')
-    p = subprocess.Popen([sys.executable, "-m", "ipcpool", "broker", "--socket-dir", str(sock), "--backend", backend,
-                          "--config", str(cfg)], stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with ipcpool.connect(sock, timeout=5) as c:
-                c.stats()
-            return p
-        except ipcpool.BrokerGone:
-            if p.poll() is not None:
-                raise RuntimeError(log.read_text())
-            time.sleep(0.05)
-    raise RuntimeError("broker not ready")
 
 
 # -- cold load ------------------------------------------------------------------------------------
@@ -115,194 +100,296 @@ def load_safetensors(path: Path, device: str) -> float:
     return took
 
 
-def load_floor(path: Path, nbytes: int, device: str, slot: int = 16 << 20, slots: int = 4) -> float:
-    """Pinned, double-buffered (CUDA): read the next slot while the last one copies. Host: read
-    the whole data into one buffer. Nothing but the reads and copies."""
+def _ok(result):
+    """A cuda.bindings call's value, or a RuntimeError naming its error."""
+    err, *rest = result
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA error {err}")
+    return rest[0] if len(rest) == 1 else (rest or None)
+
+
+def load_floor(path: Path, nbytes: int, device: str) -> float:
+    """The least a load does, nothing else: on CUDA the file's data read into pinned host slots
+    by reader threads, each slot copied (cuMemcpyHtoDAsync) to one device allocation as soon as it
+    is full and refilled once its copy is done, ipcpool's ring (slots, their size, readers) with
+    the device memory and the pinned slots made before the clock. Host: read into one buffer,
+    its pages made before the clock."""
     fd = os.open(path, os.O_RDONLY)
     try:
         head = int.from_bytes(os.pread(fd, 8, 0), "little") + 8
         if device != "cuda":
-            buf = np.empty(nbytes, dtype=np.uint8)
+            buf = np.zeros(nbytes, dtype=np.uint8)
+            buf.fill(1)   # its pages made before the clock, as the pool's are
             t0 = time.perf_counter()
-            mv, done = memoryview(buf), 0
-            while done < nbytes:
-                done += os.preadv(fd, [mv[done : done + (64 << 20)]], head + done)
+            for at in range(0, nbytes, 64 << 20):
+                read_exact(fd, memoryview(buf)[at : at + (64 << 20)], head + at)
             return time.perf_counter() - t0
-        import torch
-
-        dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-        pins = [torch.empty(slot, dtype=torch.uint8, pin_memory=True) for _ in range(slots)]
-        events = [torch.cuda.Event() for _ in range(slots)]
-        stream = torch.cuda.Stream()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for k, at in enumerate(range(0, nbytes, slot)):
-            n = min(slot, nbytes - at)
-            i = k % slots
-            events[i].synchronize()
-            os.preadv(fd, [memoryview(pins[i].numpy())[:n]], head + at)
-            with torch.cuda.stream(stream):
-                dst[at : at + n].copy_(pins[i][:n], non_blocking=True)
-                events[i].record(stream)
-        stream.synchronize()
-        return time.perf_counter() - t0
+        return _pinned_ring(fd, head, nbytes)
     finally:
         os.close(fd)
 
 
+def _pinned_ring(fd: int, head: int, nbytes: int) -> float:
+    import ctypes
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cuda.bindings import driver as cu
+    from cuda.core import Device
+
+    from ipcpool.backend.cuda.staging import READERS, SLOT_BYTES, SLOTS   # (the parameters only)
+
+    Device(0).set_current()
+    ctx = _ok(cu.cuCtxGetCurrent())
+    dst = _ok(cu.cuMemAlloc(nbytes))
+    pins = [int(_ok(cu.cuMemHostAlloc(SLOT_BYTES, 0))) for _ in range(SLOTS)]
+    views = [memoryview((ctypes.c_ubyte * SLOT_BYTES).from_address(p)).cast("B") for p in pins]
+    events = [_ok(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)) for _ in range(SLOTS)]
+    stream = _ok(cu.cuStreamCreate(int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)))
+    used = [False] * SLOTS
+    pieces = [(at, min(SLOT_BYTES, nbytes - at)) for at in range(0, nbytes, SLOT_BYTES)]
+
+    def fill(i: int) -> None:
+        slot, (at, n) = i % SLOTS, pieces[i]
+        if used[slot]:
+            _ok(cu.cuEventSynchronize(events[slot]))   # its last copy is done
+        read_exact(fd, views[slot][:n], head + at)
+
+    readers = ThreadPoolExecutor(READERS, initializer=lambda: _ok(cu.cuCtxSetCurrent(ctx)))
+    try:
+        t0 = time.perf_counter()
+        futures = {i: readers.submit(fill, i) for i in range(min(SLOTS, len(pieces)))}
+        for i, (at, n) in enumerate(pieces):
+            futures.pop(i).result()
+            slot = i % SLOTS
+            _ok(cu.cuMemcpyHtoDAsync(int(dst) + at, pins[slot], n, stream))
+            _ok(cu.cuEventRecord(events[slot], stream))
+            used[slot] = True
+            if i + SLOTS < len(pieces):
+                futures[i + SLOTS] = readers.submit(fill, i + SLOTS)
+        _ok(cu.cuStreamSynchronize(stream))
+        return time.perf_counter() - t0
+    finally:
+        readers.shutdown(wait=True)
+        _ok(cu.cuStreamSynchronize(stream))
+        for v in views:
+            v.release()
+        for e, p in zip(events, pins):
+            cu.cuEventDestroy(e)
+            cu.cuMemFreeHost(p)
+        cu.cuStreamDestroy(stream)
+        cu.cuMemFree(dst)
+
+
 # -- attach -----------------------------------------------------------------------------------------
-def _attach_worker(sock, name, kind, q):
-    if kind == "torch":
-        import torch  # noqa: F401  (its import is not the attach's)
-    t0 = time.perf_counter()
-    with ipcpool.connect(sock) as c:
-        t1 = time.perf_counter()
-        with c.attach(name, kind=kind) as ck:
-            n = len(ck.tensors)
-            t2 = time.perf_counter()
-    q.put({"connect_s": t1 - t0, "attach_s": t2 - t1, "tensors": n})
+# Every attach is timed alike: N worker processes start, make their CUDA context (and import what
+# they use), say "ready"; once all have (a barrier, no sleep), the parent notes the time and says
+# "go"; the figure is from "go" to the last worker holding views of every tensor.
+def _worker_main(kind: str, arg: str) -> int:
+    """A worker process (``--worker KIND ARG``): ready, go, its views, the time it had them."""
+    spec = json.loads(arg)
+    if spec.get("kind", "torch") == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            torch.empty(1, device="cuda")   # its context, before the barrier
+    held = []
+    if kind == "ipcpool":
+        c = ipcpool.connect(spec["sock"])
+        ready = lambda: held.append(c.attach(spec["name"], kind=spec["kind"])) or held[-1].tensors   # noqa: E731
+    else:
+        ready = lambda: _floor_views(torch, spec)   # noqa: E731
+    print("ready", flush=True)
+    sys.stdin.readline()
+    views = ready()
+    print(json.dumps({"done_at": time.monotonic(), "tensors": len(views)}), flush=True)
+    sys.stdin.readline()   # hold the views until the parent is done
+    return 0
+
+
+def _floor_views(torch, spec: dict) -> dict:
+    """The floor's whole attach: the chunk FDs (inherited) imported and mapped into one range,
+    access granted, and a view per tensor; nothing of ipcpool."""
+    from cuda.bindings import driver as cu
+
+    posix = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    total = sum(spec["sizes"])
+    base = int(_ok(cu.cuMemAddressReserve(total, 0, 0, 0)))
+    at = base
+    for fd, size in zip(spec["fds"], spec["sizes"]):
+        handle = _ok(cu.cuMemImportFromShareableHandle(fd, posix))
+        _ok(cu.cuMemMap(at, size, 0, handle, 0))
+        at += size
+    access = cu.CUmemAccessDesc()
+    access.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    access.location.id = 0
+    access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    _ok(cu.cuMemSetAccess(base, total, [access], 1))
+    flat = torch.as_tensor(_Cai(base, total), device="cuda").view(torch.float16)
+    return {k: flat[off // 2 : off // 2 + n // 2].view(shape) for k, off, n, shape in spec["layout"]}
+
+
+class _Cai:
+    """Device memory as ``__cuda_array_interface__`` (a flat uint8 array), for torch.as_tensor."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+
+
+def _go(kind: str, arg: dict, readers: int, fds: list[int] = ()) -> list[dict]:
+    """Start ``readers`` workers, wait until all are ready, say go; each one's result with its
+    ``attach_s`` (from go)."""
+    cmd = [sys.executable, __file__, "--worker", kind, json.dumps(arg)]
+    procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, pass_fds=list(fds))
+             for _ in range(readers)]
+    try:
+        for p in procs:
+            if p.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"{kind} worker failed before it was ready (exit {p.wait()})")
+        go = time.monotonic()
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        out = [json.loads(p.stdout.readline()) for p in procs]
+        for p in procs:
+            p.stdin.write("bye\n")
+            p.stdin.flush()
+    finally:
+        for p in procs:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    return [{**o, "attach_s": o["done_at"] - go} for o in out]
 
 
 def attach_ipcpool(sock: Path, name: str, kind: str, readers: int) -> list[dict]:
-    q = SPAWN.Queue()
-    procs = [SPAWN.Process(target=_attach_worker, args=(str(sock), name, kind, q)) for _ in range(readers)]
-    for p in procs:
-        p.start()
-    out = [q.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join()
-    return out
+    return _go("ipcpool", {"sock": str(sock), "name": name, "kind": kind}, readers)
 
 
 def _mp_worker(q_in, q_out):
-    import torch  # noqa: F401
+    import torch
 
     if torch.cuda.is_available():
-        torch.cuda.init()   # its context made before the clock starts, as an ipcpool worker's is at connect
-    q_in.get(timeout=300)   # a warm-up item: the worker is up and torch imported
-    t0 = time.perf_counter()
+        torch.empty(1, device="cuda")   # its context, before the barrier
+    q_out.put("ready")
     sd = q_in.get()
-    n = len(sd)
-    q_out.put({"attach_s": time.perf_counter() - t0, "tensors": n})
+    q_out.put({"done_at": time.monotonic(), "tensors": len(sd)})
     q_in.get()   # hold until the parent is done
 
 
 def attach_torch_mp(state: dict, readers: int) -> list[dict]:
+    """The state dict through a torch.multiprocessing queue: from go (the parent's put) to the
+    last worker holding it."""
     import torch.multiprocessing as tmp
 
     ctx = tmp.get_context("spawn")
     qs = [ctx.Queue() for _ in range(readers)]
     q_out = ctx.Queue()
     procs = [ctx.Process(target=_mp_worker, args=(qi, q_out)) for qi in qs]
-    # (a warm-up item first; then the workers are up: time the hand-over, not the start)
-    return _hand_over(procs, qs, q_out, state, settle_s=2.0, first=(None,))
-
-
-def _hand_over(procs: list, qs: list, q_out, payload, settle_s: float, first: tuple = ()) -> list[dict]:
-    """Start the workers, give each ``first`` then, ``settle_s`` later, ``payload``; collect one
-    result from each, then release and join them."""
     for p in procs:
         p.start()
+    for _ in procs:
+        assert q_out.get(timeout=300) == "ready"
+    go = time.monotonic()
     for qi in qs:
-        for item in first:
-            qi.put(item)
-    time.sleep(settle_s)
-    for qi in qs:
-        qi.put(payload)
+        qi.put(state)
     out = [q_out.get(timeout=300) for _ in procs]
     for qi in qs:
         qi.put(None)
     for p in procs:
         p.join()
-    return out
-
-
-def _floor_worker(handle_q, layout, q_out):
-    import torch
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-    torch.cuda.init()
-    args = handle_q.get()
-    t0 = time.perf_counter()
-    flat = rebuild_cuda_tensor(*args)
-    views = {k: flat[off : off + n].view(torch.float16) for k, off, n in layout}
-    q_out.put({"attach_s": time.perf_counter() - t0, "tensors": len(views)})
-    handle_q.get()
+    return [{**o, "attach_s": o["done_at"] - go} for o in out]
 
 
 def attach_floor(state: dict, readers: int) -> list[dict]:
-    """One flat buffer, one IPC handle, views at offsets: what an attach needs at least."""
-    import torch
-    from torch.multiprocessing.reductions import reduce_tensor
+    """The same bytes as VMM chunks of ipcpool's size (what ipcpool hands out above 4 GiB), each
+    worker holding their FDs before go: at go, import, map, grant access, build the views."""
+    from cuda.bindings import driver as cu
 
-    total = sum(t.numel() * t.element_size() for t in state.values())
-    flat = torch.empty(total, dtype=torch.uint8, device="cuda")
+    from ipcpool.backend.cuda.limits import VMM_CHUNK   # (the size only)
+
     layout, at = [], 0
     for k, t in state.items():
         n = t.numel() * t.element_size()
-        flat[at : at + n].copy_(t.view(-1).view(torch.uint8))
-        layout.append((k, at, n))
-        at += n
-    torch.cuda.synchronize()
-    _, args = reduce_tensor(flat)
-    qs = [SPAWN.Queue() for _ in range(readers)]
-    q_out = SPAWN.Queue()
-    procs = [SPAWN.Process(target=_floor_worker, args=(qi, layout, q_out)) for qi in qs]
-    return _hand_over(procs, qs, q_out, args, settle_s=3.0)   # CUDA initialised in each: time the import only
+        layout.append((k, at, n, list(t.shape)))   # (float16, as write_model writes them)
+        at += -(-n // 256) * 256
+    posix = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = 0
+    prop.requestedHandleTypes = posix
+    gran = int(_ok(cu.cuMemGetAllocationGranularity(prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)))
+    total = -(-at // gran) * gran
+    sizes = [min(VMM_CHUNK, total - o) for o in range(0, total, VMM_CHUNK)]
+    chunks = [_ok(cu.cuMemCreate(n, prop, 0)) for n in sizes]
+    fds = [int(_ok(cu.cuMemExportToShareableHandle(h, posix, 0))) for h in chunks]
+    try:
+        return _go("floor", {"fds": fds, "sizes": sizes, "layout": layout}, readers, fds)
+    finally:
+        for h, fd in zip(chunks, fds):
+            os.close(fd)
+            cu.cuMemRelease(h)
 
 
 # -- swap -------------------------------------------------------------------------------------------
-def _swap_reader(sock, name, kind, poll_s, q_ready, q_out):
+def _swap_reader(sock, name, kind, rounds, poll_s, q_ready, q_out):
     with ipcpool.connect(sock) as c, c.attach(name, kind=kind) as ck:
-        first = ck.version
-        q_ready.put(first)
-        while not ck.refresh():
-            if poll_s:
-                time.sleep(poll_s)   # (a host of few cores: spinning readers would starve the writer)
-        q_out.put({"moved_at": time.monotonic(), "version": ck.version, "from": first})
+        q_ready.put(ck.version)
+        for _ in range(rounds):
+            before = ck.version
+            while not ck.refresh():
+                if poll_s:
+                    time.sleep(poll_s)   # (a host of few cores: spinning readers would starve the writer)
+            q_out.put({"moved_at": time.monotonic(), "version": ck.version, "from": before})
 
 
-def c_backend(sock: Path) -> str:
-    with ipcpool.connect(sock) as c:
-        return c.backend
-
-
-def swap_ipcpool(sock: Path, name: str, state: dict, readers: int, kind: str) -> dict:
+def swap_ipcpool(sock: Path, name: str, state: dict, readers: int, kind: str, rounds: int) -> dict:
+    """``rounds`` swaps, each from the trainer's first call to the last reader on the new
+    version. The first writes fresh memory; from the second on, each writes the spare (the
+    version before last, its readers gone): the steady state of a training loop."""
     q_ready, q_out = SPAWN.Queue(), SPAWN.Queue()
-    # A host of few cores: readers polling without pause (and the broker's busy poll after each
-    # request) would take the cores the trainer needs.
-    poll_s = 0.0 if c_backend(sock) == "cuda" else 0.005
-    procs = [SPAWN.Process(target=_swap_reader, args=(str(sock), name, kind, poll_s, q_ready, q_out))
-             for _ in range(readers)]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        q_ready.get(timeout=300)
     with ipcpool.connect(sock) as c:
-        c.reset_high()
-        before = c.stats()["pools"]["default"]["used"]
-        t0 = time.monotonic()
-        if kind == "torch":
-            c.publish_tensors(name, state)
-        else:
-            with c.new_version(name, [(k, str(v.dtype), v.shape) for k, v in state.items()]) as w:
-                for k, t in w.tensors(kind).items():
-                    t[...] = state[k]
-                w.publish()
-        published = time.monotonic()
-        moved = [q_out.get(timeout=300) for _ in procs]
-        peak = c.stats()["pools"]["default"]["used_high"]
+        cuda = c.backend == "cuda"
+        # A host of few cores: readers polling without pause (and the broker's busy poll after each
+        # request) would take the cores the trainer needs.
+        poll_s = 0.0 if cuda else 0.005
+        procs = [SPAWN.Process(target=_swap_reader, args=(str(sock), name, kind, rounds, poll_s, q_ready, q_out))
+                 for _ in range(readers)]
+        for p in procs:
+            p.start()
+        for _ in procs:
+            q_ready.get(timeout=300)
+        base = c.stats()["pools"]["default"]["used"]
+        version_bytes = next(x for x in c.list_checkpoints(name) if x["name"] == name)["versions"][-1]["size"]
+        rows = []
+        for _ in range(rounds):
+            c.reset_high()
+            t0 = time.monotonic()
+            if kind == "torch":
+                c.publish_tensors(name, state)
+            else:
+                with c.new_version(name, [(k, str(v.dtype), v.shape) for k, v in state.items()]) as w:
+                    for k, t in w.tensors(kind).items():
+                        t[...] = state[k]
+                    w.publish()
+            published = time.monotonic()
+            moved = [q_out.get(timeout=300) for _ in procs]
+            rows.append({"swap_s": max(m["moved_at"] for m in moved) - t0, "publish_s": published - t0,
+                         "used_high": c.stats()["pools"]["default"]["used_high"]})
     for p in procs:
         p.join()
-    return {"swap_s": max(m["moved_at"] for m in moved) - t0, "publish_s": published - t0,
-            "used_before": before, "used_high": peak}
+    steady = rows[1:] or rows
+    return {"swap_s": median([r["swap_s"] for r in steady]), "publish_s": median([r["publish_s"] for r in steady]),
+            "first_swap_s": rows[0]["swap_s"], "rounds": rows, "used_before": base, "version_bytes": version_bytes,
+            "most_versions_resident": max(r["used_high"] for r in steady) / version_bytes}
 
 
 def _ipc_reader(q_in, q_out):
     import torch
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    torch.cuda.init()
+    torch.empty(1, device="cuda")
     q_out.put("ready")
     handles = q_in.get()
     tensors = {k: rebuild_cuda_tensor(*a) for k, a in handles}
@@ -337,16 +424,20 @@ def swap_per_tensor_ipc(state: dict, readers: int) -> dict:
     return {"swap_s": took}
 
 
-def d2d_copy(state: dict) -> float:
+def d2d_copy(nbytes: int) -> float:
+    """The swap's floor: one device-to-device copy of the version's bytes, flat buffer to flat buffer."""
     import torch
 
-    dst = {k: torch.empty_like(v) for k, v in state.items()}
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for k, v in state.items():
-        dst[k].copy_(v, non_blocking=True)
+    dst.copy_(src)
     torch.cuda.synchronize()
-    return time.perf_counter() - t0
+    took = time.perf_counter() - t0
+    del src, dst
+    torch.cuda.empty_cache()   # (the swap's versions need the room)
+    return took
 
 
 # -- the run -----------------------------------------------------------------------------------------
@@ -354,7 +445,8 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def run_case(label: str, path: Path, info: dict, sock: Path, backend: str, readers: int, repeat: int) -> dict:
+def run_case(label: str, path: Path, info: dict, sock: Path, backend: str, readers: int, repeat: int,
+             rounds: int) -> dict:
     cuda = backend == "cuda"
     try:
         import torch
@@ -367,43 +459,40 @@ def run_case(label: str, path: Path, info: dict, sock: Path, backend: str, reade
     if torch is not None:
         step(f"{label}: safetensors load_file x{repeat}")
         res["load_safetensors_s"] = median([load_safetensors(path, "cuda" if cuda else "cpu") for _ in range(repeat)])
-    step(f"{label}: pinned floor x{repeat}")
+    step(f"{label}: pinned floor x{repeat}" if cuda else f"{label}: read floor x{repeat}")
     res["load_floor_s"] = median([load_floor(path, info["bytes"], backend) for _ in range(repeat)])
     name = f"bench-{label}"
     with ipcpool.connect(sock) as c:
         c.load_checkpoint(name, path, progress=False)
-        step(f"{label}: attach by {readers} workers")
-        got = attach_ipcpool(sock, name, kind, readers)
-        res["attach_ipcpool_s"] = max(g["attach_s"] for g in got)
-        res["attach_ipcpool_each_s"] = [g["attach_s"] for g in got]
+        step(f"{label}: attach by {readers} workers x{repeat}")
+        got = [attach_ipcpool(sock, name, kind, readers) for _ in range(repeat)]
+        res["attach_ipcpool_s"] = median([max(g["attach_s"] for g in run) for run in got])
+        with c.attach(name, kind=kind) as ck:
+            state = {k: v.clone() if kind == "torch" else v.copy() for k, v in ck.tensors.items()}
         if torch is not None:
-            with c.attach(name, kind="torch") as ck:
-                state = {k: (v.clone() if cuda else v.clone()) for k, v in ck.tensors.items()}
-            step(f"{label}: torch.multiprocessing attach")
-            res["attach_torch_mp_s"] = max(g["attach_s"] for g in attach_torch_mp(state, readers))
-            if cuda:
-                step(f"{label}: attach floor (one IPC handle)")
-                res["attach_floor_s"] = max(g["attach_s"] for g in attach_floor(state, readers))
-                res["d2d_copy_s"] = median([d2d_copy(state) for _ in range(repeat)])
-            step(f"{label}: swap to {readers} readers")
-            res.update({f"swap_ipcpool_{k}": v for k, v in swap_ipcpool(sock, name, state, readers, "torch").items()})
-            if cuda:
-                step(f"{label}: swap by per-tensor CUDA IPC")
-                res["swap_per_tensor_ipc_s"] = swap_per_tensor_ipc(state, readers)["swap_s"]
-                res["swap_goal_s"] = 2 * res["d2d_copy_s"] + 0.010
-            del state
-        else:
-            with c.attach(name, kind="numpy") as ck:
-                state = {k: v.copy() for k, v in ck.tensors.items()}
-            step(f"{label}: swap to {readers} readers")
-            res.update({f"swap_ipcpool_{k}": v for k, v in swap_ipcpool(sock, name, state, readers, "numpy").items()})
+            step(f"{label}: torch.multiprocessing attach x{repeat}")
+            res["attach_torch_mp_s"] = median([max(g["attach_s"] for g in attach_torch_mp(state, readers))
+                                               for _ in range(repeat)])
+        if cuda:
+            step(f"{label}: attach floor (VMM chunk FDs) x{repeat}")
+            res["attach_floor_s"] = median([max(g["attach_s"] for g in attach_floor(state, readers))
+                                            for _ in range(repeat)])
+            res["d2d_copy_s"] = median([d2d_copy(info["bytes"]) for _ in range(max(repeat, 5))])
+        step(f"{label}: {rounds} swaps to {readers} readers")
+        res.update({f"swap_ipcpool_{k}": v for k, v in swap_ipcpool(sock, name, state, readers, kind, rounds).items()})
+        if cuda:
+            step(f"{label}: swap by per-tensor CUDA IPC")
+            res["swap_per_tensor_ipc_s"] = swap_per_tensor_ipc(state, readers)["swap_s"]
+            res["swap_goal_s"] = 2 * res["d2d_copy_s"] + 0.010
+        del state
         c.delete_checkpoint(name)
     return res
 
 
-LABELS = {"load_ipcpool_s": "ipcpool", "load_safetensors_s": "safetensors", "load_floor_s": "pinned floor",
-          "attach_ipcpool_s": "ipcpool", "attach_torch_mp_s": "torch.mp", "attach_floor_s": "IPC floor",
-          "swap_ipcpool_swap_s": "ipcpool", "swap_per_tensor_ipc_s": "per-tensor IPC", "swap_goal_s": "goal: 2x d2d+10ms"}
+LABELS = {"load_ipcpool_s": "ipcpool", "load_safetensors_s": "safetensors", "load_floor_s": "floor",
+          "attach_ipcpool_s": "ipcpool", "attach_torch_mp_s": "torch.mp", "attach_floor_s": "floor",
+          "swap_ipcpool_swap_s": "ipcpool", "swap_ipcpool_first_swap_s": "ipcpool, 1st",
+          "swap_per_tensor_ipc_s": "per-tensor IPC", "d2d_copy_s": "floor: d2d copy", "swap_goal_s": "goal: 2x d2d+10ms"}
 
 
 def plot(results: list[dict], png: Path, device: str) -> None:
@@ -414,13 +503,15 @@ def plot(results: list[dict], png: Path, device: str) -> None:
 
     groups = {"load": ["load_ipcpool_s", "load_safetensors_s", "load_floor_s"],
               "attach": ["attach_ipcpool_s", "attach_torch_mp_s", "attach_floor_s"],
-              "swap": ["swap_ipcpool_swap_s", "swap_per_tensor_ipc_s", "swap_goal_s"]}
+              "swap": ["swap_ipcpool_swap_s", "swap_ipcpool_first_swap_s", "swap_per_tensor_ipc_s", "d2d_copy_s",
+                       "swap_goal_s"]}
     fig, axes = plt.subplots(len(results), 3, figsize=(13, 3.2 * len(results)), squeeze=False)
     for row, r in zip(axes, results):
         for ax, (g, keys) in zip(row, groups.items()):
             keys = [k for k in keys if k in r]
-            ax.bar([LABELS[k] for k in keys],
-                   [r[k] * 1e3 for k in keys], color=["tab:blue", "tab:orange", "tab:gray"][: len(keys)])
+            ax.bar([LABELS[k] for k in keys], [r[k] * 1e3 for k in keys],
+                   color=["tab:blue" if k.startswith(("swap_ipcpool", "load_ipcpool", "attach_ipcpool")) else
+                          "tab:gray" if "floor" in k or "d2d" in k or "goal" in k else "tab:orange" for k in keys])
             ax.set_title(f"{r['case']}: {g} (ms)")
             ax.tick_params(axis="x", labelsize=7)
     fig.suptitle(f"ipcpool checkpoints on {device}")
@@ -428,22 +519,10 @@ def plot(results: list[dict], png: Path, device: str) -> None:
     fig.savefig(png, dpi=110)
 
 
-def device_info(backend: str) -> dict:
-    if backend != "cuda":
-        return {"device": "host", "name": platform.processor() or platform.machine(), "driver": None}
-    import torch
-
-    name = torch.cuda.get_device_name(0)
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
-    except (OSError, IndexError, subprocess.TimeoutExpired):
-        driver = None
-    short = "h200" if "H200" in name else "h100" if "H100" in name else name.split()[-1].lower()
-    return {"device": short, "name": name, "driver": driver}
-
-
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        return _worker_main(argv[1], argv[2])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", choices=["auto", "cuda", "host"], default="auto")
     ap.add_argument("--cases", default="small,model", help="small, model, or both (default)")
@@ -451,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-tensors", type=int, default=320)
     ap.add_argument("--readers", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--rounds", type=int, default=5, help="swaps in a row (the first writes fresh memory)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     backend = args.backend
     if backend == "auto":
@@ -469,29 +549,23 @@ def main(argv: list[str] | None = None) -> int:
         has_torch = 0
     STEP[1] = len(chosen) * (5 + 2 * has_torch + (2 if backend == "cuda" else 0))
     results = []
-    with tempfile.TemporaryDirectory(prefix="ipcpool-weights-") as tmp:
-        tmp = Path(tmp)
-        broker = start_broker(tmp / "sock", backend, tmp / "broker.log")
-        try:
-            for label in chosen:
-                path = tmp / f"{label}.safetensors"
-                step(f"{label}: writing {cases[label][0]:g} GiB in {cases[label][1]} tensors")
-                info = write_model(path, *cases[label])
-                results.append(run_case(label, path, info, tmp / "sock", backend, args.readers, args.repeat))
-                path.unlink()
-                print(json.dumps(results[-1], indent=1), flush=True)
-        finally:
-            broker.terminate()
-            broker.wait(30)
-    dev = device_info(backend)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    args.out.mkdir(parents=True, exist_ok=True)
-    out = args.out / f"weights_{dev['device']}_{stamp}.json"
+    pool = '[[pools]]\nname = "default"\nmax_size = "%s"\n' % ("0" if backend == "cuda" else "48G")
+    with tempfile.TemporaryDirectory(prefix="ipcpool-weights-") as tmp, broker(backend, pool) as sock:
+        for label in chosen:
+            path = Path(tmp) / f"{label}.safetensors"
+            step(f"{label}: writing {cases[label][0]:g} GiB in {cases[label][1]} tensors")
+            info = write_model(path, *cases[label])
+            results.append(run_case(label, path, info, sock, backend, args.readers, args.repeat, args.rounds))
+            path.unlink()
+            print(json.dumps({k: v for k, v in results[-1].items() if k != "swap_ipcpool_rounds"}, indent=1), flush=True)
+    dev = gpu_device() if backend == "cuda" else {"device": "host"}
+    short = dev["device"].split()[-1].lower() if backend == "cuda" else "host"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    out.write_text(json.dumps({"date": stamp, **dev, "backend": backend, "commit": commit, "readers": args.readers,
-                               "repeat": args.repeat, "results": results}, indent=1))
-    plot(results, out.with_suffix(".png"), dev["name"])
-    print(f"wrote {out} and {out.with_suffix('.png').name}", file=sys.stderr)
+    data = {"benchmark": "weights", "machine": machine(), "device": dev, "backend": backend, "commit": commit,
+            "readers": args.readers, "repeat": args.repeat, "rounds": args.rounds, "results": results}
+    out = save(f"weights_{short}_{time.strftime('%Y%m%d-%H%M%S')}", data,
+               lambda d, png: plot(d["results"], png, dev["device"]), args.out)
+    print(f"wrote {out} and its plot", file=sys.stderr)
     return 0
 
 

@@ -150,6 +150,14 @@ class BrokerPool(ABC):
         the eventual ``free`` after ``done_event``. The wait must be enqueued now, on ``session``'s
         stream, since the client may recycle the event once its message was read (R4)."""
 
+    def renew(self, handle: object) -> bool:
+        """An allocation no one holds any more, kept (a checkpoint's spare) to be handed to a new
+        writer instead of freed: True, and its seal forgotten, once it is idle (every importer's
+        done event completed, as a free would wait for); False, with nothing changed that matters,
+        while not. Never blocks and never waits on another session's event (R3). The host has no
+        asynchronous work: always idle."""
+        return True
+
     def chunk_fds(self, handle: object) -> list[int]:
         """The FDs of a VMM-backed allocation's chunks (``Export.chunks``), owned by the pool and
         sent as-is; empty for memory that needs none beyond the pool's own FD."""

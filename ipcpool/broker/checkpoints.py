@@ -5,9 +5,10 @@ writer pays one allocation per shard and a reader one import per shard, not one 
 broker keeps the manifest (each tensor's name, dtype, shape, shard, offset and size) and hands it
 out in pages. Holds are the registry's: a version holds its shards while it is current (or being
 written), each reader session holds them while attached. So a replaced version lives exactly as
-long as a reader holds it, and its memory goes with the last release (R2 order kept: readers free
-with their done events like any lease). A writer that dies before publishing leaves nothing: its
-version is dropped with its session, and readers never saw it.
+long as a reader holds it; then its memory becomes its checkpoint's spare, the next version's
+(``spares``), or goes (R2 order kept: readers free with their done events like any lease). A
+writer that dies before publishing leaves nothing: its version is dropped with its session, and
+readers never saw it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..protocol import CKPT_MAX_ENTRIES as MAX_ENTRIES
 from ..protocol import CKPT_MAX_SHARDS as MAX_SHARDS
 from .registry import Allocation, Registry
 from .session import Session
+from .spares import Spares
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,10 @@ class Version:
         return sum(a.size for a in self.shards)
 
     def alive(self, registry: Registry) -> bool:
-        return all(registry.allocations.get(a.aid) is a for a in self.shards)
+        """Its memory is its own: current (or being written), or replaced and still held by a
+        reader (after the last, it may be a spare, the next version's memory)."""
+        return all(registry.allocations.get(a.aid) is a for a in self.shards) and (
+            not self.retired or self.holders() > 0)
 
     def holders(self) -> int:
         """Reader sessions holding it (the writer is none)."""
@@ -71,6 +76,8 @@ class CheckpointTable:
     def __init__(self, registry: Registry):
         self.registry = registry
         self.checkpoints: dict[str, Checkpoint] = {}
+        self.spares = Spares(registry)
+        registry.reclaim = self.spares.reclaim   # a pool or quota short: idle spares go first
         # The next version number of names forgotten (deleted, or their only writer died): numbers
         # never go back, so a reader's ``refresh`` never takes a new checkpoint for an old version.
         self._numbers: dict[str, int] = {}
@@ -78,10 +85,11 @@ class CheckpointTable:
     # -- writing -------------------------------------------------------------------------------
     def begin(self, session: Session, name: str, shards: list[int], count: int, pool: str, user: dict,
               exclusive: bool) -> Version | Checkpoint:
-        """A new version of ``name`` (made if need be) in fresh allocations of ``shards`` bytes,
-        written by ``session``. With ``exclusive`` (one loader elected among many): where the
-        checkpoint has a current version or another live session is writing one, nothing is made
-        and the checkpoint is returned instead (the caller attaches, or waits)."""
+        """A new version of ``name`` (made if need be) in allocations of ``shards`` bytes (the
+        checkpoint's spare where it fits, else fresh ones), written by ``session``. With
+        ``exclusive`` (one loader elected among many): where the checkpoint has a current version
+        or another live session is writing one, nothing is made and the checkpoint is returned
+        instead (the caller attaches, or waits)."""
         if not shards or len(shards) > MAX_SHARDS:
             raise InvalidRequest(f"ckpt_begin: 1 to {MAX_SHARDS} shards, got {len(shards)}")
         if count > MAX_ENTRIES:
@@ -93,14 +101,13 @@ class CheckpointTable:
         writing = sum(1 for c in self.checkpoints.values() for v in c.versions.values() if v.writer is session)
         if writing >= MAX_WRITING:
             raise QuotaExceeded(f"this session writes {writing} versions already; publish or abort some first")
-        allocs: list[Allocation] = []
-        try:
-            for nbytes in shards:
-                allocs.append(self.registry.allocate(session, nbytes, pool))   # the writer's hold
-        except BaseException:
-            for a in allocs:
-                self.registry.free(session, a.aid)
-            raise
+        spare = self.spares.take(name, session, list(shards), pool)
+        if spare is not None:
+            allocs = spare.shards   # (the writer's hold taken)
+            if ckpt is not None:
+                ckpt.versions.pop(spare.version, None)   # no reader held it: its memory is the new one's
+        else:
+            allocs = self._allocate(session, shards, pool)
         if ckpt is None:
             ckpt = self.checkpoints[name] = Checkpoint(name, next_number=self._numbers.pop(name, 1))
         v = Version(name, ckpt.next_number, allocs, count, session, user)
@@ -109,6 +116,17 @@ class CheckpointTable:
         for a in allocs:
             self.registry.hold(a, v)   # the version's own hold, until it is replaced or deleted
         return v
+
+    def _allocate(self, session: Session, shards: list[int], pool: str) -> list[Allocation]:
+        allocs: list[Allocation] = []
+        try:
+            for nbytes in shards:
+                allocs.append(self.registry.allocate(session, nbytes, pool))   # the writer's hold
+        except BaseException:
+            for a in allocs:
+                self.registry.free(session, a.aid)
+            raise
+        return allocs
 
     def add(self, session: Session, name: str, number: int, entries: list) -> Version:
         """More of a version's manifest, from its writer; each entry is checked against its shard."""
@@ -148,6 +166,7 @@ class CheckpointTable:
         ckpt = self.checkpoints[name]
         old, ckpt.current = ckpt.current, v
         if old is not None:
+            self.spares.keep(name, old.number, old.shards, v.shards)   # before the version lets go
             self._retire(ckpt, old)
         return v, old
 
@@ -226,6 +245,7 @@ class CheckpointTable:
                 self._drop_unpublished(ckpt, v)
             elif not v.retired:
                 self._retire(ckpt, v)
+        self.spares.drop(name)
         ckpt.current = None
         self._forget(ckpt)
         return ckpt
@@ -240,7 +260,7 @@ class CheckpointTable:
     def info(self, ckpt: Checkpoint) -> dict:
         cur = ckpt.current
         return {
-            "name": ckpt.name, "current": cur.number if cur else None,
+            "name": ckpt.name, "current": cur.number if cur else None, "spare": self.spares.idle_bytes(ckpt.name),
             "versions": [{"version": v.number, "state": v.state(cur), "tensors": len(v.entries),
                           "size": v.nbytes, "shards": len(v.shards), "holders": v.holders(),
                           "pool": v.shards[0].pool.spec.name, "created": v.created, "user": v.user}
@@ -251,7 +271,8 @@ class CheckpointTable:
         self.prune()
         vs = [v for c in self.checkpoints.values() for v in c.versions.values()]
         return {"checkpoints": len(self.checkpoints), "versions": len(vs),
-                "version_bytes": sum(v.nbytes for v in vs if v.alive(self.registry))}
+                "version_bytes": sum(v.nbytes for v in vs if v.alive(self.registry)),
+                "spare_bytes": self.spares.idle_bytes()}
 
     def end_session(self, session: Session) -> list[Version]:
         """A writer is gone: what it was writing goes (never published, never seen)."""

@@ -12,11 +12,12 @@ import itertools
 import logging
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ..backend.base import BrokerBackend, BrokerPool, Export
 from ..config import Config
-from ..errors import AllocationTooLarge, InvalidRequest, QuotaExceeded, UnknownPool
+from ..errors import AllocationTooLarge, InvalidRequest, OutOfMemory, QuotaExceeded, UnknownPool
 from .session import Session
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,9 @@ class Registry:
         self.bytes_by_uid: collections.Counter = collections.Counter()
         self.renamed: dict[str, str] = {}   # configured name -> its read-only restored generation
         self.on_pool_emptied = lambda pool: None   # a read-only pool's last allocation went
+        # Memory kept for later (checkpoints' spares) given back where ``pool`` or ``uid``'s quota
+        # ran short; True where any went, and the allocation is tried once more.
+        self.reclaim: Callable[[str, int], bool] = lambda pool, uid: False
         self._next_aid = 1
 
     def create_pools(self, durable=None) -> None:
@@ -124,8 +128,14 @@ class Registry:
                 "importing a larger one crashes the importer; split it into smaller allocations"
             )
         uid = session.cred.uid
-        self.check_quota(uid, nbytes)
-        handle, export = pool.allocate(nbytes, session.backend)
+        try:
+            self.check_quota(uid, nbytes)
+            handle, export = pool.allocate(nbytes, session.backend)
+        except (OutOfMemory, QuotaExceeded):
+            if not self.reclaim(pool.spec.name, uid):
+                raise
+            self.check_quota(uid, nbytes)
+            handle, export = pool.allocate(nbytes, session.backend)
         alloc = Allocation(self._next_aid, pool, handle, export, uid)
         self._next_aid += 1
         self.allocations[alloc.aid] = alloc

@@ -46,6 +46,12 @@ def cmd_load(args) -> int:
 
 
 def ls_rows(checkpoints: list[dict]) -> list[tuple[str, ...]]:
-    """One row per live version: name, version, state, tensors, size, shards, holders."""
-    return [(c["name"], str(v["version"]), v["state"], str(v["tensors"]), format_size(v["size"]), str(v["shards"]),
-             str(v["holders"])) for c in checkpoints for v in c["versions"]]
+    """One row per live version: name, version, state, tensors, size, shards, holders; and one
+    per spare (memory kept for the next version, state "spare")."""
+    rows = []
+    for c in checkpoints:
+        rows += [(c["name"], str(v["version"]), v["state"], str(v["tensors"]), format_size(v["size"]),
+                  str(v["shards"]), str(v["holders"])) for v in c["versions"]]
+        if c.get("spare"):
+            rows.append((c["name"], "-", "spare", "-", format_size(c["spare"]), "-", "0"))
+    return rows

@@ -1,6 +1,6 @@
 """Checkpoints on a GPU: a load through pinned buffers, versions from live tensors (device to
 device), readers that never see a mix while writers are killed, a held version freed after its
-release, and a Hugging Face model's workers reproducing its logits (skips without transformers)."""
+release, the spare written again (never a held version) with memory at two versions, and a Hugging Face model's workers reproducing its logits (skips without transformers)."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def test_readers_never_see_a_mix_on_the_gpu(cuda_broker):
         _settle(c, base)
 
 
-def test_a_held_version_survives_its_replacement_and_goes_after_release(cuda_broker):
+def test_a_held_version_survives_its_replacement_then_a_swap_loop_stays_at_two_versions(cuda_broker):
     with ipcpool.connect(cuda_broker.socket_dir) as w, ipcpool.connect(cuda_broker.socket_dir) as r:
         base = used(r)
         # 128 MiB: a pool allocation of its own (a shard of at most 64 MiB is a slab range, not in ``used``)
@@ -114,8 +114,49 @@ def test_a_held_version_survives_its_replacement_and_goes_after_release(cuda_bro
         assert ck.refresh() and ck.version == 2
         assert torch.equal(ck.tensors["p3"], src["p3"] + 100)
         torch.cuda.synchronize()
-        _settle(r, base + one_version)                           # version 1 freed after the release
+        # Version 1, released, is the spare now (the next version's memory): resident, no version's.
+        assert r.stats()["checkpoints"]["spare_bytes"] == 1 << 27
+        assert [v["version"] for v in r.list_checkpoints()[0]["versions"]] == [2]
+        w.reset_high()
+        for k in range(3, 8):                                    # a swap loop: each version into the spare
+            assert w.publish_tensors("m", {n: t + k for n, t in src.items()}) == k
+            assert ck.refresh() and ck.version == k
+            assert torch.equal(ck.tensors["p5"], src["p5"] + k)
+            torch.cuda.synchronize()   # the reader's done events complete: its old version is idle,
+            r.stats()                  # and its release the broker's (a round trip) before the next publish
+        assert w.stats()["pools"]["default"]["used_high"] - base <= 2 * one_version
         ck.release()
+        r.delete_checkpoint("m")                                 # the spare goes with its checkpoint
+        _settle(r, base)
+
+
+# 128 MiB in one pool allocation; 4.25 GiB in one shard of VMM chunks (above the import limit),
+# what a model-sized version is.
+SPARE_CASES = {"pool": (8, 1 << 22), "vmm": (17, 1 << 26)}
+
+
+@pytest.mark.parametrize("case", sorted(SPARE_CASES))
+def test_the_spare_is_written_again_and_a_held_version_never(cuda_broker, case):
+    count, numel = SPARE_CASES[case]
+    with ipcpool.connect(cuda_broker.socket_dir) as w, ipcpool.connect(cuda_broker.socket_dir) as r:
+        base = used(r)
+        src = {f"p{i}": torch.full((numel,), float(i), device="cuda") for i in range(count)}
+        w.publish_tensors("m", src)
+        one = used(r) - base
+        held = r.attach("m")                                     # version 1, held throughout
+        for k in (1, 2):                                         # v2 (v1 held: no spare), v3 (fresh)
+            w.publish_tensors("m", {n: t + 100 * k for n, t in src.items()})
+        _settle(r, base + 3 * one)                               # v1 held, v2 the spare, v3 current
+        assert r.stats()["checkpoints"]["spare_bytes"] == count * numel * 4
+        assert w.publish_tensors("m", {n: t + 300 for n, t in src.items()}) == 4
+        _settle(r, base + 3 * one)                               # v4 in v2's memory: nothing new
+        assert held.version == 1
+        assert all(torch.equal(held.tensors[n], t) for n, t in src.items())   # never touched
+        with r.attach("m") as now:
+            assert now.version == 4 and all(torch.equal(now.tensors[n], t + 300) for n, t in src.items())
+        held.release()
+        torch.cuda.synchronize()
+        _settle(r, base + 2 * one)                               # v1 freed; v4 and the spare stay
         r.delete_checkpoint("m")
         _settle(r, base)
 

@@ -117,7 +117,7 @@ def test_bad_manifests_are_refused_by_the_broker(broker):
             ch.call("ckpt_begin", name="raw", shards=[0], count=1, pool="default")
         ch.call("ckpt_abort", name="raw", version=v)
         assert c.list_checkpoints() == []
-        assert c.stats()["checkpoints"] == {"checkpoints": 0, "versions": 0, "version_bytes": 0}
+        assert c.stats()["checkpoints"] == {"checkpoints": 0, "versions": 0, "version_bytes": 0, "spare_bytes": 0}
 
 
 def test_manifest_in_pages_and_many_shards(broker):

@@ -101,3 +101,21 @@ def test_the_handoff_timeline_runs_on_the_host_backend(tmp_path):
     # (No comparison of two timings: which is larger depends on how busy the machine is. Readers
     # take their leases from the name directory, so the broker handles no get of theirs.)
     assert {"create", "seal"} <= set(result["handlers_us"])
+
+
+def test_the_weights_benchmark_runs_on_the_host_backend(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "bench/weights.py"), "--backend", "host", "--cases", "small",
+                          "--repeat", "1", "--rounds", "3", "--readers", "2", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [path] = tmp_path.glob("weights_host_*.json")
+    result = json.loads(path.read_text())
+    assert result["machine"]["date"] and result["backend"] == "host"
+    [small] = result["results"]
+    assert [r["swap_s"] > 0 for r in small["swap_ipcpool_rounds"]] == [True] * 3
+    assert small["attach_ipcpool_s"] > 0 and small["load_floor_s"] > 0
+    # Swaps after the first write the spare: the pool's high mark is two versions. (At least one:
+    # a reader's release may reach a busy broker after the next publish's begin, which then takes
+    # fresh memory; the bench reports the most, ``swap_ipcpool_most_versions_resident``.)
+    steady = [r["used_high"] for r in small["swap_ipcpool_rounds"][1:]]
+    assert min(steady) == 2 * small["swap_ipcpool_version_bytes"], steady

@@ -144,6 +144,7 @@ class CudaPool(BrokerPool):
             buf.close(stream=stream)
             raise
         sess.graveyard.sweep()
+        self._note_high()
         return Allocation(buf, nbytes, ready), Export(size=nbytes, offset=0, data=data, ready_event=ready_handle)
 
     @property
@@ -178,6 +179,7 @@ class CudaPool(BrokerPool):
             sizes = vmm.split(nbytes, vmm.granularity(self.device), VMM_CHUNK)
             chunks = vmm.create_chunks(self.device, sizes, False)
         self._vmm_bytes += sum(sizes)
+        self._note_high()
         export = Export(size=nbytes, chunks=tuple(sizes))
         return Allocation(None, nbytes, None, chunks=chunks), export
 
@@ -202,9 +204,13 @@ class CudaPool(BrokerPool):
 
     def _carve(self, nbytes: int) -> tuple[object, Export]:
         slab, offset = self._slabs.take(nbytes)
-        self._used_high = max(self._used_high, self._used())
+        self._note_high()
         export = Export(size=nbytes, offset=offset, data=slab.data, sub=True, chunks=slab.chunks)
         return Allocation(None, nbytes, None, slab, offset), export
+
+    def _note_high(self) -> None:
+        """At every allocation: a peak between two stats calls (a swap's, say) is not missed."""
+        self._used_high = max(self._used_high, self._used())
 
     def _used(self) -> int:
         """Bytes handed out: the driver's count, with each slab counted by its ranges in use."""
@@ -287,6 +293,24 @@ class CudaPool(BrokerPool):
         if size is not None:   # idle: every importer's done event completed (R2)
             alloc.slab.ranges.free(alloc.offset + offset)
             self._slabs.used -= size
+
+    def renew(self, handle: object) -> bool:
+        """Idle once every done wait has settled (the queries a free makes, nothing enqueued: a
+        wait on a reader's event, then a stream wait of the writer's on that, would tie the writer
+        to a reader that may die, R3). The old seal and the events kept for it (no importer can
+        open them now: none holds the memory) go once the reaper stream passes; the next seal then
+        counts afresh. VMM memory is idle as soon as its last reader unmapped (after a sync)."""
+        alloc = as_alloc(handle)
+        if alloc.freed:
+            return False
+        alloc.waits = [w for w in alloc.waits if not w.settle()]
+        if alloc.waits:
+            return False
+        if alloc.extra:
+            self._backend.retire(self._backend.reaper(self.device), *alloc.extra)
+        alloc.extra = []
+        alloc.sealed, alloc.seal_done = None, False
+        return True
 
     def join_seals(self, handles: list[object], session: SessionContext) -> bytes:
         sess = as_session(session)
