@@ -7,6 +7,6 @@ tensor and publishes it only then. NIXL is loaded by these alone (``nixl``): nev
 never by a client that does not pull. docs/fleet.md says what crosses the node boundary.
 """
 
-from .pull import PullResult, pull
+from .pull import PullResult, fleet_of, pull
 
-__all__ = ["PullResult", "pull"]
+__all__ = ["PullResult", "fleet_of", "pull"]

@@ -3,21 +3,10 @@ from the broker's configuration file."""
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
-from pathlib import Path
 
-from ..config import Config, load
 from ..errors import InvalidRequest
-
-SYSTEM_CONFIG = Path("/etc/ipcpool/broker.toml")   # where the system service's unit reads it
-
-
-def config_of(path: str | None) -> Config:
-    """--config, else $IPCPOOL_CONFIG, else the system service's file where there is one."""
-    path = path or os.environ.get("IPCPOOL_CONFIG") or (str(SYSTEM_CONFIG) if SYSTEM_CONFIG.exists() else None)
-    return load(path)
 
 
 def split_version(text: str) -> tuple[str, int | None]:
@@ -32,9 +21,10 @@ def split_version(text: str) -> tuple[str, int | None]:
 
 def cmd_serve_peer(args) -> int:
     from .._client.client import connect
+    from .pull import fleet_of
     from .serve import PeerServer
 
-    fleet = config_of(args.config).fleet
+    fleet = fleet_of(args.config)
     with connect(args.socket_dir) as client:
         server = PeerServer(client, fleet)
         # The handler only asks the loop to stop; the loop lets go of what it serves.
@@ -53,10 +43,9 @@ def cmd_pull(args) -> int:
     from .pull import pull
 
     name, version = split_version(args.checkpoint)
-    fleet = config_of(args.config).fleet
     with connect(args.socket_dir) as client:
-        result = pull(client, fleet, args.peer, name, version=version, local_name=args.name, pool=args.pool,
-                      timeout=args.timeout, progress=True)
+        result = pull(client, args.peer, name, version=version, config=args.config, local_name=args.name,
+                      pool=args.pool, timeout=args.timeout, progress=True)
     print(result.summary())
     if result.warning:
         print(f"ipcpool pull: warning: {result.warning}", file=sys.stderr)

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._client.checkpoints import Entry
-from ..config import Fleet
+from pathlib import Path
+
+from ..config import Config, Fleet, load
 from ..errors import DigestMismatch, InvalidRequest, IpcPoolError, TransferFailed
 from ..progress import Progress
 from ..sizes import format_size
@@ -31,6 +33,7 @@ PIECE = 64 << 20    # bytes per NIXL request: progress to show, and a few reques
 IN_FLIGHT = 4
 # Test hook: a slow link. Requests of 1 MiB, one at a time, this many seconds apart.
 STALL_ENV = "IPCPOOL_TEST_PULL_STALL"
+SYSTEM_CONFIG = Path("/etc/ipcpool/broker.toml")   # where the system service's unit reads it
 _agents = 0
 
 
@@ -66,20 +69,35 @@ class PullResult:
                 f"{self.transport.describe()}")
 
 
-def pull(client: Any, fleet: Fleet, peer: str, name: str, *, version: int | None = None, local_name: str | None = None,
-         pool: str = "default", timeout: float = 60.0, progress: bool = False) -> PullResult:
-    """Pull ``name`` (its current version, or ``version``) from ``peer`` (a name under [peers])
-    into a new version of ``local_name`` (default: the same name) of ``client``'s broker."""
+def fleet_of(config: Config | Fleet | str | os.PathLike | None) -> Fleet:
+    """[nixl] and [peers] of a Config, or of a file (None: $IPCPOOL_CONFIG, else the system
+    service's /etc/ipcpool/broker.toml where it exists, else nothing configured)."""
+    if isinstance(config, Fleet):
+        return config
+    if isinstance(config, Config):
+        return config.fleet
+    config = config or os.environ.get("IPCPOOL_CONFIG") or (str(SYSTEM_CONFIG) if SYSTEM_CONFIG.exists() else None)
+    return load(config).fleet
+
+
+def pull(client: Any, peer: str, name: str, *, version: int | None = None, config: Any = None,
+         local_name: str | None = None, pool: str = "default", timeout: float = 60.0,
+         progress: bool = False) -> PullResult:
+    """Pull ``name`` (its current version, or ``version``) from ``peer`` (a name under [peers]
+    of ``config``: see ``fleet_of``) into a new, published version of ``local_name`` (default:
+    the same name) of ``client``'s broker. Raises TransferFailed (DigestMismatch for bad bytes)
+    having published nothing."""
+    fleet = fleet_of(config)
     if peer not in fleet.peers:
         known = ", ".join(sorted(fleet.peers)) or "none: add a [peers] table to broker.toml"
         raise InvalidRequest(f"no peer named {peer!r} in the configuration (peers: {known})")
     host, port = fleet.peers[peer]
     t0 = time.monotonic()
-    transport.capture()
     mark = transport.mark()   # UCX writes its tables as it connects, before the first read
     global _agents
     _agents += 1
-    agent = nixl.agent(f"{fleet.agent}{PULLER}{os.getpid()}-{_agents}", 0)
+    with transport.capturing():
+        agent = nixl.agent(f"{fleet.agent}{PULLER}{os.getpid()}-{_agents}", 0)
     session = _Session(agent, peer, host, port, timeout)
     try:
         session.connect()
@@ -165,12 +183,19 @@ class _Session:
             pause = min(pause * 2, 0.02)
 
     def connect(self) -> None:
-        """Our metadata to the peer's listener (it answers through it), and its metadata to us."""
-        self.agent.send_local_metadata(self.host, self.port)
-        self.agent.fetch_remote_metadata(self.peer, self.host, self.port)
-        self._wait(lambda: self.agent.check_remote_metadata(self.peer),
-                   "no NIXL metadata came back (is `ipcpool serve-peer` running there, its [nixl] name "
-                   f"{self.peer!r} and its port reachable?)")
+        """Our metadata to the peer's listener (it answers through it), and its metadata to us;
+        asked again every second (a refused connection is not retried by NIXL)."""
+        asked = [0.0]
+
+        def arrived() -> bool:
+            if time.monotonic() - asked[0] >= 1.0:
+                asked[0] = time.monotonic()
+                self.agent.send_local_metadata(self.host, self.port)
+                self.agent.fetch_remote_metadata(self.peer, self.host, self.port)
+            return self.agent.check_remote_metadata(self.peer)
+
+        self._wait(arrived, "no NIXL metadata came back (is `ipcpool serve-peer` running there, its [nixl] "
+                            f"name {self.peer!r} and its port reachable?)")
 
     def ask(self, req: str, name: str, version: int | None, node: str) -> dict:
         self.tell(wire.encode("want", req=req, name=name, version=version, node=node))

@@ -2,10 +2,11 @@
 
 With ``UCX_PROTO_INFO=y`` UCX writes the protocol it picks for each kind of operation (a table
 whose rows name the transport and device: ``cma/memory``, ``tcp/eth0``, ``rc_mlx5/mlx5_0:1``,
-``cuda_ipc/cuda``) into its log. Before the first agent of the process is made we send that log
-to a file of ours and, after a pull, read the table of the remote reads it made: no guess from
-the configuration, the choice UCX made. Where the user set UCX's log file or turned the tables
-off, the transport is reported as unknown.
+``cuda_ipc/cuda``) into its log. While a puller's agent is made (``capturing``) the environment
+asks for those tables and sends UCX's log to a file of ours (UCX fixes its log file when it is
+first loaded); after a pull we read the table of the remote reads: no guess from the
+configuration, the choice UCX made. Where the user set UCX's log file or turned the tables off,
+the transport is reported as unknown.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 _log_path: str | None = None
@@ -46,19 +49,30 @@ class Transport:
 UNKNOWN = Transport((), "", "", "")
 
 
-def capture() -> None:
-    """Route UCX's protocol tables to our file; call before the process's first NIXL agent."""
+@contextmanager
+def capturing() -> Iterator[None]:
+    """Make a NIXL agent inside this: its UCX context writes its tables to our file. The
+    environment is put back afterwards (child processes do not inherit it)."""
     global _log_path, _decided
-    if _decided:
+    if not _decided:
+        _decided = True
+        if "UCX_LOG_FILE" not in os.environ and os.environ.get("UCX_PROTO_INFO", "y").lower() in ("y", "yes", "1"):
+            where = tempfile.mkdtemp(prefix="ipcpool-ucx-")
+            atexit.register(shutil.rmtree, where, True)
+            _log_path = os.path.join(where, "ucx.log")
+    if _log_path is None:   # the user's own UCX logging wins; the transport is then unknown
+        yield
         return
-    _decided = True
-    if "UCX_LOG_FILE" in os.environ or os.environ.get("UCX_PROTO_INFO", "y").lower() not in ("y", "yes", "1"):
-        return   # the user's own UCX logging wins; the transport is then reported unknown
-    where = tempfile.mkdtemp(prefix="ipcpool-ucx-")
-    atexit.register(shutil.rmtree, where, True)
-    _log_path = os.path.join(where, "ucx.log")
-    os.environ["UCX_PROTO_INFO"] = "y"
-    os.environ["UCX_LOG_FILE"] = _log_path
+    saved = {k: os.environ.get(k) for k in ("UCX_PROTO_INFO", "UCX_LOG_FILE")}
+    os.environ.update(UCX_PROTO_INFO="y", UCX_LOG_FILE=_log_path)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def mark() -> int:

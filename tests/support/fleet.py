@@ -1,0 +1,80 @@
+"""Two brokers on one machine as two nodes of a fleet: "a" serves (`ipcpool serve-peer`), "b"
+pulls (`ipcpool pull`); each has its own socket directory and NIXL listener port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from tests.support.cli import IPCPOOL, ipcpool_cmd
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_config(name: str, port: int, peer: str, peer_port: int, serve: tuple[str, ...] = ()) -> str:
+    serve_line = f"serve = {list(serve)!r}\n".replace("'", '"') if serve else ""
+    return f'[nixl]\nname = "{name}"\nport = {port}\n{serve_line}\n[peers]\n{peer} = "127.0.0.1:{peer_port}"\n'
+
+
+class ServePeer:
+    """`ipcpool serve-peer` for one broker, ready once it says what it serves."""
+
+    def __init__(self, socket_dir: Path, config: Path, log: Path, env: dict[str, str] | None = None):
+        self.log_path = log
+        self._log = open(log, "wb")
+        self.proc = subprocess.Popen([*IPCPOOL, "serve-peer", "--socket-dir", str(socket_dir), "--config", str(config)],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 60.0) -> ServePeer:
+        deadline = time.monotonic() + timeout
+        while "serving checkpoints" not in self.log():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"serve-peer not ready (exit {self.proc.poll()}):\n{self.log()}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+class Fleet:
+    """Broker "a" with its serve-peer, broker "b"; ``pull(...)`` runs `ipcpool pull` on b."""
+
+    def __init__(self, start_broker, tmp: Path, backend: str = "host", serve: tuple[str, ...] = ("",),
+                 serve_env: dict[str, str] | None = None):
+        pa, pb = free_port(), free_port()
+        self.a_config, self.b_config = tmp / "a.toml", tmp / "b.toml"
+        self.a_config.write_text(node_config("a", pa, "b", pb, serve))
+        self.b_config.write_text(node_config("b", pb, "a", pa))
+        self.a = start_broker(backend=backend)
+        self.b = start_broker(backend=backend)
+        self.server = ServePeer(self.a.socket_dir, self.a_config, tmp / "serve-peer.log", serve_env).wait_ready()
+
+    def pull_args(self, *args: str) -> list[str]:
+        return ["pull", "--socket-dir", str(self.b.socket_dir), "--config", str(self.b_config), *args]
+
+    def pull(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120):
+        return ipcpool_cmd(*self.pull_args(*args), timeout=timeout, env={**os.environ, **(env or {})})
+
+    def close(self) -> None:
+        code = self.server.stop()
+        assert code == 0, f"serve-peer exited {code}:\n{self.server.log()}"
