@@ -7,25 +7,11 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 import ipcpool
 from tests.support.cli import IPCPOOL
-from tests.support.safetensors import sample_tensors, write_safetensors
-
-
-def model(tmp_path, seed=0, big=3 << 20):
-    """The sample tensors and one of ``big`` bytes: a file to load and what it holds."""
-    tensors = {**sample_tensors(seed), "big": np.random.default_rng(seed).standard_normal(big // 4).astype(np.float32)}
-    path = tmp_path / f"m{seed}.safetensors"
-    write_safetensors(path, tensors)
-    return path, tensors
-
-
-def pool_used(socket_dir):
-    with ipcpool.connect(socket_dir) as c:
-        return c.stats()["pools"]["default"]["used"]
+from tests.support.fleet import model, pool_used, settled_used
 
 
 def test_a_pulled_checkpoint_is_byte_identical_for_a_reader_of_the_second_broker(start_fleet, tmp_path):
@@ -80,7 +66,7 @@ def test_a_corrupted_byte_is_caught_by_its_digest_and_nothing_is_published(start
     assert "nothing was published" in done.stderr
     with ipcpool.connect(fleet.b.socket_dir) as c:
         assert c.list_checkpoints() == []
-    assert pool_used(fleet.b.socket_dir) == base
+    assert settled_used(fleet.b.socket_dir, base) == base
 
 
 def test_killing_the_puller_mid_transfer_leaves_no_partial_checkpoint(start_fleet, tmp_path):

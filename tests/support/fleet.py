@@ -10,7 +10,33 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
+
+import ipcpool
 from tests.support.cli import IPCPOOL, ipcpool_cmd
+from tests.support.safetensors import sample_tensors, write_safetensors
+
+
+def model(tmp_path, seed=0, big=3 << 20):
+    """The sample tensors and one of ``big`` bytes: a file to load and what it holds."""
+    tensors = {**sample_tensors(seed), "big": np.random.default_rng(seed).standard_normal(big // 4).astype(np.float32)}
+    path = tmp_path / f"m{seed}.safetensors"
+    write_safetensors(path, tensors)
+    return path, tensors
+
+
+def pool_used(socket_dir):
+    with ipcpool.connect(socket_dir) as c:
+        return c.stats()["pools"]["default"]["used"]
+
+
+def settled_used(socket_dir, base: int, timeout: float = 15.0) -> int:
+    """The pool's used bytes once back to ``base`` (frees of a dead writer's memory may be deferred
+    behind its process's exit and, on CUDA, its streams), or as they are after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while (used := pool_used(socket_dir)) != base and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return used
 
 
 def free_port() -> int:
