@@ -36,5 +36,6 @@ def decode(raw: bytes) -> dict | None:
 
 
 def digest(data: Any) -> bytes:
-    """A tensor's digest: BLAKE2b-128 of its bytes (hashlib releases the GIL while it reads)."""
-    return hashlib.blake2b(data, digest_size=16).digest()
+    """A tensor's digest: SHA-256 of its bytes (hashlib releases the GIL while it reads; with the
+    CPU's SHA instructions about 2 GB/s a core)."""
+    return hashlib.sha256(data).digest()

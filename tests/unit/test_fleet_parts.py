@@ -57,4 +57,4 @@ def test_checkpoint_at_version_and_digests():
     for bad in ("m@", "@3", "m@x"):
         with pytest.raises(InvalidRequest, match="CHECKPOINT@VERSION"):
             split_version(bad)
-    assert wire.digest(b"abc") != wire.digest(b"abd") and len(wire.digest(memoryview(b"x" * 10))) == 16
+    assert wire.digest(b"abc") != wire.digest(b"abd") and len(wire.digest(memoryview(b"x" * 10))) == 32
