@@ -4,7 +4,6 @@ pulls (`ipcpool pull`); each has its own socket directory and NIXL listener port
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 import ipcpool
+from tests.support.broker import terminate
 from tests.support.cli import IPCPOOL, ipcpool_cmd
 from tests.support.safetensors import sample_tensors, write_safetensors
 
@@ -71,15 +71,9 @@ class ServePeer:
         return self
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = terminate(self.proc)
         self._log.close()
-        return self.proc.returncode
+        return code
 
 
 class Fleet:
