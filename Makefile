@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LOCK := .venv.lock
 EXTRAS ?= test,bench
+# The transfer library of `ipcpool pull`, installed without its declared torch (it imports
+# without it): its tests run in CI. `make NIXL= venv` leaves it out (those tests then skip).
+NIXL ?= nixl-cu13==1.5.1
 
 .PHONY: venv run test test-gpu bench clean
 
@@ -19,6 +22,7 @@ $(STAMP): pyproject.toml
 	  echo "installing ipcpool and its dependencies into $(VENV) (quiet; a minute or two the first time)"; \
 	  $(PY) -m pip install --quiet --upgrade pip; \
 	  $(PY) -m pip install --quiet -e ".[$(EXTRAS)]"; \
+	  if [ -n "$(NIXL)" ]; then $(PY) -m pip install --quiet --no-deps "$(NIXL)"; fi; \
 	  touch $(STAMP)'
 
 venv: $(STAMP)    ## only the set-up: .venv/bin/ipcpool is then the CLI

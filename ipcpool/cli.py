@@ -1,6 +1,6 @@
-"""`ipcpool ...`: broker, status, stats, sessions, trim, ls, rm, load, demo, doctor. The only place
-that configures logging. Tables are drawn with rich; every byte count goes through
-``sizes.format_size``.
+"""`ipcpool ...`: broker, status, stats, sessions, trim, ls, rm, load, serve-peer, pull, demo,
+doctor. The only place that configures logging. Tables are drawn with rich; every byte count goes
+through ``sizes.format_size``.
 
 Exit status: 0 done; 1 the command ran and the answer is no (``rm`` of a name that is not there,
 ``demo`` failed, ``doctor``: the backend cannot run here); 2 an error (no broker, refused, a bad
@@ -294,6 +294,18 @@ def cmd_load(args) -> int:
     return cmd_load(args)
 
 
+def cmd_serve_peer(args) -> int:
+    from .fleet.command import cmd_serve_peer
+
+    return cmd_serve_peer(args)
+
+
+def cmd_pull(args) -> int:
+    from .fleet.command import cmd_pull
+
+    return cmd_pull(args)
+
+
 def cmd_demo(args) -> int:
     from .demo import run
 
@@ -392,6 +404,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="with --prefix: delete an object of the same name first (readers that hold it keep "
                         "their lease)")
+
+    config_help = ("the broker's TOML configuration, for its [nixl] and [peers] (default: $IPCPOOL_CONFIG, "
+                   "else /etc/ipcpool/broker.toml where it exists)")
+    p = add("serve-peer", "let the peers named in the configuration pull checkpoints from this node's broker "
+                          "through NIXL (a client of the broker; runs until SIGTERM or Ctrl-C)", cmd_serve_peer)
+    p.add_argument("--config", metavar="FILE", help=config_help)
+
+    p = add("pull", "pull a checkpoint from a peer node's broker through NIXL into a new version here, "
+                    "published once every tensor's digest checks", cmd_pull)
+    p.add_argument("peer", metavar="PEER", help="a peer's name under [peers] in the configuration")
+    p.add_argument("checkpoint", metavar="CHECKPOINT[@VERSION]", help="the peer's checkpoint (default: its current version)")
+    p.add_argument("--name", help="the local checkpoint's name (default: the same)")
+    p.add_argument("--pool", default="default", help="the pool to pull into (default: default)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="for the peer's metadata and its answer (default: 60)")
+    p.add_argument("--config", metavar="FILE", help=config_help)
 
     p = add("demo", "a producer process writes into broker memory, a consumer process checks it zero-copy; "
                     "starts a private broker where none is running", cmd_demo)

@@ -51,6 +51,27 @@ UNREAD_PER_UID = 256 << 20
 PENDING_HELLOS_PER_UID = 64
 
 
+DEFAULT_NIXL_PORT = 5555   # NIXL's own default listener port
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """[nixl] and [peers]: this node among its peers (``ipcpool serve-peer``, ``ipcpool pull``)."""
+    name: str = ""                          # this node's NIXL agent name; "": the host name
+    port: int = DEFAULT_NIXL_PORT           # the serve-peer's NIXL listener (metadata exchange)
+    serve: tuple[str, ...] = ()             # checkpoint name prefixes served to peers; none: nothing
+    peers: dict[str, tuple[str, int]] = field(default_factory=dict)   # name -> (host, listener port)
+
+    @property
+    def agent(self) -> str:
+        import socket
+
+        return self.name or socket.gethostname()
+
+    def serves(self, checkpoint: str) -> bool:
+        return any(checkpoint.startswith(p) for p in self.serve)
+
+
 @dataclass(frozen=True)
 class Config:
     socket_dir: Path | None = None
@@ -76,6 +97,7 @@ class Config:
     unread_bytes_per_uid: int = UNREAD_PER_UID
     pending_hellos_per_uid: int = PENDING_HELLOS_PER_UID
     pool_access: dict[str, PoolAccess] = field(default_factory=dict)   # pool -> who; absent: everyone
+    fleet: Fleet = Fleet()
 
     def pool_allowed(self, pool: str, uid: int, gid: int, groups: tuple[int, ...]) -> bool:
         access = self.pool_access.get(pool)
@@ -196,9 +218,41 @@ def _socket_mode(value: Any) -> int:
     return stat.S_IMODE(mode)
 
 
+def _node_name(value: Any, key: str) -> str:
+    name = _expect(value, str, key)
+    if not name or len(name) > 64 or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise ConfigError(f"{key}: 1-64 letters, digits, '-', '_' or '.', got {name!r}")
+    return name
+
+
+def _port(value: Any, key: str) -> int:
+    port = _expect(value, int, key)
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{key}: a TCP port, 1 to 65535, got {port}")
+    return port
+
+
+def _fleet(data: dict[str, Any]) -> Fleet:
+    nixl = _expect(data.get("nixl", {}), dict, "nixl")
+    _known(nixl, {"name", "port", "serve"}, "nixl")
+    name = _node_name(nixl["name"], "nixl.name") if "name" in nixl else ""
+    port = _port(nixl.get("port", DEFAULT_NIXL_PORT), "nixl.port")
+    serve = tuple(_expect(p, str, f"nixl.serve[{i}]") for i, p in enumerate(_expect(nixl.get("serve", []), list, "nixl.serve")))
+    peers: dict[str, tuple[str, int]] = {}
+    for key, value in _expect(data.get("peers", {}), dict, "peers").items():
+        where = f"peers.{_node_name(key, 'peers')}"
+        host, _, port_text = _expect(value, str, where).rpartition(":")
+        if not host or not port_text.isdigit():
+            raise ConfigError(f"{where}: expected \"host:port\" of the peer's NIXL listener (its [nixl] port), "
+                              f"such as \"10.0.0.2:{DEFAULT_NIXL_PORT}\", got {value!r}")
+        peers[key] = (host.strip("[]"), _port(int(port_text), where))
+    return Fleet(name=name, port=port, serve=serve, peers=peers)
+
+
 def parse(data: dict[str, Any]) -> Config:
     _known(data, {"socket_dir", "socket_group", "socket_mode", "backend", "access", "pools", "quotas",
-                  "metrics_address", "busy_poll_us", "limits", "growth", "handoff"}, "config")
+                  "metrics_address", "busy_poll_us", "limits", "growth", "handoff", "nixl", "peers"}, "config")
+    fleet = _fleet(data)
     handoff = _expect(data.get("handoff", {}), dict, "handoff")
     _known(handoff, {"directory"}, "handoff")
     directory_entries = _expect(handoff.get("directory", DIRECTORY), int, "handoff.directory")
@@ -297,6 +351,7 @@ def parse(data: dict[str, Any]) -> Config:
         growth_board=growth_board,
         directory_entries=directory_entries,
         pool_access=pool_access,
+        fleet=fleet,
         **caps,
     )
 

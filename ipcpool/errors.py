@@ -157,6 +157,20 @@ class DemoFailed(IpcPoolError):
     code = 31
 
 
+class TransferFailed(IpcPoolError):
+    """A pull from a peer node did not complete: the peer did not answer, refused, or NIXL/UCX
+    failed. Nothing was published; the message says which step and why. Raised on the client."""
+
+    code = 32
+
+
+class DigestMismatch(TransferFailed):
+    """A pulled tensor's bytes differ from the digest its peer computed: the message names the
+    tensor. Nothing was published. Raised on the client."""
+
+    code = 33
+
+
 def error_from_wire(code: int, message: str) -> IpcPoolError:
     """Rebuild the error the broker reported; unknown codes fall back to the root class."""
     cls = _BY_CODE.get(code, IpcPoolError) if isinstance(code, int) else IpcPoolError

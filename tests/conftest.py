@@ -41,5 +41,25 @@ def start_broker(tmp_path_factory):
 
 
 @pytest.fixture
+def start_fleet(start_broker, tmp_path):
+    """Factory: ``start_fleet(backend="host", serve=("",), serve_env=None)``: two brokers, the
+    first served to the second by `ipcpool serve-peer` (tests/support/fleet.py). Skips without NIXL."""
+    from ipcpool.fleet import nixl
+    from tests.support.fleet import Fleet
+
+    if not nixl.available():
+        pytest.skip("NIXL is not installed (pip install --no-deps nixl-cu13==1.5.1; `make venv` does)")
+    made: list[Fleet] = []
+
+    def start(backend: str = "host", serve: tuple[str, ...] = ("",), serve_env: dict | None = None) -> Fleet:
+        made.append(Fleet(start_broker, tmp_path, backend, serve, serve_env))
+        return made[-1]
+
+    yield start
+    for f in made:
+        f.close()
+
+
+@pytest.fixture
 def broker(start_broker) -> BrokerProc:
     return start_broker()

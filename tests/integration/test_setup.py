@@ -73,8 +73,9 @@ def test_run_and_test_side_by_side_install_once(clone):
     assert "ipcpool broker --backend host" in run_out and "pytest ran" in test_out
     calls = log.read_text().splitlines()
     assert "OVERLAP" not in calls
-    assert [c.split()[0] for c in calls] == ["venv", "pip", "pip"]     # one venv, one install
+    assert [c.split()[0] for c in calls] == ["venv", "pip", "pip", "pip"]   # one venv, one install
     assert calls[2].endswith("install --quiet -e .[test,bench]")
+    assert calls[3].endswith("install --quiet --no-deps nixl-cu13==1.5.1")   # without its torch
 
     again = make(root, "test", python)                                  # set up already: nothing to do
     again.communicate(timeout=30)
@@ -90,7 +91,16 @@ def test_a_venv_left_half_made_is_made_again(clone):
     text, _ = out.communicate(timeout=60)
     assert out.returncode == 0, text
     assert "ready: run .venv/bin/ipcpool" in text
-    assert [c.split()[0] for c in log.read_text().splitlines()] == ["venv", "pip", "pip"]
+    assert [c.split()[0] for c in log.read_text().splitlines()] == ["venv", "pip", "pip", "pip"]
+
+
+def test_nixl_can_be_left_out(clone):
+    root, python, log = clone
+    out = make(root, "venv", python, "NIXL=")
+    text, _ = out.communicate(timeout=60)
+    assert out.returncode == 0, text
+    calls = log.read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["venv", "pip", "pip"] and "nixl" not in " ".join(calls)
 
 
 def test_ci_runs_the_readme_test_command():

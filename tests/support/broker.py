@@ -54,12 +54,18 @@ class BrokerProc:
         return self.proc.wait(15)
 
     def stop(self, timeout: float = 15.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = terminate(self.proc, timeout)
         self._log.close()
-        return self.proc.returncode
+        return code
+
+
+def terminate(proc: subprocess.Popen, timeout: float = 15.0) -> int:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds; the exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode

@@ -112,3 +112,29 @@ def test_growth_board_counts_buffers_and_zero_turns_it_off():
 def test_a_pools_slabs_may_be_vmm_memory():
     cfg = parse({"pools": [{"name": "weights", "slab_memory": "vmm"}, {"name": "scratch"}]})
     assert [p.slab_memory for p in cfg.pools] == ["vmm", "pool"]
+
+
+def test_nixl_and_peers_name_this_node_its_listener_what_it_serves_and_whom():
+    cfg = parse({"nixl": {"name": "node-a", "port": 6000, "serve": ["llama/", "qwen"]},
+                 "peers": {"node-b": "10.0.0.2:6000", "node-c": "[fd00::3]:6001"}})
+    f = cfg.fleet
+    assert (f.agent, f.port, f.peers) == ("node-a", 6000, {"node-b": ("10.0.0.2", 6000), "node-c": ("fd00::3", 6001)})
+    assert f.serves("llama/8b") and f.serves("qwen") and not f.serves("mistral")
+    default = parse({}).fleet
+    assert default.port == 5555 and default.peers == {} and not default.serves("anything")
+    assert default.agent   # the host name
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"nixl": {"prot": 1}}, "nixl: unknown key(s) prot (did you mean port?)"),
+    ({"nixl": {"port": 0}}, "nixl.port: a TCP port, 1 to 65535, got 0"),
+    ({"nixl": {"name": "a b"}}, "nixl.name: 1-64 letters"),
+    ({"nixl": {"serve": "llama"}}, "nixl.serve: expected list"),
+    ({"peers": {"b": "10.0.0.2"}}, 'peers.b: expected "host:port" of the peer\'s NIXL listener'),
+    ({"peers": {"b": "10.0.0.2:99999"}}, "peers.b: a TCP port, 1 to 65535, got 99999"),
+    ({"peers": {"b#c": "h:1"}}, "peers: 1-64 letters"),
+])
+def test_bad_fleet_values_say_what_is_expected(data, message):
+    with pytest.raises(ConfigError) as err:
+        parse(data)
+    assert message in str(err.value)

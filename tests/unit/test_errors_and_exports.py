@@ -9,6 +9,7 @@ def test_public_surface_is_explicit():
         ["AllocationTooLarge", "BackendUnavailable", "BrokerBusy", "BrokerGone", "Buffer", "Checkpoint", "Client", "ClosedError",
          "InvalidRequest", "IpcPoolError", "MissingDependency", "ObjectAborted", "ObjectExists", "ObjectNotFound", "OutOfMemory",
          "PeerRefused", "ProtocolError", "QuotaExceeded", "Subscription", "UnknownPool", "VersionWriter",
+         "DigestMismatch", "TransferFailed",
          "WaitTimeout", "connect"]
     )
     for name in ipcpool.__all__:

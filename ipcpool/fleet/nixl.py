@@ -1,0 +1,60 @@
+"""The one module that imports NIXL (``pip install --no-deps nixl-cu13``, or nixl-cu12)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..errors import MissingDependency
+
+MODULES = ("nixl_cu13", "nixl_cu12", "nixl")   # the CUDA 13 and 12 wheels, then a source build
+
+
+def load() -> Any:
+    """The NIXL module, or MissingDependency saying how to install it."""
+    import importlib
+
+    raise_exceptions = logging.raiseExceptions
+    for name in MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        # NIXL's Python package sends its records to stdout through a handler of its own and
+        # changes logging.raiseExceptions: its records go through the application's logging.
+        logging.raiseExceptions = raise_exceptions
+        nixl_log = logging.getLogger("nixl")
+        nixl_log.handlers.clear()
+        nixl_log.propagate = True
+        nixl_log.setLevel(logging.WARNING)
+        return module
+    raise MissingDependency("pulling from a peer needs NIXL: pip install --no-deps 'nixl-cu13==1.5.1' "
+                            "(or pip install 'ipcpool[nixl]', which also brings torch)")
+
+
+def available() -> bool:
+    try:
+        load()
+    except MissingDependency:
+        return False
+    return True
+
+
+def memory_type(on_gpu: bool) -> str:
+    return "VRAM" if on_gpu else "DRAM"
+
+
+def agent(name: str, port: int) -> Any:
+    """A NIXL agent on UCX whose listener (metadata exchange) is on ``port`` (0: any free one)."""
+    nixl = load()
+    config = nixl.nixl_agent_config(enable_prog_thread=True, enable_listen_thread=True, listen_port=port,
+                                    backends=["UCX"])
+    made = nixl.nixl_agent(name, config)
+    if "UCX" not in made.backends:
+        raise MissingDependency(f"NIXL has no UCX backend here (plugins: {', '.join(made.plugin_list) or 'none'})")
+    return made
+
+
+def regions(buffers: list[Any]) -> list[tuple[int, int, int, str]]:
+    """What NIXL registers for broker buffers: (address, size, device, ""), device 0 on the host."""
+    return [(b.ptr, b.size, b.device or 0, "") for b in buffers]

@@ -1,0 +1,283 @@
+"""Pull a checkpoint version from a peer node's broker through NIXL.
+
+The new local version is begun unpublished, the same shard for shard and offset for offset as
+the peer's; NIXL READs every byte straight into it; each tensor's digest is checked against the
+peer's; only then is it published. Any failure (the peer, the network, a digest, this process
+killed) leaves no version behind: an unpublished version dies with its writer, as a load's does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from .._client.checkpoints import Entry
+from pathlib import Path
+
+from ..config import Config, Fleet, load
+from ..errors import DigestMismatch, InvalidRequest, IpcPoolError, TransferFailed
+from ..progress import Progress
+from ..sizes import format_size
+from . import nixl, transport, wire
+from .digests import tensor_bytes
+from .serve import PULLER
+
+log = logging.getLogger(__name__)
+
+PIECE = 64 << 20    # bytes per NIXL request: progress to show, and a few requests in flight
+IN_FLIGHT = 4
+# Test hook: a slow link. Requests of 1 MiB, one at a time, this many seconds apart.
+STALL_ENV = "IPCPOOL_TEST_PULL_STALL"
+SYSTEM_CONFIG = Path("/etc/ipcpool/broker.toml")   # where the system service's unit reads it
+_agents = 0
+
+
+@dataclass(frozen=True)
+class PullResult:
+    name: str                 # the local checkpoint
+    version: int              # its new local version
+    peer: str
+    peer_version: int
+    nbytes: int
+    tensors: int
+    seconds: float            # NIXL moving the bytes
+    total_seconds: float      # the whole pull: metadata, manifest, transfer, digests, publish
+    transport: transport.Transport
+    memory: str               # the local memory: DRAM or VRAM
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.nbytes / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def warning(self) -> str | None:
+        if self.transport.tcp_gpu:
+            return ("GPU memory went over TCP: UCX found no GPU transport (RDMA with GPUDirect, cuda_ipc) "
+                    "between these peers, so the bytes were staged through host memory and sockets, far "
+                    "below what the GPUs and the network can do (see docs/fleet.md)")
+        return None
+
+    def summary(self) -> str:
+        return (f"pulled {self.peer}'s {self.name}@{self.peer_version} as version {self.version}: {self.tensors} "
+                f"tensor(s), {format_size(self.nbytes)} in {self.seconds:.3f} s "
+                f"({format_size(self.bytes_per_s)}/s; {self.total_seconds:.3f} s in all) over "
+                f"{self.transport.describe()}")
+
+
+def fleet_of(config: Config | Fleet | str | os.PathLike | None) -> Fleet:
+    """[nixl] and [peers] of a Config, or of a file (None: $IPCPOOL_CONFIG, else the system
+    service's /etc/ipcpool/broker.toml where it exists, else nothing configured)."""
+    if isinstance(config, Fleet):
+        return config
+    if isinstance(config, Config):
+        return config.fleet
+    config = config or os.environ.get("IPCPOOL_CONFIG") or (str(SYSTEM_CONFIG) if SYSTEM_CONFIG.exists() else None)
+    return load(config).fleet
+
+
+def pull(client: Any, peer: str, name: str, *, version: int | None = None, config: Any = None,
+         local_name: str | None = None, pool: str = "default", timeout: float = 60.0,
+         progress: bool = False) -> PullResult:
+    """Pull ``name`` (its current version, or ``version``) from ``peer`` (a name under [peers]
+    of ``config``: see ``fleet_of``) into a new, published version of ``local_name`` (default:
+    the same name) of ``client``'s broker. Raises TransferFailed (DigestMismatch for bad bytes)
+    having published nothing."""
+    fleet = fleet_of(config)
+    if peer not in fleet.peers:
+        known = ", ".join(sorted(fleet.peers)) or "none: add a [peers] table to broker.toml"
+        raise InvalidRequest(f"no peer named {peer!r} in the configuration (peers: {known})")
+    host, port = fleet.peers[peer]
+    t0 = time.monotonic()
+    mark = transport.mark()   # UCX writes its tables as it connects, before the first read
+    global _agents
+    _agents += 1
+    with transport.capturing():
+        agent = nixl.agent(f"{fleet.agent}{PULLER}{os.getpid()}-{_agents}", 0)
+    session = _Session(agent, peer, host, port, timeout)
+    try:
+        session.connect()
+        req = secrets.token_hex(8)
+        manifest = session.ask(req, name, version, fleet.agent)
+        try:
+            return _fill(client, session, manifest, local_name or name, pool, progress, t0, mark)
+        finally:
+            session.tell(wire.encode("done", req=req, name=name, version=manifest["version"]))
+    finally:
+        session.close()
+
+
+def _fill(client: Any, session: _Session, manifest: dict, local_name: str, pool: str, progress: bool, t0: float,
+          mark: int) -> PullResult:
+    entries = [Entry.of(e) for e in manifest["entries"]]
+    remote = [tuple(s) for s in manifest["shards"]]
+    sums = list(manifest["digests"])
+    if len(sums) != len(entries):
+        raise TransferFailed(f"peer {session.peer}: {len(sums)} digests for {len(entries)} tensors")
+    peer_version = manifest["version"]
+    user = {**dict(manifest.get("user") or {}), "pulled_from": session.peer, "peer_version": peer_version}
+    memory = nixl.memory_type(client._backend.on_gpu)
+    total = sum(s[1] for s in remote)   # what NIXL moves: the shards, alignment gaps included
+    with client.new_version_like(local_name, [s[1] for s in remote], entries, pool=pool, user=user) as w:
+        registered = session.agent.register_memory(nixl.regions(w.shards), memory)
+        try:   # deregistered before the shards are handed to the broker, whatever happens
+            pieces = _pieces(w.shards, remote)
+            session.await_memory(pieces[1], manifest["memory"])
+            with _bar(f"pulling {manifest['name']}@{peer_version} from {session.peer}", total, progress) as bar:
+                t1 = time.monotonic()
+                session.read(pieces, memory, manifest["memory"], bar)
+                seconds = time.monotonic() - t1
+        finally:
+            session.agent.deregister_memory(registered)
+        for e, want in zip(entries, sums):   # every byte arrived: now check them, tensor by tensor
+            if wire.digest(tensor_bytes(w.shards[e.shard], e.offset, e.nbytes)) != want:
+                raise DigestMismatch(f"tensor {e.name!r} of {manifest['name']}@{peer_version} pulled from "
+                                     f"{session.peer}: its bytes differ from the peer's digest (corrupted on "
+                                     f"the way or at the source); nothing was published")
+        number = w.publish()
+    return PullResult(local_name, number, session.peer, peer_version, total, len(entries), seconds,
+                      time.monotonic() - t0, transport.since(mark), memory)
+
+
+def _bar(label: str, total: int, on: bool) -> Any:
+    return Progress(label, total, unit="B") if on else nullcontext(None)
+
+
+def _pieces(local: list[Any], remote: list[tuple]) -> tuple[list, list]:
+    """(local, remote) descriptors, shard by shard, cut into requests of at most PIECE bytes."""
+    step = (1 << 20) if os.environ.get(STALL_ENV) else PIECE
+    mine: list[tuple[int, int, int]] = []
+    theirs: list[tuple[int, int, int]] = []
+    for buf, (addr, size, device) in zip(local, remote):
+        if buf.size != size:
+            raise TransferFailed(f"a local shard of {buf.size} bytes for a peer's of {size}")
+        for at in range(0, size, step):
+            n = min(step, size - at)
+            mine.append((buf.ptr + at, n, buf.device or 0))
+            theirs.append((addr + at, n, device))
+    return mine, theirs
+
+
+class _Session:
+    """One puller agent talking to one peer's serve-peer: metadata, the manifest, the reads."""
+
+    def __init__(self, agent: Any, peer: str, host: str, port: int, timeout: float):
+        self.agent, self.peer, self.host, self.port, self.timeout = agent, peer, host, port, timeout
+
+    def _fail(self, what: str) -> TransferFailed:
+        where = transport.log_path()
+        return TransferFailed(f"peer {self.peer} ({self.host}:{self.port}): {what}"
+                              + (f" (UCX's log: {where})" if where else ""))
+
+    def _wait(self, done: Any, what: str) -> None:
+        deadline = time.monotonic() + self.timeout
+        pause = 0.0005
+        while not done():
+            if time.monotonic() > deadline:
+                raise self._fail(f"{what} within {self.timeout} s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+
+    def connect(self) -> None:
+        """Our metadata to the peer's listener (it answers through it), and its metadata to us;
+        asked again every second (a refused connection is not retried by NIXL)."""
+        asked = [0.0]
+
+        def arrived() -> bool:
+            if time.monotonic() - asked[0] >= 1.0:
+                asked[0] = time.monotonic()
+                self.agent.send_local_metadata(self.host, self.port)
+                self.agent.fetch_remote_metadata(self.peer, self.host, self.port)
+            return self.agent.check_remote_metadata(self.peer)
+
+        self._wait(arrived, "no NIXL metadata came back (is `ipcpool serve-peer` running there, its [nixl] "
+                            f"name {self.peer!r} and its port reachable?)")
+
+    def ask(self, req: str, name: str, version: int | None, node: str) -> dict:
+        self.tell(wire.encode("want", req=req, name=name, version=version, node=node))
+        got: list[dict] = []
+
+        def answered() -> bool:
+            for raw in self.agent.get_new_notifs().get(self.peer, []):
+                try:
+                    msg = wire.decode(raw)
+                except IpcPoolError:
+                    continue
+                if msg is not None and msg.get("req") == req:
+                    got.append(msg)
+            return bool(got)
+
+        self._wait(answered, f"no answer to the request for {name!r}")
+        msg = got[0]
+        if msg["op"] == "error":
+            raise self._fail(str(msg.get("error")))
+        if msg["op"] != "manifest":
+            raise self._fail(f"an answer of op {msg['op']!r}")
+        return msg
+
+    def tell(self, raw: bytes) -> None:
+        try:
+            self.agent.send_notif(self.peer, raw)
+        except Exception as exc:   # NIXL's own error classes: translated at the boundary
+            raise self._fail(f"NIXL could not send to it: {exc}") from exc
+
+    def await_memory(self, theirs: list[tuple[int, int, int]], memory: str) -> None:
+        """The peer registered the version's memory after we first fetched its metadata: fetch
+        it again until it covers what we are about to read."""
+        if not theirs:
+            return
+        descs = self.agent.get_xfer_descs(theirs, memory)
+        self.agent.fetch_remote_metadata(self.peer, self.host, self.port)
+        self._wait(lambda: self.agent.check_remote_metadata(self.peer, descs),
+                   "its metadata never covered the checkpoint's memory")
+
+    def read(self, pieces: tuple[list, list], memory: str, remote_memory: str, bar: Any) -> None:
+        """NIXL READs of every piece, a few requests in flight."""
+        mine, theirs = pieces
+        stall = float(os.environ.get(STALL_ENV) or 0)
+        depth = 1 if stall else IN_FLIGHT
+        flying: list[tuple[Any, int]] = []
+        at = 0
+        try:
+            while at < len(mine) or flying:
+                while at < len(mine) and len(flying) < depth:
+                    handle = self.agent.initialize_xfer("READ", self.agent.get_xfer_descs([mine[at]], memory),
+                                                        self.agent.get_xfer_descs([theirs[at]], remote_memory),
+                                                        self.peer)
+                    flying.append((handle, mine[at][1]))
+                    if self.agent.transfer(handle) == "ERR":
+                        raise self._fail("NIXL refused to start a read")
+                    at += 1
+                handle, n = flying[0]
+                state = self.agent.check_xfer_state(handle)
+                if state == "ERR":
+                    raise self._fail("a NIXL read failed")
+                if state == "DONE":
+                    flying.pop(0)
+                    self.agent.release_xfer_handle(handle)
+                    if bar is not None:
+                        bar.update(n)
+                    if stall:
+                        time.sleep(stall)
+                else:
+                    time.sleep(0)   # let NIXL's progress thread run (a busy wait would starve it)
+        except IpcPoolError:
+            raise
+        except Exception as exc:
+            raise self._fail(f"NIXL: {exc}") from exc
+        finally:
+            for handle, _ in flying:
+                try:
+                    self.agent.release_xfer_handle(handle)
+                except Exception:   # still in flight: NIXL frees it with the agent
+                    pass
+
+    def close(self) -> None:
+        try:
+            self.agent.remove_remote_agent(self.peer)
+        except Exception:   # never connected: nothing to remove
+            pass

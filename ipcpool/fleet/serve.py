@@ -1,0 +1,189 @@
+"""``ipcpool serve-peer``: a client of the local broker that lets peers read checkpoint versions
+through NIXL.
+
+A separate process, not the broker: NIXL and UCX (threads, a listener, network ports, a few
+hundred MB of libraries) stay out of the process that owns every client's memory, and a fault in
+them costs a pull, never the node's broker. It attaches a version zero-copy (a reader like any
+other: the version stays alive while served), registers its shards with its NIXL agent and
+answers a peer's request with the manifest and a digest per tensor; the peer then reads the
+bytes itself (one-sided NIXL READs) and says when it is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._client.checkpoints import Entry
+from ..config import Fleet
+from ..errors import IpcPoolError, ProtocolError
+from . import nixl, wire
+from .digests import digests
+
+log = logging.getLogger(__name__)
+
+PULLER = "#pull-"        # a puller's agent is "<its node's name>#pull-<pid>-<n>"
+REPLY_WINDOW = 10.0      # seconds a reply may wait for the puller's metadata to arrive
+# Test hook: a byte of this tensor is flipped in the served memory once its digest is taken,
+# as a fault between two brokers would; the puller must refuse the version.
+FLIP_ENV = "IPCPOOL_TEST_FLIP_BYTE"
+
+
+@dataclass
+class Served:
+    """A version attached and registered with NIXL, and the pulls of it under way."""
+    name: str
+    version: int
+    shards: list[Any]
+    entries: list[Entry]
+    user: dict
+    registered: Any
+    digests: list[bytes]
+    pulls: set[str] = field(default_factory=set)
+
+
+class PeerServer:
+    """Serves the checkpoints ``fleet.serve`` names to the agents ``fleet.peers`` names."""
+
+    def __init__(self, client: Any, fleet: Fleet):
+        self.client = client
+        self.fleet = fleet
+        self.on_gpu = client._backend.on_gpu
+        self.memory = nixl.memory_type(self.on_gpu)
+        self.agent = nixl.agent(fleet.agent, fleet.port)
+        self.served: dict[str, dict[int, Served]] = {}   # name -> version -> what is served
+        self.replies: list[tuple[float, str, bytes]] = []  # waiting for the puller's metadata
+        self.stop = threading.Event()
+        self.flip = os.environ.get(FLIP_ENV)
+
+    def serve_forever(self, poll: float = 0.002) -> None:
+        log.info("serving checkpoints %s to peers %s as NIXL agent %r, listener on port %d (%s memory)",
+                 list(self.fleet.serve) or "(none: [nixl] serve is empty)", sorted(self.fleet.peers) or "(none)",
+                 self.fleet.agent, self.fleet.port, self.memory)
+        while not self.stop.is_set():
+            busy = self.step()
+            if not busy:
+                time.sleep(poll)
+
+    def step(self) -> bool:
+        """Answer what came in; True when there was something."""
+        got = self.agent.get_new_notifs()
+        for peer, messages in got.items():
+            for raw in messages:
+                self._handle(peer, raw)
+        self._send_replies()
+        return bool(got)
+
+    def close(self) -> None:
+        for s in [s for versions in self.served.values() for s in versions.values()]:
+            self._drop(s)
+
+    # -- requests ------------------------------------------------------------------------------
+    def _handle(self, peer: str, raw: bytes) -> None:
+        try:
+            msg = wire.decode(raw)
+        except ProtocolError as exc:
+            log.warning("peer agent %r: %s", peer, exc)
+            return
+        if msg is None:
+            return
+        req = msg["req"]
+        try:
+            node = peer.rpartition(PULLER)[0]
+            if node not in self.fleet.peers:
+                raise IpcPoolError(f"agent {peer!r} is not of a node named under [peers] of {self.fleet.agent!r}")
+            if msg["op"] == "want":
+                reply = self._want(req, msg)
+            elif msg["op"] == "done":
+                self._done(req, msg)
+                return
+            else:
+                raise ProtocolError(f"unknown op {msg['op']!r}")
+        except (IpcPoolError, ValueError, TypeError, KeyError) as exc:   # refused: told, never fatal
+            log.info("peer agent %r, request %s: %s", peer, req, exc)
+            reply = wire.encode("error", req=req, error=f"{type(exc).__name__}: {exc}")
+        self.replies.append((time.monotonic() + REPLY_WINDOW, peer, reply))
+
+    def _want(self, req: str, msg: dict) -> bytes:
+        name, version = msg.get("name"), msg.get("version")
+        if not isinstance(name, str) or not (version is None or isinstance(version, int)):
+            raise ProtocolError("want: name (str) and version (int or nil)")
+        if not self.fleet.serves(name):
+            raise IpcPoolError(f"checkpoint {name!r} is not served to peers (the [nixl] serve prefixes of "
+                               f"{self.fleet.agent!r}: {list(self.fleet.serve)})")
+        s = self._serve(name, version)
+        s.pulls.add(req)
+        log.info("request %s: %s@%d to %s", req, name, s.version, msg.get("node", "?"))
+        return wire.encode("manifest", req=req, name=name, version=s.version, memory=self.memory,
+                           shards=[[b.ptr, b.size, b.device or 0] for b in s.shards],
+                           entries=[e.wire() for e in s.entries], digests=s.digests, user=s.user)
+
+    def _serve(self, name: str, version: int | None) -> Served:
+        versions = self.served.setdefault(name, {})
+        if version is not None and version in versions:
+            return versions[version]
+        number, shards, entries, user = self.client._checkpoints.attach(name, version, "numpy", None)
+        if number in versions:   # the current one, served already
+            for b in shards:
+                b.free()
+            return versions[number]
+        try:
+            sums = digests(shards, entries)
+            registered = self.agent.register_memory(nixl.regions(shards), self.memory)
+        except BaseException:
+            for b in shards:
+                b.free()
+            raise
+        s = versions[number] = Served(name, number, shards, entries, user, registered, sums)
+        if self.flip is not None:
+            _flip_byte(s, self.flip)
+        for old in [v for v in versions.values() if v.version < number and not v.pulls]:
+            self._drop(old)   # replaced, and no pull of it under way
+        return s
+
+    def _done(self, req: str, msg: dict) -> None:
+        versions = self.served.get(msg.get("name"), {})
+        s = versions.get(msg.get("version"))
+        if s is None:
+            return
+        s.pulls.discard(req)
+        if not s.pulls and s.version < max(versions):
+            self._drop(s)
+
+    def _drop(self, s: Served) -> None:
+        """Deregistered first (a peer's read now fails rather than reads reused memory), then let go."""
+        self.agent.deregister_memory(s.registered)
+        for b in s.shards:
+            b.free()
+        self.served.get(s.name, {}).pop(s.version, None)
+
+    def _send_replies(self) -> None:
+        """A reply goes once the puller's metadata (sent before its request) has arrived."""
+        waiting = []
+        for deadline, peer, reply in self.replies:
+            try:
+                self.agent.send_notif(peer, reply)
+            except Exception as exc:   # NIXL's not-found error: its metadata is not here yet
+                if time.monotonic() < deadline:
+                    waiting.append((deadline, peer, reply))
+                else:
+                    log.warning("no reply to agent %r: its metadata never arrived (%s)", peer, exc)
+        self.replies = waiting
+
+
+def _flip_byte(s: Served, tensor: str) -> None:
+    for e in s.entries:
+        if e.name == tensor and e.nbytes:
+            shard = s.shards[e.shard]
+            view = shard._memory.view
+            if view is not None:
+                view[e.offset] ^= 0xFF
+            else:
+                from .._client.views import _raw
+
+                _raw(shard, "torch", False)[e.offset].bitwise_xor_(0xFF)
+            log.warning("test hook %s: flipped the first byte of %r in the served copy", FLIP_ENV, tensor)

@@ -1,0 +1,123 @@
+"""Beyond one node, on the host backend: two brokers on one machine, a checkpoint pulled from
+one into the other through NIXL (UCX) by `ipcpool pull`. Skipped where NIXL is not installed."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import ipcpool
+from tests.support.cli import IPCPOOL
+from tests.support.fleet import model, pool_used, settled_used
+
+
+def test_a_pulled_checkpoint_is_byte_identical_for_a_reader_of_the_second_broker(start_fleet, tmp_path):
+    fleet = start_fleet()
+    path, tensors = model(tmp_path)
+    with ipcpool.connect(fleet.a.socket_dir) as c:
+        c.load_checkpoint("m", path, progress=False)
+    done = fleet.pull("a", "m")
+    assert done.returncode == 0, done.stderr
+    assert "pulled a's m@1 as version 1: 4 tensor(s)" in done.stdout
+    assert "over cma" in done.stdout or "over tcp" in done.stdout, done.stdout   # UCX's choice, named
+    with ipcpool.connect(fleet.b.socket_dir) as r, r.attach("m", kind="numpy") as ck:
+        assert ck.version == 1 and ck.user["pulled_from"] == "a" and ck.user["peer_version"] == 1
+        assert sorted(ck.tensors) == sorted(tensors)
+        for name, want in tensors.items():
+            got = ck.tensors[name]
+            assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes(), name
+
+
+def test_a_named_version_in_python_and_over_tcp(start_fleet, tmp_path):
+    """``Client.pull`` of version 1 (held by a reader of a) once version 2 is current; UCX held to
+    TCP says so."""
+    fleet = start_fleet()
+    held = ipcpool.connect(fleet.a.socket_dir)
+    held.load_checkpoint("m", model(tmp_path, 1)[0], progress=False)
+    v1 = held.attach("m", kind="numpy")
+    held.load_checkpoint("m", model(tmp_path, 2)[0], progress=False)
+    code = ("import ipcpool, sys\n"
+            "with ipcpool.connect(sys.argv[1]) as c:\n"
+            "    r = c.pull('a', 'm', version=1, config=sys.argv[2], local_name='old')\n"
+            "    print(r.version, r.peer_version, r.transport.names, r.nbytes, r.bytes_per_s > 0, r.warning)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(fleet.b.socket_dir), str(fleet.b_config)],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "UCX_TLS": "tcp,self"})
+    v1.release()
+    held.close()
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[:3] == ["1", "1", "('tcp',)"]
+    assert out.stdout.split()[-1] == "None"            # host memory over TCP: no GPU warning
+    _, want = model(tmp_path, 1)
+    with ipcpool.connect(fleet.b.socket_dir) as r, r.attach("old", kind="numpy") as ck:
+        assert ck.tensors["big"].tobytes() == want["big"].tobytes()
+
+
+def test_a_corrupted_byte_is_caught_by_its_digest_and_nothing_is_published(start_fleet, tmp_path):
+    fleet = start_fleet(serve_env={"IPCPOOL_TEST_FLIP_BYTE": "a.bias"})
+    with ipcpool.connect(fleet.a.socket_dir) as c:
+        c.load_checkpoint("m", model(tmp_path)[0], progress=False)
+    base = pool_used(fleet.b.socket_dir)
+    done = fleet.pull("a", "m")
+    assert done.returncode == 2
+    assert "tensor 'a.bias' of m@1 pulled from a: its bytes differ from the peer's digest" in done.stderr
+    assert "nothing was published" in done.stderr
+    with ipcpool.connect(fleet.b.socket_dir) as c:
+        assert c.list_checkpoints() == []
+    assert settled_used(fleet.b.socket_dir, base) == base
+
+
+def test_killing_the_puller_mid_transfer_leaves_no_partial_checkpoint(start_fleet, tmp_path):
+    fleet = start_fleet()
+    path, tensors = model(tmp_path, big=8 << 20)
+    with ipcpool.connect(fleet.a.socket_dir) as c:
+        c.load_checkpoint("m", path, progress=False)
+    base = pool_used(fleet.b.socket_dir)
+    # A slow link (1 MiB at a time, 0.3 s apart): the puller is killed with the version half filled.
+    puller = subprocess.Popen([*IPCPOOL, *fleet.pull_args("a", "m")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "IPCPOOL_TEST_PULL_STALL": "0.3"})
+    try:
+        with ipcpool.connect(fleet.b.socket_dir) as c:
+            deadline = time.monotonic() + 60
+            while not [v for ck in c.list_checkpoints() for v in ck["versions"] if v["state"] == "writing"]:
+                assert puller.poll() is None and time.monotonic() < deadline, puller.communicate()
+                time.sleep(0.02)
+            time.sleep(0.7)   # a few pieces in
+            puller.send_signal(signal.SIGKILL)
+            puller.wait(15)
+            deadline = time.monotonic() + 30
+            while c.list_checkpoints() or c.stats()["pools"]["default"]["used"] != base:
+                assert time.monotonic() < deadline, (c.list_checkpoints(), c.stats()["pools"]["default"])
+                time.sleep(0.05)
+            with pytest.raises(ipcpool.ObjectNotFound):
+                c.attach("m", kind="numpy")
+    finally:
+        if puller.poll() is None:
+            puller.kill()
+        puller.communicate()
+    done = fleet.pull("a", "m")                        # the serve-peer serves on
+    assert done.returncode == 0, done.stderr
+    with ipcpool.connect(fleet.b.socket_dir) as r, r.attach("m", kind="numpy") as ck:
+        assert ck.tensors["big"].tobytes() == tensors["big"].tobytes()
+
+
+def test_refusals_say_what_to_do(start_fleet, tmp_path):
+    fleet = start_fleet(serve=("served/",))
+    with ipcpool.connect(fleet.a.socket_dir) as c:
+        c.load_checkpoint("m", model(tmp_path)[0], progress=False)
+    cases = [
+        (("nobody", "m"), "no peer named 'nobody' in the configuration (peers: a)"),
+        (("a", "m@x"), "'m@x': expected CHECKPOINT or CHECKPOINT@VERSION"),
+        (("a", "m"), "checkpoint 'm' is not served to peers (the [nixl] serve prefixes of 'a': ['served/'])"),
+        (("a", "served/none"), "no checkpoint named 'served/none'"),
+    ]
+    for args, message in cases:
+        done = fleet.pull(*args)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+    fleet.server.stop()
+    done = fleet.pull("a", "m", "--timeout", "2")
+    assert done.returncode == 2 and "no NIXL metadata came back (is `ipcpool serve-peer` running there" in done.stderr
+    with ipcpool.connect(fleet.b.socket_dir) as c:
+        assert c.list_checkpoints() == []
