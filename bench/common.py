@@ -102,3 +102,11 @@ def save(name: str, data: dict, plot, out_dir: Path = RESULTS) -> Path:
 
 def progress(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def gpu_model(name: str) -> str:
+    """A GPU's model for file names: "h100" of "NVIDIA H100 80GB HBM3" (its last word is "HBM3")."""
+    import re
+
+    found = re.search(r"\b[A-Z]{1,2}\d{2,4}\b", name)
+    return (found.group(0) if found else name.split()[-1]).lower()

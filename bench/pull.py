@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import ipcpool  # noqa: E402
-from bench.common import broker, gpu_device, machine, progress, save  # noqa: E402
+from bench.common import broker, gpu_device, gpu_model, machine, progress, save  # noqa: E402
 from bench.weights import write_model  # noqa: E402
 from ipcpool.fleet import nixl, transport  # noqa: E402
 from ipcpool.fleet.pull import pull  # noqa: E402
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     data = run(args)
     for line in lines(data):
         print(line)
-    device = "host" if args.backend == "host" else data["gpu"]["device"].split()[-1].lower()
+    device = "host" if args.backend == "host" else gpu_model(data["gpu"]["device"])
     out = save(f"pull_{device}_{time.strftime('%Y%m%d-%H%M%S')}", data, plot, args.out_dir)
     progress(f"wrote {out}")
     return 0

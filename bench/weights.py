@@ -29,7 +29,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -43,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 import ipcpool  # noqa: E402
-from bench.common import RESULTS, broker, gpu_device, machine, progress, save  # noqa: E402
+from bench.common import RESULTS, broker, gpu_device, gpu_model, machine, progress, save  # noqa: E402
 from ipcpool.backend.filecopy import read_exact  # noqa: E402  (a preadv loop, as any reader has)
 
 SPAWN = mp.get_context("spawn")
@@ -560,8 +559,7 @@ def main(argv: list[str] | None = None) -> int:
             path.unlink()
             print(json.dumps({k: v for k, v in results[-1].items() if k != "swap_ipcpool_rounds"}, indent=1), flush=True)
     dev = gpu_device() if backend == "cuda" else {"device": "host"}
-    model = re.search(r"\b[A-Z]{1,2}\d{2,4}\b", dev["device"]) if backend == "cuda" else None   # "H100", not "HBM3"
-    short = (model.group(0) if model else dev["device"].split()[-1]).lower() if backend == "cuda" else "host"
+    short = gpu_model(dev["device"]) if backend == "cuda" else "host"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     data = {"benchmark": "weights", "machine": machine(), "device": dev, "backend": backend, "commit": commit,
             "readers": args.readers, "repeat": args.repeat, "rounds": args.rounds, "results": results}

@@ -9,7 +9,8 @@ usage: scripts/fetch_wheels.sh [--dest DIR] [--python X.Y] [--platform TAG] [SPE
 Downloads binary wheels, without their dependencies, for the GPU machine's Python into DIR.
 The default set is what ipcpool needs beyond a CUDA image that already has Python, numpy, pytest,
 msgpack, sortedcontainers, cuda-core, cuda-bindings, torch and CuPy:
-  pyzmq, rich (with markdown-it-py, mdurl, pygments), prometheus-client, pytest-timeout.
+  pyzmq, rich (with markdown-it-py, mdurl, pygments), prometheus-client, pytest-timeout, and
+  nixl-cu13 (the fleet pull's tests and bench/pull.py; 56 MiB).
 A wheel already in DIR (same project name) is not downloaded again.
 
   --dest DIR       where the wheels go (default: .whl, beside this repository's files)
@@ -34,7 +35,7 @@ done
 [ ${#PLATFORMS[@]} -gt 0 ] || PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_26_x86_64
                                          manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64)
 WHEELS=("pyzmq==27.1.0" "rich==15.0.0" "markdown-it-py==4.3.0" "mdurl==0.1.2" "pygments==2.21.0"
-        "prometheus-client==0.26.0" "pytest-timeout==2.4.0" "$@")
+        "prometheus-client==0.26.0" "pytest-timeout==2.4.0" "nixl-cu13==1.5.1" "$@")
 mkdir -p "$DEST"
 platform_args=()
 for p in "${PLATFORMS[@]}"; do platform_args+=(--platform "$p"); done
