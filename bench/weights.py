@@ -26,6 +26,7 @@ on a machine without a GPU (the CUDA peers are skipped).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -282,23 +283,32 @@ def attach_torch_mp(state: dict, readers: int) -> list[dict]:
     last worker holding it."""
     import torch.multiprocessing as tmp
 
-    ctx = tmp.get_context("spawn")
+    with _workers(tmp.get_context("spawn"), _mp_worker, readers) as (qs, q_out, ready):
+        assert ready == ["ready"] * readers
+        go = time.monotonic()
+        for qi in qs:
+            qi.put(state)
+        out = [q_out.get(timeout=300) for _ in qs]
+    return [{**o, "attach_s": o["done_at"] - go} for o in out]
+
+
+@contextlib.contextmanager
+def _workers(ctx, target, readers: int):
+    """``readers`` spawned workers, each with a queue of its own and one shared answer queue,
+    yielded once each has said it is ready (what each said); told to stop (None) and joined after."""
     qs = [ctx.Queue() for _ in range(readers)]
     q_out = ctx.Queue()
-    procs = [ctx.Process(target=_mp_worker, args=(qi, q_out)) for qi in qs]
+    procs = [ctx.Process(target=target, args=(qi, q_out)) for qi in qs]
     for p in procs:
         p.start()
-    for _ in procs:
-        assert q_out.get(timeout=300) == "ready"
-    go = time.monotonic()
-    for qi in qs:
-        qi.put(state)
-    out = [q_out.get(timeout=300) for _ in procs]
-    for qi in qs:
-        qi.put(None)
-    for p in procs:
-        p.join()
-    return [{**o, "attach_s": o["done_at"] - go} for o in out]
+    ready = [q_out.get(timeout=300) for _ in procs]
+    try:
+        yield qs, q_out, ready
+    finally:
+        for qi in qs:
+            qi.put(None)
+        for p in procs:
+            p.join()
 
 
 def attach_floor(state: dict, readers: int) -> list[dict]:
@@ -402,25 +412,15 @@ def swap_per_tensor_ipc(state: dict, readers: int) -> dict:
     import torch
     from torch.multiprocessing.reductions import reduce_tensor
 
-    qs = [SPAWN.Queue() for _ in range(readers)]
-    q_out = SPAWN.Queue()
-    procs = [SPAWN.Process(target=_ipc_reader, args=(qi, q_out)) for qi in qs]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        q_out.get(timeout=300)
-    t0 = time.monotonic()
-    new = {k: v.clone() for k, v in state.items()}   # the new version's bytes, as the trainer makes them
-    torch.cuda.synchronize()
-    handles = [(k, reduce_tensor(t)[1]) for k, t in new.items()]
-    for qi in qs:
-        qi.put(handles)
-    done = [q_out.get(timeout=300) for _ in procs]
-    took = max(d["done_at"] for d in done) - t0
-    for qi in qs:
-        qi.put(None)
-    for p in procs:
-        p.join()
+    with _workers(SPAWN, _ipc_reader, readers) as (qs, q_out, _):
+        t0 = time.monotonic()
+        new = {k: v.clone() for k, v in state.items()}   # the new version's bytes, as the trainer makes them
+        torch.cuda.synchronize()
+        handles = [(k, reduce_tensor(t)[1]) for k, t in new.items()]
+        for qi in qs:
+            qi.put(handles)
+        done = [q_out.get(timeout=300) for _ in qs]
+        took = max(d["done_at"] for d in done) - t0
     return {"swap_s": took}
 
 

@@ -81,7 +81,7 @@ def home(name: bytes, capacity: int) -> int:
     return zlib.crc32(name) % capacity
 
 
-class Directory:
+class Directory(sealing.Owned):
     """The broker's mapping: every write. Only the event loop calls it (single writer)."""
 
     def __init__(self, pool_name: str, capacity: int = CAPACITY):
@@ -179,14 +179,6 @@ class Directory:
             self._tombs.discard(index)
             index = (index - 1) % cap
 
-    def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-            import os
-
-            os.close(self.fd)
-            self.fd = -1
 
 
 class DirectoryView:

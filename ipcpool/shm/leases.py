@@ -18,7 +18,6 @@ ignores a slot whose nonce it has seen released.
 from __future__ import annotations
 
 import mmap
-import os
 import struct
 
 from . import sealing
@@ -33,7 +32,7 @@ _U64 = struct.Struct("<Q")
 assert HEAD + SLOTS * SLOT <= LENGTH
 
 
-class LeasePage:
+class LeasePage(sealing.Owned):
     """The broker's side: make the page, read the live slots."""
 
     def __init__(self) -> None:
@@ -53,12 +52,6 @@ class LeasePage:
         return [(s, fields[4 * s], fields[4 * s + 1], fields[4 * s + 2], n) for s, n in enumerate(nonces)
                 if n and released.get(s) != n]
 
-    def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-            os.close(self.fd)
-            self.fd = -1
 
 
 class ClientLeasePage:

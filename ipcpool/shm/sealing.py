@@ -33,6 +33,20 @@ def create(name: str, length: int, seals: int) -> tuple[int, mmap.mmap]:
     return fd, mapping
 
 
+class Owned:
+    """A memfd the broker made and maps (``create``), whose FD it hands to clients: both go at close."""
+
+    fd: int
+    _map: mmap.mmap | None
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+            os.close(self.fd)
+            self.fd = -1
+
+
 def map_received(fd: int, length: int, seals: int, what: str, *, writable: bool) -> mmap.mmap:
     """Map an FD the broker sent, after checking its size and seals; the FD is closed here."""
     try:

@@ -78,7 +78,7 @@ class IpcEvent(DriverEvent):
 
     __slots__ = ("device", "ipc_handle", "stock")
 
-    def __init__(self, device: int = 0, stock: CreditStock | None = None) -> None:
+    def __init__(self, device: int, stock: CreditStock | None) -> None:
         super().__init__(check(cuEventCreate(_IPC_FLAGS), "cuEventCreate"))
         self.device = device
         self.stock = stock
@@ -109,7 +109,6 @@ class CreditStock:
         self._free: dict[int, list[IpcEvent]] = {}
         self._stuck: list[IpcEvent] = []
         self._out: set[int] = set()   # id() of the credits handed out (a second give-back is a bug)
-        self.made = 0
 
     def take(self, device: int) -> IpcEvent:
         free = self._free.get(device)
@@ -118,7 +117,6 @@ class CreditStock:
         else:
             with OnDevice(device):
                 event = IpcEvent(device, self)
-            self.made += 1
         self._out.add(id(event))
         return event
 
@@ -133,10 +131,6 @@ class CreditStock:
                 raise
             done = False
         (self._free.setdefault(event.device, []) if done else self._stuck).append(event)
-
-    def stats(self) -> dict[str, int]:
-        return {"credits": self.made, "credits_idle": sum(len(f) for f in self._free.values()),
-                "credits_stuck": len(self._stuck)}
 
     def close(self) -> None:
         """At shutdown: every credit destroyed (clients are gone with the broker)."""
