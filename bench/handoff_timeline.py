@@ -47,12 +47,13 @@ SEGMENTS = [
 def broker_child(marks_path: str, cli_args: list[str]) -> int:
     """ipcpool's command line (a broker) with the broker's messages and handlers stamped; the
     stamps go to ``marks_path`` as it exits."""
-    from ipcpool import cli, protocol
+    from ipcpool import cli, frames, protocol
     from ipcpool.broker import handlers, server
 
     events: list[tuple[int, str, str, str | None]] = []
     spent: dict[str, list[int]] = collections.defaultdict(list)
     on_message, send, reply = server.Broker._on_message, server.Broker.send, server.Broker._reply
+    on_frame = server.Broker._on_frame
 
     def stamped_on_message(self, frames, *rest):
         try:
@@ -63,6 +64,18 @@ def broker_child(marks_path: str, cli_args: list[str]) -> int:
         events.append((time.perf_counter_ns(), "recv", op, name))
         try:
             return on_message(self, frames, *rest)
+        finally:
+            events.append((time.perf_counter_ns(), "done", op, name))
+
+    def stamped_on_frame(self, session, data):   # a create or seal sent as a frame (``ipcpool.frames``)
+        try:
+            op, fields = frames.parse(data)
+            name = fields.get("name")
+        except Exception:
+            op, name = "?", None
+        events.append((time.perf_counter_ns(), "recv", op, name))
+        try:
+            return on_frame(self, session, data)
         finally:
             events.append((time.perf_counter_ns(), "done", op, name))
 
@@ -87,6 +100,7 @@ def broker_child(marks_path: str, cli_args: list[str]) -> int:
         setattr(handlers.Handlers, name, run)
 
     server.Broker._on_message, server.Broker.send, server.Broker._reply = stamped_on_message, stamped_send, stamped_reply
+    server.Broker._on_frame = stamped_on_frame
     for name in [n for n in vars(handlers.Handlers) if n.startswith("op_")]:
         timed(name)
     atexit.register(lambda: Path(marks_path).write_text(json.dumps({"events": events, "spent": spent})))

@@ -119,6 +119,18 @@ def _cmsg_space(max_fds: int) -> int:
 
 def recv(sock: socket.socket, max_fds: int = MAX_FDS) -> tuple[dict, list[int]] | None:
     """Receive one message and its FDs; None on EOF. The caller owns the returned FDs."""
+    got = recv_raw(sock, max_fds)
+    if got is None:
+        return None
+    try:
+        return protocol.unpack(got[0]), got[1]
+    except BaseException:
+        close_all(got[1])
+        raise
+
+
+def recv_raw(sock: socket.socket, max_fds: int = MAX_FDS) -> tuple[bytes, list[int]] | None:
+    """One message's bytes, undecoded, and its FDs; None on EOF."""
     data, anc, flags, _ = sock.recvmsg(protocol.MAX_MESSAGE + 1, _cmsg_space(max_fds))
     fds: list[int] = []
     for level, kind, payload in anc:
@@ -133,7 +145,7 @@ def recv(sock: socket.socket, max_fds: int = MAX_FDS) -> tuple[dict, list[int]] 
             raise ProtocolError(f"message exceeds the limit of {protocol.MAX_MESSAGE} bytes")
         if not data and not fds:
             return None
-        return protocol.unpack(data), fds
+        return data, fds
     except BaseException:
         for fd in fds:
             os.close(fd)

@@ -105,4 +105,5 @@ class Carving:
     error: IpcPoolError | None = None
     stream: Any = None          # where its last work was queued (a refusal frees it after)
     sent: bool = False          # its seal (or free) went out before the reply came
+    framed: bool = False        # its create went as a frame on the control socket (``ipcpool.frames``)
     memory: ImportedMemory | None = None   # the range, imported: what its buffer holds

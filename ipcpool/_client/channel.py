@@ -100,6 +100,7 @@ class Channel:
         self._last_sent = 0       # the id of the newest request on the message channel ...
         self._last_answered = 0   # ... and of the newest one answered (all before it were read)
         self._next_id = 1
+        self.framed: set[int] = set()   # frames sent (``send_frame``) and not answered yet
         self.async_errors: list[IpcPoolError] = []
         # What the broker refused of requests sent without waiting and nobody has raised yet: the
         # next create, allocate, seal, flush or close raises the first (a finalizer warns).
@@ -357,6 +358,27 @@ class Channel:
         self._last_sent = rid
         return rid
 
+    def send_frame(self, frame: Callable[[int], bytes]) -> int:
+        """A hand-off request as a frame on the control socket (``ipcpool.frames``: ``frame(id)``
+        builds it), without waiting; its id. Answered on the message channel as any request."""
+        self._check_alive()
+        rid = self._next_id
+        self._next_id += 1
+        data = frame(rid)
+        try:
+            self._control.send(data)
+        except BlockingIOError:   # the broker is behind: wait for room, up to the timeout
+            try:
+                self._control_io(socket.socket.send, select.POLLOUT, data)
+            except TimeoutError:
+                raise BrokerGone(f"the broker took no request within {self.timeout:g} s") from None
+            except OSError as exc:
+                raise BrokerGone(f"cannot send to the broker: {exc}") from exc
+        except OSError as exc:
+            raise BrokerGone(f"cannot send to the broker: {exc}") from exc
+        self.framed.add(rid)
+        return rid
+
     def _check_alive(self) -> None:
         """Raise BrokerGone once the session is over: requests sent without waiting (a carve, a
         free) would otherwise "succeed" into a channel nobody answers. Looks at the control
@@ -445,7 +467,10 @@ class Channel:
             self._ack()
         reply = protocol.unpack(data, protocol.MAX_REPLY)
         if "notify" not in reply and isinstance(reply.get("id"), int):
-            self._last_answered = max(self._last_answered, reply["id"])
+            if reply["id"] in self.framed:   # a frame's: says nothing of the message channel's
+                self.framed.discard(reply["id"])
+            else:
+                self._last_answered = max(self._last_answered, reply["id"])
         if "notify" in reply:   # a notification, not a reply
             if self.on_notice(reply):
                 raise _NotYet

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import board as boards
+from .. import frames, protocol
 from ..shm import directory, fence
 from ..backend.base import ImportedMemory
 from ..errors import InvalidRequest, IpcPoolError, ObjectAborted, ProtocolError, WaitTimeout, error_from_wire
@@ -37,6 +38,7 @@ from .pools import Pools, export_of
 log = logging.getLogger(__name__)
 
 MIN_ARENA = 1 << 20
+_NO_CREDIT = bytes(HANDLE_BYTES)
 
 
 class Handoff:
@@ -174,7 +176,15 @@ class Handoff:
                         extra["seal_credit"] = cut.promise
                 else:
                     arena.free_slot(got[0])
-        cut.rid = self._channel.send(op, arena=arena.aid, offset=offset, **fields, **extra)
+        meta = fields.get("meta")
+        packed = protocol.pack(meta) if meta else b""
+        cut.framed = name is not None and len(packed) <= frames.MAX_META
+        if cut.framed:   # the usual create: a frame (its seal follows on the same socket)
+            cut.rid = self._channel.send_frame(lambda rid: frames.create(
+                rid, pool.encode(), name.encode(), packed, arena.aid, offset, nbytes, cut.slot, cut.seq,
+                cut.promise or _NO_CREDIT))
+        else:
+            cut.rid = self._channel.send(op, arena=arena.aid, offset=offset, **fields, **extra)
         cut.memory = arena.memory_at(offset, nbytes)
         buf = self._keep(0, pool, cut.memory, owner, name, fields.get("meta", {}), False)
         buf._carving = cut
@@ -239,7 +249,12 @@ class Handoff:
             cut.arena.free_slot(cut.slot)   # numbers grow, so the word may serve the next object
             cut.slot = None
         cut.sent = True
-        self._sealing[self._channel.send("seal", name=buf.name, **({"done_event": done} if done else {}))] = buf
+        name = buf.name
+        if cut.framed:
+            rid = self._channel.send_frame(lambda rid: frames.seal(rid, name.encode(), done or _NO_CREDIT))
+        else:   # after a create on the message channel: there too, so it cannot overtake it
+            rid = self._channel.send("seal", name=name, **({"done_event": done} if done else {}))
+        self._sealing[rid] = buf
 
     def free(self, buf: Any, stream: Any) -> bool:
         """Free a carved buffer without waiting; False where ``buf`` was not carved here."""

@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from .. import fdpass, protocol
+from .. import fdpass, frames, protocol
 from ..config import Config
 from ..errors import (
     BrokerBusy,
@@ -42,14 +42,17 @@ log = logging.getLogger(__name__)
 
 ACCEPT_BATCH = 32    # connections accepted per turn of the loop (a flood waits in the backlog)
 LEND_FDS = 16        # chunks lent in one reply at most (a stock holds about one of each size)
+READ_BATCH = 64      # control messages read from one session per turn of the loop (then the others')
+DRAIN_MAX = 8192     # ... and before one of its message-channel requests (a socket buffer holds fewer)
 
 
 class ControlChannel:
     def __init__(self, *, listener: socket.socket, config: Config, sessions: Sessions, guard: FdGuard,
                  tables: Tables, handlers: Handlers,
                  backend_name: str, endpoint: str, watch: Callable[[int], None], unwatch: Callable[[int], None],
-                 access: PoolAccess):
+                 access: PoolAccess, on_frame: Callable[[Session, bytes], None]):
         self.listener = listener
+        self.on_frame = on_frame   # a hand-off frame: the broker answers it as a message-channel request
         self.config = config
         self.sessions = sessions
         self.guard = guard
@@ -198,21 +201,48 @@ class ControlChannel:
             log.info("session %d: control send failed (%s)", session.sid, exc)
 
     def on_message(self, session: Session) -> None:
+        """What the session sent on its control socket: requests, and the hand-off's frames
+        (``frames``: given to ``on_frame``), up to ``READ_BATCH`` of them a turn."""
+        for _ in range(READ_BATCH):
+            if session.orphaned or not self._read_one(session):
+                return
+
+    def drain(self, session: Session) -> None:
+        """Everything the session has sent on its control socket so far (before one of its
+        message-channel requests: what it sent first is handled first). Bounded, so a session
+        that sends faster than the broker reads cannot hold the loop: past the bound only its own
+        requests lose their order."""
+        for _ in range(DRAIN_MAX):
+            if session.orphaned or not self._read_one(session):
+                return
+
+    def _read_one(self, session: Session) -> bool:
+        """One message handled; False where none was waiting (or the session ended)."""
         try:
-            got = fdpass.recv(session.conn, max_fds=0)
+            got = fdpass.recv_raw(session.conn, max_fds=0)
+            if got is not None and not frames.is_frame(got[0]):
+                got = protocol.unpack(got[0]), got[1]
         except (BlockingIOError, InterruptedError):
-            return
+            return False
         except IpcPoolError as exc:
             log.warning("session %d: bad control message: %s; disconnecting", session.sid, exc)
             self.send(session, protocol.error_reply(0, exc))
             self.sessions.orphan(session)
-            return
+            return False
         except OSError:
             got = None
         if got is None:
             self.sessions.orphan(session)
-            return
+            return False
         msg, _ = got
+        if isinstance(msg, bytes):
+            session.framed = True   # (set by its arena already; a frame without one is refused)
+            self.on_frame(session, msg)
+            return True
+        self._request(session, msg)
+        return True
+
+    def _request(self, session: Session, msg: dict) -> None:
         rid = protocol.request_id(msg)
         try:
             op, fields = protocol.validate(msg, protocol.CONTROL)

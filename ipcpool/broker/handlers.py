@@ -125,6 +125,9 @@ class Handlers:
 
     def op_arena(self, session: Session, f: dict, rid: int) -> dict:
         arena = self.tables.handoffs.open(session, f["pool"], f["nbytes"])
+        # A session carves from an arena with frames on its control socket (``ipcpool.frames``):
+        # from now on each of its requests here first takes in the frames it sent before.
+        session.framed = True
         credits = [arena.alloc.pool.credit(session.backend) for _ in range(ARENA_CREDITS)]
         return {**export_fields(arena.alloc), "credits": [c for c in credits if c], "words": arena.words}
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import zmq
 
-from .. import fdpass, paths, protocol
+from .. import fdpass, frames, paths, protocol
 from ..backend import Choice, broker_backend
 from ..backend.base import BrokerBackend
 from ..config import Config
@@ -222,7 +222,7 @@ class Broker:
             listener=self.listener, config=self.config, sessions=self.session_table, guard=self.guard,
             tables=self.tables, handlers=self.handlers,
             backend_name=self.choice.name, endpoint=f"ipc://{endpoint}", watch=self._watch, unwatch=self._unwatch,
-            access=self.access,
+            access=self.access, on_frame=self._on_frame,
         )
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -387,11 +387,11 @@ class Broker:
     def _drain_router(self) -> None:
         for _ in range(1000):   # bounded, so the control socket is never starved
             try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+                parts = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             self.directories.received = time.perf_counter_ns()   # (a create's entry is timed from here)
-            self._on_message([f.bytes for f in frames], _peer_uid(frames[-1]))
+            self._on_message([f.bytes for f in parts], _peer_uid(parts[-1]))
             self.handoffs.settle()   # a range a request made idle goes back before the next request
             self._last_request = time.monotonic()
 
@@ -430,8 +430,31 @@ class Broker:
         elif op == "watch":
             self.objects.unwatch(session, reply["watch"])
 
-    def _on_message(self, frames: list[bytes], peer_uid: int | None = None) -> None:
-        ident = frames[0]
+    def _on_frame(self, session: Session, data: bytes) -> None:
+        """A hand-off request that came as a frame on the control socket (``ipcpool.frames``),
+        answered on the message channel as the same request would be there. (A session sends
+        frames only once it has an arena, asked for on the message channel: the ROUTER knows it.)"""
+        self.directories.received = time.perf_counter_ns()   # (a create's entry is timed from here)
+        rid = frames.request_id(data)
+        try:
+            op, fields = frames.parse(data)
+            self.access.check_request(session, op, fields)
+            reply = self.handlers.handle(session, op, fields, rid)
+            if reply is not None:
+                self._reply(session, op, rid, reply)
+        except IpcPoolError as exc:
+            log.info("request from session %d failed: %s", session.sid, exc)
+            if self.metrics is not None:
+                self.metrics.error(exc)
+            self.send(session.token, protocol.error_reply(rid, exc))
+        except Exception as exc:   # the backend's own failure, else a bug of ours: keep serving
+            self.send(session.token, protocol.error_reply(rid, unexpected(self.backend, exc, f"session {session.sid}")))
+        finally:
+            session.backend.peer_progressed()
+        self.handoffs.settle()
+
+    def _on_message(self, parts: list[bytes], peer_uid: int | None = None) -> None:
+        ident = parts[0]
         session = self.sessions.get(ident)
         rid = 0
         try:
@@ -443,9 +466,11 @@ class Broker:
                 raise PeerRefused("this session token belongs to another uid's session; connect with ipcpool.connect()")
             if not session.heard:
                 self.notices.heard(session)
-            if len(frames) != 2:
-                raise ProtocolError(f"expected one message frame, got {len(frames) - 1}")
-            msg = protocol.unpack(frames[1])
+            if session.framed:   # frames it sent before this request are handled first
+                self.control.drain(session)
+            if len(parts) != 2:
+                raise ProtocolError(f"expected one message frame, got {len(parts) - 1}")
+            msg = protocol.unpack(parts[1])
             if "read" in msg:
                 self.outbox.read(session, msg["read"])
             if "id" not in msg:

@@ -33,6 +33,7 @@ class Session:
     sent_bytes: int = 0
     read_bytes: int = 0
     dropped_notices: int = 0   # notices not sent for want of room (told as an overflow notice)
+    framed: bool = False   # it sends hand-off frames on its control socket (``ipcpool.frames``)
 
     @property
     def unread(self) -> int:
