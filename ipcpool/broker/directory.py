@@ -32,6 +32,7 @@ class Directories:
         self.fence = Fence()
         self.by_pool: dict[str, layout.Directory] = {}
         self.pool_index: dict[str, int] = {}
+        self.pool_names: list[str] = []   # by pool index
         self.live: dict[tuple[int, int], tuple[int, Allocation]] = {}   # (pool, entry) -> (gen, alloc)
         self.pages: dict[Session, LeasePage] = {}
         self.readers: dict[int, set[Session]] = {}   # pool index -> sessions with its directory
@@ -56,6 +57,7 @@ class Directories:
         if d is None:
             d = self.by_pool[pool_name] = layout.Directory(pool_name, self.capacity)
             self.pool_index[pool_name] = len(self.pool_index)
+            self.pool_names.append(pool_name)
         return d
 
     def page(self, session: Session, pool_name: str) -> LeasePage | None:
@@ -138,23 +140,27 @@ class Directories:
         return out
 
     # -- a reader's release ---------------------------------------------------------------------
-    def release(self, session: Session, f: dict) -> None:
-        """A directory lease ends (``done_event``: R2). Its slot is the session's to reuse once
-        answered."""
+    def release(self, session: Session, f: dict):
+        """A directory lease ends (``done_event``: R2); its pool. Its slot is the session's to
+        reuse once answered."""
         page = self.pages.get(session)
         slot, nonce = f["slot"], f["nonce"]
         if page is None or not 0 <= slot < SLOTS:
             raise InvalidRequest("release: this session has no lease page")
+        if not 0 <= f["pool_index"] < len(self.pool_names):
+            raise InvalidRequest(f"release: no pool has directory {f['pool_index']}")
+        pool = self.registry.pool(self.pool_names[f["pool_index"]])
         done = f.get("done_event", b"")
         alloc = self.converted.pop((session, slot, nonce), None)
         page.released[slot] = nonce
         if alloc is not None:
             self.registry.free(session, alloc.aid, done)
-            return
+            return pool
         got = self.live.get((f["pool_index"], f["entry"]))
         if got is not None and got[0] == f["gen"]:   # still there: the free waits for this reader too
             self.registry.hold(got[1], session)
             self.registry.free(session, got[1].aid, done)
+        return pool
 
     def export_of(self, session: Session, pool_name: str, aid: int) -> Allocation:
         """The allocation a directory entry of ``pool_name`` names, for a reader to import once."""

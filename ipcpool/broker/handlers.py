@@ -234,8 +234,10 @@ class Handlers:
 
     # -- leases taken from a name directory (broker.directory) ------------------------------------
     def op_release(self, session: Session, f: dict, rid: int) -> dict:
-        self.tables.directories.release(session, f)
-        return {}
+        pool = self.tables.directories.release(session, f)
+        # A credit for the reader's next release: recorded there instead of an IPC event made,
+        # exported and opened per lease (and waited on by a stream of ours: R1's slow path).
+        return {"pool": pool.spec.name, **credit(pool, session)}
 
     def op_dir_export(self, session: Session, f: dict, rid: int) -> dict:
         return export_fields(self.tables.directories.export_of(session, f["pool"], f["alloc"]))
