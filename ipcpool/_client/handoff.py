@@ -180,9 +180,9 @@ class Handoff:
         packed = protocol.pack(meta) if meta else b""
         cut.framed = name is not None and len(packed) <= frames.MAX_META
         if cut.framed:   # the usual create: a frame (its seal follows on the same socket)
-            cut.rid = self._channel.send_frame(lambda rid: frames.create(
-                rid, pool.encode(), name.encode(), packed, arena.aid, offset, nbytes, cut.slot, cut.seq,
-                cut.promise or _NO_CREDIT))
+            head = (pool.encode(), name.encode(), packed, arena.aid, offset, nbytes, cut.slot, cut.seq,
+                    cut.promise or _NO_CREDIT)
+            cut.rid = self._channel.send_frame(lambda rid: frames.create(rid, *head))
         else:
             cut.rid = self._channel.send(op, arena=arena.aid, offset=offset, **fields, **extra)
         cut.memory = arena.memory_at(offset, nbytes)
@@ -348,8 +348,11 @@ class Handoff:
             self._end_lease(pool, lease, b"")
             return None
         memory = self._pools.imported[pool].carved(self._arena_views[pool][entry.alloc], entry.offset, entry.size)
-        meta = {k: v for k, v in (("dtype", entry.dtype), ("shape", list(entry.shape) if entry.shape is not None else None))
-                if v is not None}
+        meta = {}
+        if entry.dtype is not None:
+            meta["dtype"] = entry.dtype
+        if entry.shape is not None:
+            meta["shape"] = list(entry.shape)
         buf = self._keep(0, pool, memory, False, name, meta, True)
         buf._dirlease = lease
         try:
