@@ -439,7 +439,7 @@ class Broker:
         try:
             op, fields = frames.parse(data)
             self.access.check_request(session, op, fields)
-            reply = self.handlers.handle(session, op, fields, rid)
+            reply = (self.handlers.op_create if op == "create" else self.handlers.op_seal)(session, fields, rid)
             if reply is not None:
                 self._reply(session, op, rid, reply)
         except IpcPoolError as exc:

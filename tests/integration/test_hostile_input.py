@@ -100,3 +100,33 @@ def test_every_error_reply_fits_what_a_client_decodes(broker, raw_session):
                           "meta": {"dtype": "q" * 4000}}))
     reply = protocol.unpack(d.recv(), protocol.MAX_REPLY)
     assert reply["ok"] is False and "dtype" in reply["error"] and len(reply["error"]) <= protocol.MAX_ERROR
+
+
+def test_hostile_frames_on_the_control_socket_are_answered_and_execute_nothing(broker, raw_session):
+    """The hand-off's frames (``ipcpool.frames``) are answered on the message channel like any
+    request: a frame that does not decode, names a range the session never carved, or seals what it
+    is not writing gets an error for its id; the session and the broker go on."""
+    from ipcpool import frames
+
+    s, d = raw_session
+    d.send(protocol.pack({"op": "ping", "id": 1}))   # the ROUTER knows the session from here
+    assert protocol.unpack(d.recv(), protocol.MAX_REPLY)["ok"]
+    sent = {
+        2: (frames.create(2, b"default", b"x", b"", 999, 0, 4096, None, 0, bytes(64)), "arena"),
+        3: (frames.seal(3, b"x", bytes(64)), "not an object this session is writing"),
+        4: (frames.create(4, b"default", b"../x", b"", 1, 0, 4096, None, 0, bytes(64)), "invalid object name"),
+        5: (frames.create(5, b"default", b"y", b"", 1, 0, 4096, None, 0, bytes(64))[:-1], "does not match its header"),
+        6: (b"\xc1\x07" + bytes(10) + (6).to_bytes(8, "little"), "unknown frame kind 7"),
+    }
+    for data, _ in sent.values():
+        s.send(data)
+    d.send(protocol.pack({"op": "stats", "id": 7}))
+    replies = {}
+    while len(replies) < 6 and d.poll(5000):
+        r = protocol.unpack(d.recv(), protocol.MAX_REPLY)
+        replies[r["id"]] = r
+    assert sorted(replies) == [2, 3, 4, 5, 6, 7], replies
+    for rid, (_, says) in sent.items():
+        assert replies[rid]["ok"] is False and says in replies[rid]["error"], replies[rid]
+    assert replies[7]["ok"] and replies[7]["objects"] == 0   # nothing was created
+    still_serving(broker)

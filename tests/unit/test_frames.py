@@ -1,0 +1,58 @@
+"""The hand-off's binary frames (``ipcpool.frames``): what a client builds, the broker reads back;
+what a client could send instead is refused with an error naming what is wrong."""
+
+import pytest
+
+from ipcpool import frames, protocol
+from ipcpool.errors import InvalidRequest, ProtocolError
+
+CREDIT = bytes(range(64))
+
+
+def _create(**over):
+    args = dict(rid=7, pool=b"default", name=b"h/1", meta=b"", arena=3, offset=4096, nbytes=1 << 20,
+                slot=5, seq=9, credit=CREDIT)
+    args.update(over)
+    return frames.create(**args)
+
+
+def test_a_create_reads_back_as_the_message_channels_create():
+    op, f = frames.parse(_create(meta=protocol.pack({"dtype": "float16", "shape": [4, 4]})))
+    assert op == "create" and frames.request_id(_create()) == 7
+    assert f == {"name": "h/1", "nbytes": 1 << 20, "pool": "default", "arena": 3, "offset": 4096,
+                 "slot": 5, "seq": 9, "seal_credit": CREDIT, "meta": {"dtype": "float16", "shape": [4, 4]}}
+
+
+def test_a_create_without_a_board_slot_or_credit_carries_neither():
+    op, f = frames.parse(_create(slot=None, seq=0, credit=bytes(64)))
+    assert "slot" not in f and "seq" not in f and "seal_credit" not in f
+
+
+def test_a_seal_reads_back_with_its_done_event_or_without():
+    assert frames.parse(frames.seal(8, b"h/1", CREDIT)) == ("seal", {"name": "h/1", "done_event": CREDIT})
+    assert frames.parse(frames.seal(8, b"h/1", bytes(64))) == ("seal", {"name": "h/1"})
+    assert frames.request_id(frames.seal(8, b"h/1", CREDIT)) == 8
+
+
+def test_every_byte_string_starting_with_the_magic_is_a_frame_and_nothing_else_is():
+    assert frames.is_frame(_create()) and frames.is_frame(b"\xc1")
+    assert not frames.is_frame(protocol.pack({"op": "ping", "id": 1})) and not frames.is_frame(b"")
+
+
+@pytest.mark.parametrize("data, error, says", [
+    (b"\xc1", ProtocolError, "shorter than its kind"),
+    (b"\xc1\x09", ProtocolError, "unknown frame kind 9"),
+    (_create()[:40], ProtocolError, "shorter than its header"),
+    (_create() + b"x", ProtocolError, "does not match its header"),
+    (frames.seal(1, b"h/1", CREDIT)[:-1], ProtocolError, "does not match its header"),
+    (_create(name=b"../etc"), InvalidRequest, "invalid object name"),
+    (_create(name=b"\xff\xfe"), ProtocolError, "not UTF-8"),
+    (_create(pool=b""), InvalidRequest, "field 'pool' must be 1 to 255 bytes"),
+    (_create(meta=b"\x93\x01\x02\x03"), ProtocolError, "message must be a map"),
+    (_create(meta=protocol.pack({"colour": 1})), InvalidRequest, "unknown metadata keys"),
+    (_create(meta=protocol.pack({"user": "x" * 5000})), ProtocolError, "metadata is at most 4096 bytes"),
+    (_create(rid=1 << 63), ProtocolError, "id must be in"),
+])
+def test_a_bad_frame_is_refused_saying_why(data, error, says):
+    with pytest.raises(error, match=says):
+        frames.parse(data)
