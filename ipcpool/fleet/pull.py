@@ -23,7 +23,7 @@ from ..config import Config, Fleet, load
 from ..errors import DigestMismatch, InvalidRequest, IpcPoolError, TransferFailed
 from ..progress import Progress
 from ..sizes import format_size
-from . import nixl, transport, wire
+from . import nixl, staging, transport, wire
 from .digests import tensor_bytes
 from .serve import PULLER
 
@@ -123,16 +123,20 @@ def _fill(client: Any, session: _Session, manifest: dict, local_name: str, pool:
     memory = nixl.memory_type(client._backend.on_gpu)
     total = sum(s[1] for s in remote)   # what NIXL moves: the shards, alignment gaps included
     with client.new_version_like(local_name, [s[1] for s in remote], entries, pool=pool, user=user) as w:
-        registered = session.agent.register_memory(nixl.regions(w.shards), memory)
+        try:
+            local = staging.register(session.agent, w.shards, client._backend.on_gpu,
+                                     f"the new version of {local_name} here")
+        except TransferFailed as exc:
+            raise TransferFailed(f"{exc}; nothing was published") from exc
         try:   # deregistered before the shards are handed to the broker, whatever happens
-            pieces = _pieces(w.shards, remote)
+            pieces = _pieces(local.regions, remote)
             session.await_memory(pieces[1], manifest["memory"])
             with _bar(f"pulling {manifest['name']}@{peer_version} from {session.peer}", total, progress) as bar:
                 t1 = time.monotonic()
-                session.read(pieces, memory, manifest["memory"], bar)
+                session.read(pieces, local.memory, manifest["memory"], bar)
                 seconds = time.monotonic() - t1
         finally:
-            session.agent.deregister_memory(registered)
+            local.close()
         for e, want in zip(entries, sums):   # every byte arrived: now check them, tensor by tensor
             if wire.digest(tensor_bytes(w.shards[e.shard], e.offset, e.nbytes)) != want:
                 raise DigestMismatch(f"tensor {e.name!r} of {manifest['name']}@{peer_version} pulled from "
@@ -147,17 +151,18 @@ def _bar(label: str, total: int, on: bool) -> Any:
     return Progress(label, total, unit="B") if on else nullcontext(None)
 
 
-def _pieces(local: list[Any], remote: list[tuple]) -> tuple[list, list]:
-    """(local, remote) descriptors, shard by shard, cut into requests of at most PIECE bytes."""
+def _pieces(local: list[tuple], remote: list[tuple]) -> tuple[list, list]:
+    """(local, remote) descriptors, region by region (address, size, device), cut into requests
+    of at most PIECE bytes."""
     step = (1 << 20) if os.environ.get(STALL_ENV) else PIECE
     mine: list[tuple[int, int, int]] = []
     theirs: list[tuple[int, int, int]] = []
-    for buf, (addr, size, device) in zip(local, remote):
-        if buf.size != size:
-            raise TransferFailed(f"a local shard of {buf.size} bytes for a peer's of {size}")
+    for (ptr, mine_size, my_device), (addr, size, device) in zip(local, remote):
+        if mine_size != size:
+            raise TransferFailed(f"a local shard of {mine_size} bytes for a peer's of {size}")
         for at in range(0, size, step):
             n = min(step, size - at)
-            mine.append((buf.ptr + at, n, buf.device or 0))
+            mine.append((ptr + at, n, my_device))
             theirs.append((addr + at, n, device))
     return mine, theirs
 
@@ -168,8 +173,10 @@ class _Session:
     def __init__(self, agent: Any, peer: str, host: str, port: int, timeout: float):
         self.agent, self.peer, self.host, self.port, self.timeout = agent, peer, host, port, timeout
 
-    def _fail(self, what: str) -> TransferFailed:
-        where = transport.log_path()
+    def _fail(self, what: str, ours: bool = True) -> TransferFailed:
+        """A failure at ``peer``, with where this process's UCX logged (``ours``: not for an error
+        the peer answered, which its own log tells)."""
+        where = transport.log_path() if ours else None
         return TransferFailed(f"peer {self.peer} ({self.host}:{self.port}): {what}"
                               + (f" (UCX's log: {where})" if where else ""))
 
@@ -213,8 +220,8 @@ class _Session:
 
         self._wait(answered, f"no answer to the request for {name!r}")
         msg = got[0]
-        if msg["op"] == "error":
-            raise self._fail(str(msg.get("error")))
+        if msg["op"] == "error":   # refused, or failed there: the serve-peer lives on and says why
+            raise self._fail(str(msg.get("error")), ours=False)
         if msg["op"] != "manifest":
             raise self._fail(f"an answer of op {msg['op']!r}")
         return msg

@@ -121,3 +121,36 @@ def test_refusals_say_what_to_do(start_fleet, tmp_path):
     assert done.returncode == 2 and "no NIXL metadata came back (is `ipcpool serve-peer` running there" in done.stderr
     with ipcpool.connect(fleet.b.socket_dir) as c:
         assert c.list_checkpoints() == []
+
+
+def test_a_request_that_fails_at_the_serve_peer_is_answered_at_once_and_it_serves_on(start_fleet, tmp_path):
+    """NIXL refusing the served memory (as it does GPU memory where UCX lacks CUDA support) fails
+    that pull with the reason, well before the puller's timeout; the serve-peer answers the next."""
+    fleet = start_fleet(serve_env={"IPCPOOL_TEST_NIXL_REFUSE": "all"})
+    with ipcpool.connect(fleet.a.socket_dir) as c:
+        c.load_checkpoint("m", model(tmp_path)[0], progress=False)
+    t0 = time.monotonic()
+    done = fleet.pull("a", "m", "--timeout", "60")
+    assert done.returncode == 2 and time.monotonic() - t0 < 30, done.stderr
+    assert "ipcpool pull: peer a (127.0.0.1:" in done.stderr, done.stderr
+    assert "cannot register the host memory of m@1 with NIXL (NIXL_ERR_BACKEND)" in done.stderr, done.stderr
+    assert fleet.server.proc.poll() is None and "cannot register the host memory of m@1" in fleet.server.log()
+    done = fleet.pull("a", "other", "--timeout", "60")
+    assert done.returncode == 2 and "no checkpoint named 'other'" in done.stderr, done.stderr
+    with ipcpool.connect(fleet.b.socket_dir) as c:
+        assert c.list_checkpoints() == []
+
+
+def test_the_puller_refused_its_own_memory_fails_clearly_and_leaves_nothing(start_fleet, tmp_path):
+    fleet = start_fleet()
+    with ipcpool.connect(fleet.a.socket_dir) as c:
+        c.load_checkpoint("m", model(tmp_path)[0], progress=False)
+    base = pool_used(fleet.b.socket_dir)
+    done = fleet.pull("a", "m", env={"IPCPOOL_TEST_NIXL_REFUSE": "all"})
+    assert done.returncode == 2, done.stderr
+    assert "ipcpool pull: cannot register the host memory of the new version of m here with NIXL " \
+           "(NIXL_ERR_BACKEND)" in done.stderr and "nothing was published" in done.stderr, done.stderr
+    with ipcpool.connect(fleet.b.socket_dir) as c:
+        assert c.list_checkpoints() == []
+    assert settled_used(fleet.b.socket_dir, base) == base
+    assert fleet.pull("a", "m").returncode == 0        # the serve-peer was told "done" and serves on

@@ -58,3 +58,20 @@ def test_checkpoint_at_version_and_digests():
         with pytest.raises(InvalidRequest, match="CHECKPOINT@VERSION"):
             split_version(bad)
     assert wire.digest(b"abc") != wire.digest(b"abd") and len(wire.digest(memoryview(b"x" * 10))) == 32
+
+
+def test_gpu_memory_nixl_refuses_is_reported_with_the_usual_cause():
+    from types import SimpleNamespace
+
+    from ipcpool.errors import TransferFailed
+    from ipcpool.fleet import staging
+
+    class Refusing:
+        def register_memory(self, regions, memory):
+            raise RuntimeError("NIXL_ERR_BACKEND")
+
+    shard = SimpleNamespace(ptr=1 << 20, size=4096, device=0)
+    with pytest.raises(TransferFailed) as caught:
+        staging.register(Refusing(), [shard], True, "m@1")
+    assert str(caught.value).startswith("cannot register the GPU memory of m@1 with NIXL (NIXL_ERR_BACKEND; "
+                                        "UCX likely has no CUDA support"), caught.value
