@@ -1,9 +1,10 @@
 """Pull a checkpoint version from a peer node's broker through NIXL.
 
 The new local version is begun unpublished, the same shard for shard and offset for offset as
-the peer's; NIXL READs every byte straight into it; each tensor's digest is checked against the
-peer's; only then is it published. Any failure (the peer, the network, a digest, this process
-killed) leaves no version behind: an unpublished version dies with its writer, as a load's does.
+the peer's; NIXL READs every byte straight into it (or, where NIXL refuses its memory, into host
+buffers then copied into it: ``staging``); each tensor's digest is checked against the peer's;
+only then is it published. Any failure (the peer, the network, a digest, this process killed)
+leaves no version behind: an unpublished version dies with its writer, as a load's does.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class PullResult:
     total_seconds: float      # the whole pull: metadata, manifest, transfer, digests, publish
     transport: transport.Transport
     memory: str               # the local memory: DRAM or VRAM
+    staged: str = ""          # whose memory NIXL could not register and went through host buffers, in words
 
     @property
     def bytes_per_s(self) -> float:
@@ -56,17 +58,22 @@ class PullResult:
 
     @property
     def warning(self) -> str | None:
+        said = []
+        if self.staged:
+            said.append(f"{self.staged}: NIXL refused to register that memory (for GPU memory: UCX without CUDA "
+                        "support, most likely), so every byte was copied once more on each staged side and "
+                        "UCX moved host memory, with no GPU transport (see docs/fleet.md)")
         if self.transport.tcp_gpu:
-            return ("GPU memory went over TCP: UCX found no GPU transport (RDMA with GPUDirect, cuda_ipc) "
-                    "between these peers, so the bytes were staged through host memory and sockets, far "
-                    "below what the GPUs and the network can do (see docs/fleet.md)")
-        return None
+            said.append("GPU memory went over TCP: UCX found no GPU transport (RDMA with GPUDirect, cuda_ipc) "
+                        "between these peers, so the bytes were staged through host memory and sockets, far "
+                        "below what the GPUs and the network can do (see docs/fleet.md)")
+        return "; ".join(said) or None
 
     def summary(self) -> str:
         return (f"pulled {self.peer}'s {self.name}@{self.peer_version} as version {self.version}: {self.tensors} "
                 f"tensor(s), {format_size(self.nbytes)} in {self.seconds:.3f} s "
                 f"({format_size(self.bytes_per_s)}/s; {self.total_seconds:.3f} s in all) over "
-                f"{self.transport.describe()}")
+                f"{self.transport.describe()}" + (f"; {self.staged}" if self.staged else ""))
 
 
 def fleet_of(config: Config | Fleet | str | os.PathLike | None) -> Fleet:
@@ -125,7 +132,7 @@ def _fill(client: Any, session: _Session, manifest: dict, local_name: str, pool:
     with client.new_version_like(local_name, [s[1] for s in remote], entries, pool=pool, user=user) as w:
         try:
             local = staging.register(session.agent, w.shards, client._backend.on_gpu,
-                                     f"the new version of {local_name} here")
+                                     f"the new version of {local_name} here", fill=False)
         except TransferFailed as exc:
             raise TransferFailed(f"{exc}; nothing was published") from exc
         try:   # deregistered before the shards are handed to the broker, whatever happens
@@ -135,6 +142,7 @@ def _fill(client: Any, session: _Session, manifest: dict, local_name: str, pool:
                 t1 = time.monotonic()
                 session.read(pieces, local.memory, manifest["memory"], bar)
                 seconds = time.monotonic() - t1
+            local.from_host()   # staged: the bytes into the shards (checked below, from there)
         finally:
             local.close()
         for e, want in zip(entries, sums):   # every byte arrived: now check them, tensor by tensor
@@ -144,7 +152,16 @@ def _fill(client: Any, session: _Session, manifest: dict, local_name: str, pool:
                                      f"the way or at the source); nothing was published")
         number = w.publish()
     return PullResult(local_name, number, session.peer, peer_version, total, len(entries), seconds,
-                      time.monotonic() - t0, transport.since(mark), memory)
+                      time.monotonic() - t0, transport.since(mark), memory,
+                      _staged(session.peer, manifest.get("staged"), local.staged))
+
+
+def _staged(peer: str, theirs: Any, ours: str | None) -> str:
+    """Which side's memory went through host buffers (a memory type each, or None), in words."""
+    sides = [f"{peer}'s {staging.KINDS.get(str(theirs), 'memory')}"] if theirs else []
+    if ours:
+        sides.append(f"this node's {staging.KINDS[ours]}")
+    return f"{' and '.join(sides)} staged through host buffers" if sides else ""
 
 
 def _bar(label: str, total: int, on: bool) -> Any:

@@ -4,9 +4,10 @@ through NIXL.
 A separate process, not the broker: NIXL and UCX (threads, a listener, network ports, a few
 hundred MB of libraries) stay out of the process that owns every client's memory, and a fault in
 them costs a pull, never the node's broker. It attaches a version zero-copy (a reader like any
-other: the version stays alive while served), registers its shards with its NIXL agent and
-answers a peer's request with the manifest and a digest per tensor; the peer then reads the
-bytes itself (one-sided NIXL READs) and says when it is done.
+other: the version stays alive while served), registers its shards with its NIXL agent (or host
+copies of them where NIXL refuses them: ``staging``) and answers a peer's request with the
+manifest and a digest per tensor; the peer then reads the bytes itself (one-sided NIXL READs)
+and says when it is done. A request that fails is answered with the reason, never fatal.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ class PeerServer:
         log.info("request %s: %s@%d to %s", req, name, s.version, msg.get("node", "?"))
         return wire.encode("manifest", req=req, name=name, version=s.version, memory=s.registered.memory,
                            shards=[list(r) for r in s.registered.regions],
-                           entries=[e.wire() for e in s.entries], digests=s.digests, user=s.user)
+                           entries=[e.wire() for e in s.entries], digests=s.digests, user=s.user,
+                           staged=s.registered.staged)
 
     def _serve(self, name: str, version: int | None) -> Served:
         versions = self.served.setdefault(name, {})
@@ -139,7 +141,7 @@ class PeerServer:
             sums = digests(shards, entries)
             if self.flip is not None:
                 _flip_byte(shards, entries, self.flip)
-            registered = staging.register(self.agent, shards, self.on_gpu, f"{name}@{number}")
+            registered = staging.register(self.agent, shards, self.on_gpu, f"{name}@{number}", fill=True)
         except BaseException:
             for b in shards:
                 b.free()
