@@ -55,6 +55,9 @@ def agent(name: str, port: int) -> Any:
     return made
 
 
-def regions(buffers: list[Any]) -> list[tuple[int, int, int, str]]:
-    """What NIXL registers for broker buffers: (address, size, device, ""), device 0 on the host."""
-    return [(b.ptr, b.size, b.device or 0, "") for b in buffers]
+def backend_error() -> Exception:
+    """The error NIXL raises where no backend registers the memory (NIXL_ERR_BACKEND), as for GPU
+    memory when UCX has no CUDA support: for the test hook that stands in for that."""
+    import importlib
+
+    return importlib.import_module(f"{load().__name__}._bindings").nixlBackendError("NIXL_ERR_BACKEND")

@@ -1,9 +1,10 @@
 """Pull a checkpoint version from a peer node's broker through NIXL.
 
 The new local version is begun unpublished, the same shard for shard and offset for offset as
-the peer's; NIXL READs every byte straight into it; each tensor's digest is checked against the
-peer's; only then is it published. Any failure (the peer, the network, a digest, this process
-killed) leaves no version behind: an unpublished version dies with its writer, as a load's does.
+the peer's; NIXL READs every byte straight into it (or, where NIXL refuses its memory, into host
+buffers then copied into it: ``staging``); each tensor's digest is checked against the peer's;
+only then is it published. Any failure (the peer, the network, a digest, this process killed)
+leaves no version behind: an unpublished version dies with its writer, as a load's does.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ..config import Config, Fleet, load
 from ..errors import DigestMismatch, InvalidRequest, IpcPoolError, TransferFailed
 from ..progress import Progress
 from ..sizes import format_size
-from . import nixl, transport, wire
+from . import nixl, staging, transport, wire
 from .digests import tensor_bytes
 from .serve import PULLER
 
@@ -49,6 +50,7 @@ class PullResult:
     total_seconds: float      # the whole pull: metadata, manifest, transfer, digests, publish
     transport: transport.Transport
     memory: str               # the local memory: DRAM or VRAM
+    staged: str = ""          # whose memory NIXL could not register and went through host buffers, in words
 
     @property
     def bytes_per_s(self) -> float:
@@ -56,17 +58,22 @@ class PullResult:
 
     @property
     def warning(self) -> str | None:
+        said = []
+        if self.staged:
+            said.append(f"{self.staged}: NIXL refused to register that memory (for GPU memory: UCX without CUDA "
+                        "support, most likely), so every byte was copied once more on each staged side and "
+                        "UCX moved host memory, with no GPU transport (see docs/fleet.md)")
         if self.transport.tcp_gpu:
-            return ("GPU memory went over TCP: UCX found no GPU transport (RDMA with GPUDirect, cuda_ipc) "
-                    "between these peers, so the bytes were staged through host memory and sockets, far "
-                    "below what the GPUs and the network can do (see docs/fleet.md)")
-        return None
+            said.append("GPU memory went over TCP: UCX found no GPU transport (RDMA with GPUDirect, cuda_ipc) "
+                        "between these peers, so the bytes were staged through host memory and sockets, far "
+                        "below what the GPUs and the network can do (see docs/fleet.md)")
+        return "; ".join(said) or None
 
     def summary(self) -> str:
         return (f"pulled {self.peer}'s {self.name}@{self.peer_version} as version {self.version}: {self.tensors} "
                 f"tensor(s), {format_size(self.nbytes)} in {self.seconds:.3f} s "
                 f"({format_size(self.bytes_per_s)}/s; {self.total_seconds:.3f} s in all) over "
-                f"{self.transport.describe()}")
+                f"{self.transport.describe()}" + (f"; {self.staged}" if self.staged else ""))
 
 
 def fleet_of(config: Config | Fleet | str | os.PathLike | None) -> Fleet:
@@ -123,16 +130,21 @@ def _fill(client: Any, session: _Session, manifest: dict, local_name: str, pool:
     memory = nixl.memory_type(client._backend.on_gpu)
     total = sum(s[1] for s in remote)   # what NIXL moves: the shards, alignment gaps included
     with client.new_version_like(local_name, [s[1] for s in remote], entries, pool=pool, user=user) as w:
-        registered = session.agent.register_memory(nixl.regions(w.shards), memory)
+        try:
+            local = staging.register(session.agent, w.shards, client._backend.on_gpu,
+                                     f"the new version of {local_name} here", fill=False)
+        except TransferFailed as exc:
+            raise TransferFailed(f"{exc}; nothing was published") from exc
         try:   # deregistered before the shards are handed to the broker, whatever happens
-            pieces = _pieces(w.shards, remote)
+            pieces = _pieces(local.regions, remote)
             session.await_memory(pieces[1], manifest["memory"])
             with _bar(f"pulling {manifest['name']}@{peer_version} from {session.peer}", total, progress) as bar:
                 t1 = time.monotonic()
-                session.read(pieces, memory, manifest["memory"], bar)
+                session.read(pieces, local.memory, manifest["memory"], bar)
                 seconds = time.monotonic() - t1
+            local.from_host()   # staged: the bytes into the shards (checked below, from there)
         finally:
-            session.agent.deregister_memory(registered)
+            local.close()
         for e, want in zip(entries, sums):   # every byte arrived: now check them, tensor by tensor
             if wire.digest(tensor_bytes(w.shards[e.shard], e.offset, e.nbytes)) != want:
                 raise DigestMismatch(f"tensor {e.name!r} of {manifest['name']}@{peer_version} pulled from "
@@ -140,24 +152,34 @@ def _fill(client: Any, session: _Session, manifest: dict, local_name: str, pool:
                                      f"the way or at the source); nothing was published")
         number = w.publish()
     return PullResult(local_name, number, session.peer, peer_version, total, len(entries), seconds,
-                      time.monotonic() - t0, transport.since(mark), memory)
+                      time.monotonic() - t0, transport.since(mark), memory,
+                      _staged(session.peer, manifest.get("staged"), local.staged))
+
+
+def _staged(peer: str, theirs: Any, ours: str | None) -> str:
+    """Which side's memory went through host buffers (a memory type each, or None), in words."""
+    sides = [f"{peer}'s {staging.KINDS.get(str(theirs), 'memory')}"] if theirs else []
+    if ours:
+        sides.append(f"this node's {staging.KINDS[ours]}")
+    return f"{' and '.join(sides)} staged through host buffers" if sides else ""
 
 
 def _bar(label: str, total: int, on: bool) -> Any:
     return Progress(label, total, unit="B") if on else nullcontext(None)
 
 
-def _pieces(local: list[Any], remote: list[tuple]) -> tuple[list, list]:
-    """(local, remote) descriptors, shard by shard, cut into requests of at most PIECE bytes."""
+def _pieces(local: list[tuple], remote: list[tuple]) -> tuple[list, list]:
+    """(local, remote) descriptors, region by region (address, size, device), cut into requests
+    of at most PIECE bytes."""
     step = (1 << 20) if os.environ.get(STALL_ENV) else PIECE
     mine: list[tuple[int, int, int]] = []
     theirs: list[tuple[int, int, int]] = []
-    for buf, (addr, size, device) in zip(local, remote):
-        if buf.size != size:
-            raise TransferFailed(f"a local shard of {buf.size} bytes for a peer's of {size}")
+    for (ptr, mine_size, my_device), (addr, size, device) in zip(local, remote):
+        if mine_size != size:
+            raise TransferFailed(f"a local shard of {mine_size} bytes for a peer's of {size}")
         for at in range(0, size, step):
             n = min(step, size - at)
-            mine.append((buf.ptr + at, n, buf.device or 0))
+            mine.append((ptr + at, n, my_device))
             theirs.append((addr + at, n, device))
     return mine, theirs
 
@@ -168,8 +190,10 @@ class _Session:
     def __init__(self, agent: Any, peer: str, host: str, port: int, timeout: float):
         self.agent, self.peer, self.host, self.port, self.timeout = agent, peer, host, port, timeout
 
-    def _fail(self, what: str) -> TransferFailed:
-        where = transport.log_path()
+    def _fail(self, what: str, ours: bool = True) -> TransferFailed:
+        """A failure at ``peer``, with where this process's UCX logged (``ours``: not for an error
+        the peer answered, which its own log tells)."""
+        where = transport.log_path() if ours else None
         return TransferFailed(f"peer {self.peer} ({self.host}:{self.port}): {what}"
                               + (f" (UCX's log: {where})" if where else ""))
 
@@ -213,8 +237,8 @@ class _Session:
 
         self._wait(answered, f"no answer to the request for {name!r}")
         msg = got[0]
-        if msg["op"] == "error":
-            raise self._fail(str(msg.get("error")))
+        if msg["op"] == "error":   # refused, or failed there: the serve-peer lives on and says why
+            raise self._fail(str(msg.get("error")), ours=False)
         if msg["op"] != "manifest":
             raise self._fail(f"an answer of op {msg['op']!r}")
         return msg

@@ -4,9 +4,10 @@ through NIXL.
 A separate process, not the broker: NIXL and UCX (threads, a listener, network ports, a few
 hundred MB of libraries) stay out of the process that owns every client's memory, and a fault in
 them costs a pull, never the node's broker. It attaches a version zero-copy (a reader like any
-other: the version stays alive while served), registers its shards with its NIXL agent and
-answers a peer's request with the manifest and a digest per tensor; the peer then reads the
-bytes itself (one-sided NIXL READs) and says when it is done.
+other: the version stays alive while served), registers its shards with its NIXL agent (or host
+copies of them where NIXL refuses them: ``staging``) and answers a peer's request with the
+manifest and a digest per tensor; the peer then reads the bytes itself (one-sided NIXL READs)
+and says when it is done. A request that fails is answered with the reason, never fatal.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any
 
 from .._client.checkpoints import Entry
 from ..config import Fleet
-from ..errors import IpcPoolError, ProtocolError
-from . import nixl, wire
+from ..errors import IpcPoolError, ProtocolError, TransferFailed
+from . import nixl, staging, wire
 from .digests import digests
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class Served:
     shards: list[Any]
     entries: list[Entry]
     user: dict
-    registered: Any
+    registered: staging.Registered
     digests: list[bytes]
     pulls: set[str] = field(default_factory=set)
 
@@ -103,8 +104,12 @@ class PeerServer:
                 return
             else:
                 raise ProtocolError(f"unknown op {msg['op']!r}")
-        except (IpcPoolError, ValueError, TypeError, KeyError) as exc:   # refused: told, never fatal
-            log.info("peer agent %r, request %s: %s", peer, req, exc)
+        except IpcPoolError as exc:   # refused, or failed (NIXL's refusals come as TransferFailed)
+            log.log(logging.WARNING if isinstance(exc, TransferFailed) else logging.INFO,
+                    "peer agent %r, request %s: %s", peer, req, exc)
+            reply = wire.encode("error", req=req, error=str(exc))
+        except Exception as exc:   # anything else fails this request, never the serve-peer
+            log.exception("peer agent %r, request %s failed", peer, req)
             reply = wire.encode("error", req=req, error=f"{type(exc).__name__}: {exc}")
         self.replies.append((time.monotonic() + REPLY_WINDOW, peer, reply))
 
@@ -118,9 +123,10 @@ class PeerServer:
         s = self._serve(name, version)
         s.pulls.add(req)
         log.info("request %s: %s@%d to %s", req, name, s.version, msg.get("node", "?"))
-        return wire.encode("manifest", req=req, name=name, version=s.version, memory=self.memory,
-                           shards=[[b.ptr, b.size, b.device or 0] for b in s.shards],
-                           entries=[e.wire() for e in s.entries], digests=s.digests, user=s.user)
+        return wire.encode("manifest", req=req, name=name, version=s.version, memory=s.registered.memory,
+                           shards=[list(r) for r in s.registered.regions],
+                           entries=[e.wire() for e in s.entries], digests=s.digests, user=s.user,
+                           staged=s.registered.staged)
 
     def _serve(self, name: str, version: int | None) -> Served:
         versions = self.served.setdefault(name, {})
@@ -133,14 +139,14 @@ class PeerServer:
             return versions[number]
         try:
             sums = digests(shards, entries)
-            registered = self.agent.register_memory(nixl.regions(shards), self.memory)
+            if self.flip is not None:
+                _flip_byte(shards, entries, self.flip)
+            registered = staging.register(self.agent, shards, self.on_gpu, f"{name}@{number}", fill=True)
         except BaseException:
             for b in shards:
                 b.free()
             raise
         s = versions[number] = Served(name, number, shards, entries, user, registered, sums)
-        if self.flip is not None:
-            _flip_byte(s, self.flip)
         for old in [v for v in versions.values() if v.version < number and not v.pulls]:
             self._drop(old)   # replaced, and no pull of it under way
         return s
@@ -156,7 +162,7 @@ class PeerServer:
 
     def _drop(self, s: Served) -> None:
         """Deregistered first (a peer's read now fails rather than reads reused memory), then let go."""
-        self.agent.deregister_memory(s.registered)
+        s.registered.close()
         for b in s.shards:
             b.free()
         self.served.get(s.name, {}).pop(s.version, None)
@@ -175,10 +181,10 @@ class PeerServer:
         self.replies = waiting
 
 
-def _flip_byte(s: Served, tensor: str) -> None:
-    for e in s.entries:
+def _flip_byte(shards: list[Any], entries: list[Entry], tensor: str) -> None:
+    for e in entries:
         if e.name == tensor and e.nbytes:
-            shard = s.shards[e.shard]
+            shard = shards[e.shard]
             view = shard._memory.view
             if view is not None:
                 view[e.offset] ^= 0xFF

@@ -55,12 +55,16 @@ def test_a_named_version_in_python_and_over_tcp(start_fleet, tmp_path):
         assert ck.tensors["big"].tobytes() == want["big"].tobytes()
 
 
-def test_a_corrupted_byte_is_caught_by_its_digest_and_nothing_is_published(start_fleet, tmp_path):
-    fleet = start_fleet(serve_env={"IPCPOOL_TEST_FLIP_BYTE": "a.bias"})
+@pytest.mark.parametrize("staged", [False, True], ids=["registered", "staged"])
+def test_a_corrupted_byte_is_caught_by_its_digest_and_nothing_is_published(start_fleet, tmp_path, staged):
+    """Also where both sides' memory goes through host buffers: the flipped byte travels in the
+    serve-peer's staged copy and is caught in the puller's shards."""
+    refuse = {"IPCPOOL_TEST_NIXL_REFUSE": "shards"} if staged else {}
+    fleet = start_fleet(serve_env={"IPCPOOL_TEST_FLIP_BYTE": "a.bias", **refuse})
     with ipcpool.connect(fleet.a.socket_dir) as c:
         c.load_checkpoint("m", model(tmp_path)[0], progress=False)
     base = pool_used(fleet.b.socket_dir)
-    done = fleet.pull("a", "m")
+    done = fleet.pull("a", "m", env=refuse)
     assert done.returncode == 2
     assert "tensor 'a.bias' of m@1 pulled from a: its bytes differ from the peer's digest" in done.stderr
     assert "nothing was published" in done.stderr
@@ -121,3 +125,63 @@ def test_refusals_say_what_to_do(start_fleet, tmp_path):
     assert done.returncode == 2 and "no NIXL metadata came back (is `ipcpool serve-peer` running there" in done.stderr
     with ipcpool.connect(fleet.b.socket_dir) as c:
         assert c.list_checkpoints() == []
+
+
+def test_a_request_that_fails_at_the_serve_peer_is_answered_at_once_and_it_serves_on(start_fleet, tmp_path):
+    """NIXL refusing the served memory (as it does GPU memory where UCX lacks CUDA support) fails
+    that pull with the reason, well before the puller's timeout; the serve-peer answers the next."""
+    fleet = start_fleet(serve_env={"IPCPOOL_TEST_NIXL_REFUSE": "all"})
+    with ipcpool.connect(fleet.a.socket_dir) as c:
+        c.load_checkpoint("m", model(tmp_path)[0], progress=False)
+    t0 = time.monotonic()
+    done = fleet.pull("a", "m", "--timeout", "60")
+    assert done.returncode == 2 and time.monotonic() - t0 < 30, done.stderr
+    assert "ipcpool pull: peer a (127.0.0.1:" in done.stderr, done.stderr
+    assert "cannot register the host memory of m@1 with NIXL (NIXL_ERR_BACKEND), nor a host buffer to stage " \
+           "it through (NIXL_ERR_BACKEND)" in done.stderr, done.stderr
+    assert fleet.server.proc.poll() is None and "cannot register the host memory of m@1" in fleet.server.log()
+    done = fleet.pull("a", "other", "--timeout", "60")
+    assert done.returncode == 2 and "no checkpoint named 'other'" in done.stderr, done.stderr
+    with ipcpool.connect(fleet.b.socket_dir) as c:
+        assert c.list_checkpoints() == []
+
+
+def test_the_puller_refused_its_own_memory_fails_clearly_and_leaves_nothing(start_fleet, tmp_path):
+    fleet = start_fleet()
+    with ipcpool.connect(fleet.a.socket_dir) as c:
+        c.load_checkpoint("m", model(tmp_path)[0], progress=False)
+    base = pool_used(fleet.b.socket_dir)
+    done = fleet.pull("a", "m", env={"IPCPOOL_TEST_NIXL_REFUSE": "all"})
+    assert done.returncode == 2, done.stderr
+    assert "ipcpool pull: cannot register the host memory of the new version of m here with NIXL " \
+           "(NIXL_ERR_BACKEND), nor a host buffer to stage it through (NIXL_ERR_BACKEND); nothing was published" \
+           in done.stderr, done.stderr
+    with ipcpool.connect(fleet.b.socket_dir) as c:
+        assert c.list_checkpoints() == []
+    assert settled_used(fleet.b.socket_dir, base) == base
+    assert fleet.pull("a", "m").returncode == 0        # the serve-peer was told "done" and serves on
+
+
+@pytest.mark.parametrize("where", ["serve-peer", "puller", "both"])
+def test_memory_nixl_refuses_goes_through_host_buffers_and_arrives_byte_identical(start_fleet, tmp_path, where):
+    """Where NIXL cannot register a side's broker memory (GPU memory, UCX without CUDA support),
+    that side stages it through host buffers; the pull says so and its bytes are the peer's."""
+    refuse = {"IPCPOOL_TEST_NIXL_REFUSE": "shards"}
+    fleet = start_fleet(serve_env=refuse if where != "puller" else None)
+    path, tensors = model(tmp_path)
+    with ipcpool.connect(fleet.a.socket_dir) as c:
+        c.load_checkpoint("m", path, progress=False)
+    done = fleet.pull("a", "m", env=refuse if where != "serve-peer" else None)
+    assert done.returncode == 0, done.stderr
+    staged = {"serve-peer": "a's host memory", "puller": "this node's host memory",
+              "both": "a's host memory and this node's host memory"}[where] + " staged through host buffers"
+    assert done.stdout.rstrip().endswith(f"; {staged}"), done.stdout
+    assert f"ipcpool pull: warning: {staged}: NIXL refused to register that memory" in done.stderr, done.stderr
+    if where != "puller":
+        assert "cannot register the host memory of m@1 with NIXL (NIXL_ERR_BACKEND): staged through host buffers" \
+               in fleet.server.log()
+    with ipcpool.connect(fleet.b.socket_dir) as r, r.attach("m", kind="numpy") as ck:
+        assert ck.version == 1 and sorted(ck.tensors) == sorted(tensors)
+        for name, want in tensors.items():
+            got = ck.tensors[name]
+            assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes(), name

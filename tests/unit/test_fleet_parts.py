@@ -58,3 +58,53 @@ def test_checkpoint_at_version_and_digests():
         with pytest.raises(InvalidRequest, match="CHECKPOINT@VERSION"):
             split_version(bad)
     assert wire.digest(b"abc") != wire.digest(b"abd") and len(wire.digest(memoryview(b"x" * 10))) == 32
+
+
+class RefusingAgent:
+    """A NIXL agent that refuses to register the memory types given, as NIXL does GPU memory where
+    UCX has no CUDA support."""
+
+    def __init__(self, *refused: str):
+        self.refused, self.registered = refused, []
+
+    def register_memory(self, regions, memory):
+        if memory in self.refused:
+            raise RuntimeError("NIXL_ERR_BACKEND")
+        self.registered.append((memory, regions))
+        return len(self.registered)
+
+    def deregister_memory(self, handle):
+        self.registered[handle - 1] = None
+
+
+def test_gpu_memory_nixl_refuses_is_staged_through_host_buffers_and_said_so():
+    from types import SimpleNamespace
+
+    from ipcpool.fleet import staging
+    from ipcpool.fleet.pull import _staged
+
+    agent = RefusingAgent("VRAM")
+    shards = [SimpleNamespace(ptr=1 << 20, size=4096, device=1), SimpleNamespace(ptr=2 << 20, size=100, device=1)]
+    r = staging.register(agent, shards, True, "m@1", fill=False)
+    assert (r.memory, r.staged) == ("DRAM", "VRAM") and [buf.nbytes for buf in r.host] == [4096, 100]
+    assert r.regions == [(buf.ctypes.data, buf.nbytes, 0) for buf in r.host]
+    assert agent.registered == [("DRAM", [(*region, "") for region in r.regions])]
+    r.close()
+    assert agent.registered == [None] and r.host is None
+    assert _staged("a", "VRAM", "VRAM") == "a's GPU memory and this node's GPU memory staged through host buffers"
+    assert _staged("a", None, None) == "" and _staged("a", None, "DRAM") == "this node's host memory staged through " \
+                                                                           "host buffers"
+
+
+def test_gpu_memory_nixl_refuses_with_no_host_buffer_either_is_reported_with_the_usual_cause():
+    from types import SimpleNamespace
+
+    from ipcpool.errors import TransferFailed
+    from ipcpool.fleet import staging
+
+    shard = SimpleNamespace(ptr=1 << 20, size=4096, device=0)
+    with pytest.raises(TransferFailed) as caught:
+        staging.register(RefusingAgent("VRAM", "DRAM"), [shard], True, "m@1", fill=True)
+    assert str(caught.value).startswith("cannot register the GPU memory of m@1 with NIXL (NIXL_ERR_BACKEND; "
+                                        "UCX likely has no CUDA support"), caught.value
+    assert str(caught.value).endswith(", nor a host buffer to stage it through (NIXL_ERR_BACKEND)"), caught.value
