@@ -365,15 +365,10 @@ class Channel:
         rid = self._next_id
         self._next_id += 1
         data = frame(rid)
-        try:
-            self._control.send(data)
-        except BlockingIOError:   # the broker is behind: wait for room, up to the timeout
-            try:
-                self._control_io(socket.socket.send, select.POLLOUT, data)
-            except TimeoutError:
-                raise BrokerGone(f"the broker took no request within {self.timeout:g} s") from None
-            except OSError as exc:
-                raise BrokerGone(f"cannot send to the broker: {exc}") from exc
+        try:   # (the socket is non-blocking: _control_io waits for room while the broker is behind)
+            self._control_io(socket.socket.send, select.POLLOUT, data)
+        except TimeoutError:
+            raise BrokerGone(f"the broker took no request within {self.timeout:g} s") from None
         except OSError as exc:
             raise BrokerGone(f"cannot send to the broker: {exc}") from exc
         self.framed.add(rid)

@@ -200,21 +200,18 @@ class ControlChannel:
         except OSError as exc:
             log.info("session %d: control send failed (%s)", session.sid, exc)
 
-    def on_message(self, session: Session) -> None:
+    def on_message(self, session: Session, limit: int = READ_BATCH) -> None:
         """What the session sent on its control socket: requests, and the hand-off's frames
-        (``frames``: given to ``on_frame``), up to ``READ_BATCH`` of them a turn."""
-        for _ in range(READ_BATCH):
+        (``frames``: given to ``on_frame``), up to ``limit`` of them. Before one of its
+        message-channel requests the broker takes in all it sent first (``drain``); bounded, so a
+        session that sends faster than the broker reads cannot hold the loop (past the bound only
+        its own requests lose their order)."""
+        for _ in range(limit):
             if session.orphaned or not self._read_one(session):
                 return
 
     def drain(self, session: Session) -> None:
-        """Everything the session has sent on its control socket so far (before one of its
-        message-channel requests: what it sent first is handled first). Bounded, so a session
-        that sends faster than the broker reads cannot hold the loop: past the bound only its own
-        requests lose their order."""
-        for _ in range(DRAIN_MAX):
-            if session.orphaned or not self._read_one(session):
-                return
+        self.on_message(session, DRAIN_MAX)
 
     def _read_one(self, session: Session) -> bool:
         """One message handled; False where none was waiting (or the session ended)."""
@@ -236,7 +233,7 @@ class ControlChannel:
             return False
         msg, _ = got
         if isinstance(msg, bytes):
-            session.framed = True   # (set by its arena already; a frame without one is refused)
+            session.framed = True   # (its arena set it already; a frame from a client without one too)
             self.on_frame(session, msg)
             return True
         self._request(session, msg)

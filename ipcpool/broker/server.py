@@ -439,19 +439,34 @@ class Broker:
         try:
             op, fields = frames.parse(data)
             self.access.check_request(session, op, fields)
-            reply = (self.handlers.op_create if op == "create" else self.handlers.op_seal)(session, fields, rid)
-            if reply is not None:
+            self._run(session, op, fields, rid)
+        except Exception as exc:
+            self._refuse(session.token, session, rid, exc)
+        self.handoffs.settle()
+
+    def _run(self, session: Session, op: str, fields: dict, rid: int) -> None:
+        """A checked request of either channel handled, timed and answered (on the message channel)."""
+        t0 = time.perf_counter()
+        try:
+            reply = self.handlers.handle(session, op, fields, rid)
+            if self.metrics is not None:
+                self.metrics.observe(op, time.perf_counter() - t0)
+            if reply is not None and op not in protocol.ONE_WAY:   # None: answered later
                 self._reply(session, op, rid, reply)
-        except IpcPoolError as exc:
-            log.info("request from session %d failed: %s", session.sid, exc)
+        finally:   # (after the answer: retiring events and sweeping frees wait for no reader)
+            session.backend.peer_progressed()
+
+    def _refuse(self, ident: bytes, session: Session | None, rid: int, exc: Exception) -> None:
+        """A request that failed, answered with its error (the backend's own failure, else a bug
+        of ours, as an internal error: the broker serves on)."""
+        who = f"session {session.sid}" if session else "unknown peer"
+        if isinstance(exc, IpcPoolError):
+            log.info("request from %s failed: %s", who, exc)
             if self.metrics is not None:
                 self.metrics.error(exc)
-            self.send(session.token, protocol.error_reply(rid, exc))
-        except Exception as exc:   # the backend's own failure, else a bug of ours: keep serving
-            self.send(session.token, protocol.error_reply(rid, unexpected(self.backend, exc, f"session {session.sid}")))
-        finally:
-            session.backend.peer_progressed()
-        self.handoffs.settle()
+        else:
+            exc = unexpected(self.backend, exc, who)
+        self.send(ident, protocol.error_reply(rid, exc))
 
     def _on_message(self, parts: list[bytes], peer_uid: int | None = None) -> None:
         ident = parts[0]
@@ -488,24 +503,9 @@ class Broker:
                 self.session_table.end(session, "bye after its control socket closed")
                 return
             self.access.check_request(session, op, fields)
-            t0 = time.perf_counter()
-            try:
-                reply = self.handlers.handle(session, op, fields, rid)
-                if self.metrics is not None:
-                    self.metrics.observe(op, time.perf_counter() - t0)
-                if reply is not None and op not in protocol.ONE_WAY:   # None: answered later
-                    self._reply(session, op, rid, reply)
-            finally:   # (after the answer: retiring events and sweeping frees wait for no reader)
-                session.backend.peer_progressed()
-        except IpcPoolError as exc:
-            log.info("request from %s failed: %s", f"session {session.sid}" if session else "unknown peer", exc)
-            if self.metrics is not None:
-                self.metrics.error(exc)
-            self.send(ident, protocol.error_reply(rid, exc))
-        except Exception as exc:   # the backend's own failure, else a bug of ours: keep serving
-            who = f"session {session.sid}" if session else "unknown peer"
-            self.send(ident, protocol.error_reply(rid, unexpected(self.backend, exc, who)))
-
+            self._run(session, op, fields, rid)
+        except Exception as exc:
+            self._refuse(ident, session, rid, exc)
 
 def _peer_uid(frame: zmq.Frame) -> int | None:
     """The uid of the process at the other end of the message's connection: libzmq puts the
