@@ -358,15 +358,18 @@ class Channel:
         self._last_sent = rid
         return rid
 
-    def send_frame(self, frame: Callable[[int], bytes]) -> int:
-        """A hand-off request as a frame on the control socket (``ipcpool.frames``: ``frame(id)``
-        builds it), without waiting; its id. Answered on the message channel as any request."""
+    def send_frame(self, build: Callable[..., bytes], *args) -> int:
+        """A hand-off request as a frame on the control socket (``ipcpool.frames``: ``build(id,
+        *args)`` makes it), without waiting; its id. Answered on the message channel as any request."""
         self._check_alive()
         rid = self._next_id
         self._next_id += 1
-        data = frame(rid)
-        try:   # (the socket is non-blocking: _control_io waits for room while the broker is behind)
-            self._control_io(socket.socket.send, select.POLLOUT, data)
+        data = build(rid, *args)
+        try:
+            try:
+                self._control.send(data)   # the usual case: room in the socket (one datagram, whole)
+            except BlockingIOError:   # the broker is behind: wait for room, up to the timeout
+                self._control_io(socket.socket.send, select.POLLOUT, data)
         except TimeoutError:
             raise BrokerGone(f"the broker took no request within {self.timeout:g} s") from None
         except OSError as exc:

@@ -33,6 +33,7 @@ from ..errors import InvalidRequest, IpcPoolError, ObjectAborted, ProtocolError,
 from ..protocol import HANDLE_BYTES, MAX_ARENAS
 from .arenas import Carving, ClientArena
 from .channel import Channel
+from .interop import Views
 from .pools import Pools, export_of
 
 log = logging.getLogger(__name__)
@@ -42,10 +43,17 @@ _NO_CREDIT = bytes(HANDLE_BYTES)
 
 
 class Handoff:
-    def __init__(self, channel: Channel, pools: Pools, arena_bytes: int, keep: Callable[..., Any]):
-        """``keep(alloc_id, pool, memory, owner, name, meta, readonly)`` makes a buffer and
-        enters it in the lease table."""
+    def __init__(self, channel: Channel, pools: Pools, arena_bytes: int, keep: Callable[..., Any],
+                 enter: Callable[[Any], None], views: Views):
+        """``keep(alloc_id, pool, memory, owner, name, meta, readonly, enter=True)`` makes a buffer
+        and enters it in the lease table (``enter``: later, by ``enter(buf)``); ``views`` makes
+        their tensors."""
         self._channel = channel
+        self._enter = enter
+        self._views = views
+        self._ahead: Any = None                   # the next carve, made ready (``_prepare``)
+        self._last: tuple[str, int] | None = None   # (pool, nbytes) of the last carved create
+        self._steady = False                        # ... and the one before it was the same
         self._pools = pools
         self._imported = pools.imported
         self._keep = keep
@@ -113,6 +121,7 @@ class Handoff:
                     c for c in got if isinstance(c, bytes) and len(c) == HANDLE_BYTES)
 
     def _refused(self, buf: Any, err: IpcPoolError) -> None:
+        self.unprepare()   # (a writer whose create failed starts afresh: the arena as it was)
         cut = buf._carving
         cut.error = err
         if cut.slot is not None:
@@ -159,37 +168,102 @@ class Handoff:
         if nbytes > self.arena_bytes // 4:
             return None
         self.raise_deferred()
+        meta = fields.get("meta")
+        buf = self._ahead_for(pool, nbytes, name)
+        if buf is None:
+            cut = self._cut(pool, nbytes, name is not None)
+            if cut is None:
+                return None
+            buf = self._keep(0, pool, cut.memory, owner, name, meta, False, enter=False)
+            buf._carving = cut
+        else:   # made ready after the last seal: only its name and request are new
+            cut = buf._carving
+            buf.name, buf.owner, buf.meta = name, owner, meta or {}
+            if meta:
+                buf._tensor = None   # (made as bytes: its dtype and shape are the usual call's)
+        try:
+            packed = protocol.pack(meta) if meta else b""
+            cut.framed = name is not None and len(packed) <= frames.MAX_META
+            if cut.framed:   # the usual create: a frame (its seal follows on the same socket)
+                cut.rid = self._channel.send_frame(frames.create, pool.encode(), name.encode(), packed, cut.arena.aid,
+                                                   cut.offset, nbytes, cut.slot, cut.seq, cut.promise or _NO_CREDIT)
+            else:
+                extra: dict[str, Any] = {} if cut.slot is None else {"slot": cut.slot, "seq": cut.seq}
+                if cut.promise:
+                    extra["seal_credit"] = cut.promise
+                cut.rid = self._channel.send(op, arena=cut.arena.aid, offset=cut.offset, **fields, **extra)
+        except BaseException:   # not sent (too large, say): the range is ours alone to take back
+            self.unprepare(buf)
+            raise
+        self._enter(buf)
+        self._inflight[cut.rid] = buf
+        if name is not None:
+            self._steady = self._last == (pool, nbytes)
+            self._last = (pool, nbytes)
+        return buf
+
+    def _cut(self, pool: str, nbytes: int, named: bool) -> Carving | None:
+        """A range of an arena of ``pool`` for ``nbytes``, imported, with a board word and the
+        credit its seal will be recorded on where it is ``named``; None where none can be had."""
         arena, offset = self._carve(pool, nbytes)
         if arena is None:
             return None
         cut = Carving(arena, offset, 0)
-        extra: dict[str, Any] = {}
-        if name is not None and pool in self.boards:
+        if named and pool in self.boards:
             got = arena.slot()
             if got is not None:
                 seal_event = self._imported[pool].seal_event
                 cut.promise = self.take_credit(pool) if seal_event else b""
                 if cut.promise or not seal_event:
                     cut.slot, cut.seq = got
-                    extra = {"slot": cut.slot, "seq": cut.seq}
-                    if cut.promise:
-                        extra["seal_credit"] = cut.promise
                 else:
                     arena.free_slot(got[0])
-        meta = fields.get("meta")
-        packed = protocol.pack(meta) if meta else b""
-        cut.framed = name is not None and len(packed) <= frames.MAX_META
-        if cut.framed:   # the usual create: a frame (its seal follows on the same socket)
-            head = (pool.encode(), name.encode(), packed, arena.aid, offset, nbytes, cut.slot, cut.seq,
-                    cut.promise or _NO_CREDIT)
-            cut.rid = self._channel.send_frame(lambda rid: frames.create(rid, *head))
-        else:
-            cut.rid = self._channel.send(op, arena=arena.aid, offset=offset, **fields, **extra)
         cut.memory = arena.memory_at(offset, nbytes)
-        buf = self._keep(0, pool, cut.memory, owner, name, fields.get("meta", {}), False)
+        return cut
+
+    # A writer that hands off objects of one size has its next one made ready as it seals the last
+    # (range, board word, credit, buffer, and the tensor view where it asked for one): off the
+    # hand-off's path, as the floor sets up its memory once. Another size, or close, gives it back.
+    def _prepare(self, pool: str, nbytes: int) -> None:
+        if self._ahead is not None or not self._steady or self._last != (pool, nbytes):
+            return
+        try:
+            cut = self._cut(pool, nbytes, True)
+        except IpcPoolError as exc:   # (an arena the broker refuses now: the next create says so)
+            log.debug("no carve made ready in pool %r: %s", pool, exc)
+            return
+        if cut is None:
+            return
+        buf = self._keep(0, pool, cut.memory, True, None, None, False, enter=False)
         buf._carving = cut
-        self._inflight[cut.rid] = buf
-        return buf
+        if self._views.asked:
+            buf._tensor = self._views.ahead(buf, cut.memory)
+        self._ahead = buf
+
+    def _ahead_for(self, pool: str, nbytes: int, name: str | None) -> Any:
+        """The buffer made ready for this create, else None (one that does not fit goes back)."""
+        buf = self._ahead
+        if buf is None:
+            return None
+        self._ahead = None
+        if name is not None and buf.pool == pool and buf._memory.size == nbytes:
+            return buf
+        self.unprepare(buf)
+        return None
+
+    def unprepare(self, buf: Any = None) -> None:
+        """Give back a carve made ready (or one whose create was never sent): its range, its
+        board word, its credit."""
+        if buf is None:
+            buf, self._ahead = self._ahead, None
+            if buf is None:
+                return
+        cut = buf._carving
+        cut.arena.ranges.free(cut.offset)   # (never announced: the broker has nothing to undo)
+        if cut.slot is not None:
+            cut.arena.free_slot(cut.slot)
+        if cut.promise:
+            self._credits[buf.pool].appendleft(cut.promise)
 
     def _carve(self, pool: str, nbytes: int) -> tuple[ClientArena | None, int]:
         arenas = self._arenas.setdefault(pool, [])
@@ -251,10 +325,11 @@ class Handoff:
         cut.sent = True
         name = buf.name
         if cut.framed:
-            rid = self._channel.send_frame(lambda rid: frames.seal(rid, name.encode(), done or _NO_CREDIT))
+            rid = self._channel.send_frame(frames.seal, name.encode(), done or _NO_CREDIT)
         else:   # after a create on the message channel: there too, so it cannot overtake it
             rid = self._channel.send("seal", name=name, **({"done_event": done} if done else {}))
         self._sealing[rid] = buf
+        self._prepare(buf.pool, buf._memory.size)
 
     def free(self, buf: Any, stream: Any) -> bool:
         """Free a carved buffer without waiting; False where ``buf`` was not carved here."""
@@ -355,6 +430,8 @@ class Handoff:
             meta["shape"] = list(entry.shape)
         buf = self._keep(0, pool, memory, False, name, meta, True)
         buf._dirlease = lease
+        if self._views.asked and state != directory.SEALED:   # its view made while the writer works
+            buf._tensor = self._views.ahead(buf, memory)
         try:
             event, kept = entry.event, entry.kept_event
             if state != directory.SEALED:

@@ -11,6 +11,7 @@ lease table passes both.
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from typing import Any
@@ -18,6 +19,8 @@ from typing import Any
 from ..backend.base import ImportedMemory
 from ..errors import InvalidRequest, MissingDependency
 from ..meta import dtype_name
+
+log = logging.getLogger(__name__)
 
 # Per-object work of a thousand-object attach, done once: torch dtypes by name, strides by shape,
 # the array modules, their dtypes by name.
@@ -175,6 +178,7 @@ class Views:
     def __init__(self, on_gpu: bool):
         self.on_gpu = on_gpu   # memory on a GPU: torch tensors are made by DLPack
         self._bases: dict = {}
+        self.asked = False     # a tensor was asked for: the hand-off makes the next ones ahead
 
     def clear(self) -> None:
         """Drop the slab tensors (before the pools they view are closed)."""
@@ -182,6 +186,7 @@ class Views:
 
     def tensor(self, buf: Any, memory: ImportedMemory) -> Any:
         """A buffer as a torch tensor of its metadata's dtype and shape (else its bytes, uint8)."""
+        self.asked = True
         meta = buf.meta
         if not meta and self.on_gpu:   # bytes of a slab range (a carved hand-off): one slice
             base = memory.slab()
@@ -194,6 +199,14 @@ class Views:
         if dtype is None or shape is None:
             return self._torch_typed(buf, memory, torch.uint8, [buf.size])
         return self._torch_typed(buf, memory, _torch_dtype(buf.name, dtype), shape)
+
+    def ahead(self, buf: Any, memory: ImportedMemory) -> Any:
+        """``tensor``, or None where it fails (asked for later, it raises then)."""
+        try:
+            return self.tensor(buf, memory)
+        except Exception as exc:   # (a dtype torch lacks, say: the caller's own call says so)
+            log.debug("no tensor made ahead for %r: %s", buf.name, exc)
+            return None
 
     def typed(self, lease: Any, memory: ImportedMemory, kind: str) -> Any:
         """A lease's bytes as its metadata's dtype and shape, as a ``kind`` ("torch", "cupy",

@@ -42,6 +42,7 @@ class Buffer:
         self._carving: Carving | None = None
         # Taken from a name directory without a request: (pool index, entry, gen, slot, nonce).
         self._dirlease: tuple[int, int, int, int, int] | None = None
+        self._tensor: Any = None   # its tensor, made ahead off the hand-off's path (``handoff``)
 
     def _live(self) -> ImportedMemory:
         if self._freed:
@@ -96,6 +97,10 @@ class Buffer:
         ``torch.from_dlpack`` builds a fresh import each call. Work on it goes on torch's current
         stream: the one given to ``create``/``get`` (or ordered after it by the caller)."""
         self._live()
+        made = self._tensor
+        if made is not None:   # the first call's, made ahead
+            self._tensor = None
+            return made
         return self._leases.views.tensor(self, self._memory)
 
     def share(self) -> bytes:
@@ -168,8 +173,8 @@ class Leases:
         self._lock = channel.lock
         self._pools = pools
         self.backend = backend
-        self.handoff = Handoff(channel, pools, arena_bytes, self._keep)
         self.views = Views(backend.on_gpu)
+        self.handoff = Handoff(channel, pools, arena_bytes, self._keep, self._enter, self.views)
         self.buffers: dict[int, Buffer] = {}
         self._writing: set[str] = set()   # names of objects this client is writing
 
@@ -188,10 +193,14 @@ class Leases:
             raise
 
     def _keep(self, aid: int, pool: str, memory: ImportedMemory, owner: bool, name: str | None,
-              meta: dict | None, readonly: bool) -> Buffer:
+              meta: dict | None, readonly: bool, enter: bool = True) -> Buffer:
         buf = Buffer(self, aid, pool, memory, owner, name=name, meta=meta, readonly=readonly)
-        self.buffers[id(buf)] = buf
+        if enter:
+            self.buffers[id(buf)] = buf
         return buf
+
+    def _enter(self, buf: Buffer) -> None:
+        self.buffers[id(buf)] = buf
 
     # -- anonymous allocations ----------------------------------------------------------------
     def allocate(self, nbytes: int, pool: str, stream: Any) -> Buffer:
@@ -414,9 +423,10 @@ class Leases:
         return len(leases)
 
     def free_all(self) -> None:
-        """Free every buffer still held (at close)."""
+        """Free every buffer still held (at close), and give back a carve made ready."""
         for buf in list(self.buffers.values()):
             buf.free()
+        self.handoff.unprepare()
 
 
 def _batches(names: list[str]) -> list[list[str]]:

@@ -53,6 +53,30 @@ def test_a_refused_create_loses_nothing(broker):
             c.get("z", timeout=0)
 
 
+def test_a_steady_writers_next_carve_is_made_ready_and_given_back_when_the_size_changes(broker):
+    with ipcpool.connect(broker.socket_dir, arena_bytes=ARENA) as w, ipcpool.connect(broker.socket_dir) as r:
+        handoff = w._leases.handoff
+        for i in range(2):
+            w.create(f"s/{i}", MiB).seal()
+        ready = handoff._ahead                          # the second of one size: its seal made the next ready
+        assert ready is not None and ready.name is None
+        buf = w.create("s/2", MiB)
+        assert buf is ready and buf.carved_at == ready.carved_at and buf.name == "s/2"
+        buf.view[:3] = b"abc"
+        buf.seal()
+        with r.get("s/2") as lease:                     # another process reads what went into it
+            assert bytes(lease.view[:3]) == b"abc"
+        aid, offset = handoff._ahead.carved_at
+        arena = handoff._by_arena[aid]
+        assert arena.ranges.taken(offset)               # held for the next 1 MiB create
+        half = w.create("half", MiB // 2)               # another size: the ready range goes back,
+        assert handoff._ahead is None and half.carved_at == (aid, offset)   # and serves it
+        half.seal()
+        w.flush()
+        assert not w.async_errors                       # nothing freed that the broker never had
+        assert sorted(o["name"] for o in w.list()) == ["half", "s/0", "s/1", "s/2"]
+
+
 def test_broker_checks_every_carved_range(broker):
     with ipcpool.connect(broker.socket_dir, arena_bytes=ARENA) as a, ipcpool.connect(broker.socket_dir) as b:
         first = a.create("mine", MiB)
