@@ -103,17 +103,18 @@ class Handlers:
     # -- named objects ---------------------------------------------------------------------------
     def op_create(self, session: Session, f: dict, rid: int) -> dict:
         carve = board = None
-        if "arena" in f or "offset" in f:
-            if "arena" not in f or "offset" not in f:
+        arena, offset, slot, seq = f.get("arena"), f.get("offset"), f.get("slot"), f.get("seq")
+        if arena is not None or offset is not None:
+            if arena is None or offset is None:
                 raise InvalidRequest("create: arena and offset go together")
-            carve = (f["arena"], f["offset"])
-        if "slot" in f or "seq" in f:
-            if carve is None or "slot" not in f or not f.get("seq"):
+            carve = (arena, offset)
+        if slot is not None or seq is not None:
+            if carve is None or slot is None or not seq:
                 raise InvalidRequest("create: slot and a seq of at least 1 go with an arena range")
-            word = self.tables.handoffs.word(session, f["arena"], f["slot"])
+            word = self.tables.handoffs.word(session, arena, slot)
             promised = f.get("seal_credit", b"")
             self.tables.registry.pool(f["pool"]).check_promise(session.backend, promised)
-            board = (word, f["seq"], promised)
+            board = (word, seq, promised)
         elif "seal_credit" in f:
             raise InvalidRequest("create: seal_credit goes with a seal-board slot")
         obj = self.tables.objects.create(session, f["name"], f["nbytes"], f["pool"], f.get("meta", {}), carve, board)
