@@ -19,9 +19,10 @@ RESULTS = Path(__file__).parent / "results"
 
 @contextlib.contextmanager
 def broker(backend: str, config_text: str | None = None, runner: tuple[str, ...] = (sys.executable, "-m", "ipcpool"),
-           stop: int = signal.SIGTERM):
+           stop: int = signal.SIGTERM, env: dict[str, str] | None = None):
     """Yield the socket dir of a fresh broker; stop it afterwards (``stop``: the signal; both
-    end it cleanly). ``runner``: what runs ipcpool's command line (under cProfile, say)."""
+    end it cleanly). ``runner``: what runs ipcpool's command line (under cProfile, say); ``env``:
+    variables set for it (a trace callback's, ``ipcpool.trace``)."""
     import ipcpool
 
     with tempfile.TemporaryDirectory(prefix="ipcpool-bench-") as tmp:
@@ -29,7 +30,7 @@ def broker(backend: str, config_text: str | None = None, runner: tuple[str, ...]
         if config_text:
             Path(tmp, "b.toml").write_text(config_text)
             args += ["--config", f"{tmp}/b.toml"]
-        proc = subprocess.Popen(args)
+        proc = subprocess.Popen(args, env={**os.environ, **(env or {})})
         try:
             deadline = time.monotonic() + 60
             while True:

@@ -40,6 +40,7 @@ CTX = mp.get_context("spawn")
 # -- ipcpool ---------------------------------------------------------------------------------------
 def _ipc_producer(socket_dir, backend, n, go, link, acks):
     import ipcpool
+    from ipcpool import trace
 
     stream = None
     with ipcpool.connect(socket_dir) as c:
@@ -51,18 +52,16 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
             torch.cuda.set_stream(stream)   # the worker's stream for all its work, set once
         fill = bytes(SIZE)
         steps = []
-        sent = {"create": 0, "seal": 0}
-        send = c._channel.send
+        sent = {"client.create_sent": 0, "client.seal_sent": 0}
 
-        def traced(op, **fields):   # when the create and the seal leave (neither waits for a reply)
-            rid = send(op, **fields)
-            if op in sent:
-                sent[op] = time.perf_counter_ns()
-            return rid
+        def stamp(event, _info):   # when the create and the seal leave (neither waits for a reply)
+            if event in sent:
+                sent[event] = time.perf_counter_ns()
 
-        c._channel.send = traced
+        trace.set_trace(stamp)
         for i in range(n):
             go.get()
+            sent["client.create_sent"] = sent["client.seal_sent"] = 0
             t0 = time.perf_counter_ns()
             buf = c.create(f"h/{i}", SIZE, stream=stream)
             t1 = time.perf_counter_ns()
@@ -79,7 +78,7 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
             t2 = time.perf_counter_ns()
             buf.seal(stream=stream)
             t3 = time.perf_counter_ns()
-            link.put((t0, sent["seal"] or t3, sent["create"] or t1))
+            link.put((t0, sent["client.seal_sent"] or t3, sent["client.create_sent"] or t1))
             steps.append((t1 - t0, t_view - t1, t2 - t_view, t3 - t2))
             acks.get()
             c.delete(f"h/{i}")

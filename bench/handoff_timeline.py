@@ -1,12 +1,17 @@
 """Where a hand-off's time goes, across the writer, the broker and the reader.
 
-``handoff.py``'s ipcpool pair runs against a broker that stamps every message it takes in, every
-message it sends and how long each handler ran; the reader keeps each hand-off's moments (the
-writer's start, its create and seal leaving, the pending answer, the lease in hand). All stamps
-are CLOCK_MONOTONIC, one clock for the three processes, so each hand-off becomes one timeline:
+``handoff.py``'s ipcpool pair runs against a broker whose trace events (``ipcpool.trace``) this
+module takes in: the broker imports it at start (``IPCPOOL_TRACE=bench.handoff_timeline:
+broker_event``) and stamps each request as its handling begins and ends, each directory entry and
+each answer it sends. The reader keeps each hand-off's moments (the writer's start, its create and
+seal leaving, from the writer's own trace events, the lease in hand). All stamps are
+CLOCK_MONOTONIC, one clock for the three processes, so each hand-off becomes one timeline:
 
-    start -> create sent -> broker has the create -> broker answers the reader (pending) ->
-    reader has the answer -> reader has the lease;   seal sent -> broker has the seal -> ...
+    start -> create sent -> broker handles the create -> its directory entry -> broker answers
+    the reader (pending) -> reader has the lease;   seal sent -> broker handles the seal -> ...
+
+"Reaches the broker" is when the request, read and checked, is handed to its handler: reading a
+frame and checking it (a few µs) count in the trip.
 
 Prints each segment's p25/p50/p75 over the hand-offs and the broker's handlers (median µs), and
 draws the median timeline.
@@ -35,6 +40,7 @@ SEGMENTS = [
     ("create leaves the writer", "r_start", "r_create"),
     ("create reaches the broker", "r_create", "b_recv_create"),
     ("broker handles the create", "b_recv_create", "b_done_create"),
+    ("directory entry written (from the create)", "b_recv_create", "b_entry"),
     ("pending answer sent (from the create)", "b_recv_create", "b_send_pending"),
     ("pending answer reaches the reader", "b_send_pending", "r_answered"),
     ("seal leaves the writer (from start)", "r_start", "r_seal"),
@@ -44,67 +50,36 @@ SEGMENTS = [
 ]
 
 
-def broker_child(marks_path: str, cli_args: list[str]) -> int:
-    """ipcpool's command line (a broker) with the broker's messages and handlers stamped; the
-    stamps go to ``marks_path`` as it exits."""
-    from ipcpool import cli, frames, protocol
-    from ipcpool.broker import handlers, server
+MARKS_ENV = "HANDOFF_TIMELINE_MARKS"   # where the broker's stamps go as it exits
 
-    events: list[tuple[int, str, str, str | None]] = []
-    spent: dict[str, list[int]] = collections.defaultdict(list)
-    on_message, send, reply = server.Broker._on_message, server.Broker.send, server.Broker._reply
-    on_frame = server.Broker._on_frame
+# In the broker's process: (ns, what, op, name) per event, each handler's time per op, and the
+# request being handled (the broker handles one at a time): (op, ns).
+_events: list[tuple[int, str, str, str | None]] = []
+_spent: dict[str, list[int]] = collections.defaultdict(list)
+_handling: list = [None, 0]
 
-    def stamped_on_message(self, frames, *rest):
-        try:
-            msg = protocol.unpack(frames[1])
-            op, name = str(msg.get("op")), msg.get("name")
-        except Exception:   # a malformed message is the broker's to refuse, as always
-            op, name = "?", None
-        events.append((time.perf_counter_ns(), "recv", op, name))
-        try:
-            return on_message(self, frames, *rest)
-        finally:
-            events.append((time.perf_counter_ns(), "done", op, name))
 
-    def stamped_on_frame(self, session, data):   # a create or seal sent as a frame (``ipcpool.frames``)
-        try:
-            op, fields = frames.parse(data)
-            name = fields.get("name")
-        except Exception:
-            op, name = "?", None
-        events.append((time.perf_counter_ns(), "recv", op, name))
-        try:
-            return on_frame(self, session, data)
-        finally:
-            events.append((time.perf_counter_ns(), "done", op, name))
+def broker_event(name: str, info: dict) -> None:
+    """The broker's trace callback: its events stamped (written to $HANDOFF_TIMELINE_MARKS as it exits)."""
+    t = time.perf_counter_ns()
+    if name == "broker.request":
+        _handling[:] = info["op"], t
+        _events.append((t, "recv", info["op"], info["fields"].get("name")))
+    elif name == "broker.handled":
+        if _handling[0] == info["op"]:
+            _spent[info["op"]].append(t - _handling[1])
+        _events.append((t, "done", info["op"], None))
+    elif name == "broker.entry":
+        _events.append((t, "entry", "create", info["name"]))
+    elif name == "broker.reply":
+        _events.append((t, "send", "pending" if info["reply"].get("pending") else "reply", None))
+    elif name == "broker.send":
+        msg = info["msg"]
+        _events.append((t, "send", msg.get("notify") or ("pending" if msg.get("pending") else "reply"), None))
 
-    def stamped_send(self, ident, msg):
-        kind = msg.get("notify") or ("pending" if msg.get("pending") else "reply")
-        events.append((time.perf_counter_ns(), "send", kind, None))
-        return send(self, ident, msg)
 
-    def stamped_reply(self, session, op, rid, fields):   # an answer (the outbox sends it packed)
-        events.append((time.perf_counter_ns(), "send", "pending" if fields.get("pending") else "reply", None))
-        return reply(self, session, op, rid, fields)
-
-    def timed(name):
-        inner = getattr(handlers.Handlers, name)
-
-        def run(*args, **kwargs):
-            t = time.perf_counter_ns()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                spent[name].append(time.perf_counter_ns() - t)
-        setattr(handlers.Handlers, name, run)
-
-    server.Broker._on_message, server.Broker.send, server.Broker._reply = stamped_on_message, stamped_send, stamped_reply
-    server.Broker._on_frame = stamped_on_frame
-    for name in [n for n in vars(handlers.Handlers) if n.startswith("op_")]:
-        timed(name)
-    atexit.register(lambda: Path(marks_path).write_text(json.dumps({"events": events, "spent": spent})))
-    return cli.main(cli_args)
+if os.environ.get(MARKS_ENV):   # imported by the broker (IPCPOOL_TRACE names broker_event)
+    atexit.register(lambda: Path(os.environ[MARKS_ENV]).write_text(json.dumps({"events": _events, "spent": _spent})))
 
 
 def timelines(reader: list, events: list) -> list[dict[str, int]]:
@@ -120,7 +95,8 @@ def timelines(reader: list, events: list) -> list[dict[str, int]]:
         while j < len(events) and events[j][0] < starts[k + 1]:
             t, what, op, _name = events[j]
             key = {("recv", "create"): "b_recv_create", ("done", "create"): "b_done_create",
-                   ("recv", "seal"): "b_recv_seal", ("send", "pending"): "b_send_pending"}.get((what, op))
+                   ("entry", "create"): "b_entry", ("recv", "seal"): "b_recv_seal",
+                   ("send", "pending"): "b_send_pending"}.get((what, op))
             if key and key not in row:
                 row[key] = t
             j += 1
@@ -151,9 +127,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--broker-child"]:   # the broker: --broker-child MARKS, then ipcpool's arguments
-        return broker_child(argv[1], argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", choices=("host", "cuda"), default="cuda")
     ap.add_argument("--handoffs", type=int, default=300)
@@ -165,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="ipcpool-timeline-") as tmp:
         broker_marks, reader_marks = Path(tmp, "broker.json"), Path(tmp, "reader.json")
-        with broker(args.backend, runner=(sys.executable, __file__, "--broker-child", str(broker_marks))) as sock:
+        env = {"IPCPOOL_TRACE": "bench.handoff_timeline:broker_event", MARKS_ENV: str(broker_marks),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        with broker(args.backend, env=env) as sock:
             os.environ["HANDOFF_MARKS"] = str(reader_marks)   # inherited by the spawned pair
             handoff.run_pair("ipcpool", handoff._ipc_producer, handoff._ipc_consumer,
                              args.handoffs + handoff.WARMUP, sock, args.backend)
@@ -189,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label:<42}{len(xs):>5}{p25:>9.1f}{p50:>9.1f}{p75:>9.1f}")
         result["segments"].append(seg)
     print("\nbroker handlers, median µs: " + ", ".join(
-        f"{op[3:]} {statistics.median(v) / 1000:.1f} ({len(v)})" for op, v in sorted(marks["spent"].items())))
-    result["handlers_us"] = {op[3:]: statistics.median(v) / 1000 for op, v in marks["spent"].items()}
+        f"{op} {statistics.median(v) / 1000:.1f} ({len(v)})" for op, v in sorted(marks["spent"].items())))
+    result["handlers_us"] = {op: statistics.median(v) / 1000 for op, v in marks["spent"].items()}
     path = save(f"handoff_timeline_{args.backend}_{time.strftime('%Y%m%d-%H%M%S')}", result, plot, args.out_dir)
     print(f"-> {path}")
     return 0

@@ -5,14 +5,17 @@ The host counterpart of ``hot_attach.py``: no GPU work at all, so what it measur
 and the broker's own per-object cost (the request, its decoding, the leases, the arrays), which
 the CUDA attach pays too. Each attach is a fresh interpreter, as a restarted worker is.
 
-``attach``: connect done -> every object an array (``get_arrays``), split into phases by timing the
-client's own functions from outside (none of them is changed to be measured):
+``attach``: connect done -> every object an array (``get_arrays``), split into phases by the
+client's trace events (``ipcpool.trace``): each stretch between two events goes to the phase the
+first one opens.
 
     request  the get_many round trips: packing, the broker's work and the transport (decode excluded)
     decode   msgpack decoding of the replies
     pool     importing the pool (its FD over the control socket, the mapping): once per process
     leases   the rest of get_many: exports, imports, Buffer objects
     arrays   the leases as typed numpy arrays (``typed_many``)
+
+A tree without those events (a checkout older than ``ipcpool.trace``) gets the attach time alone.
 
 ``--tree NAME=DIR`` (repeatable) measures ipcpool from another checkout too, e.g. the main branch
 extracted beside this one (``git archive main | tar -x -C /tmp/main-tree``), in the same run: each
@@ -67,30 +70,23 @@ def child_load(sock: str, counts: list[int], total: int) -> dict:
     return {"loaded": counts}
 
 
-class _Clock:
-    """Time spent in some of the client's functions, wrapped from outside."""
+# The phase each trace event opens (a reply asked for mid-batch, the next batch's, is sent while
+# this one's leases are made: no event, so the stretch stays with the leases).
+OPENS = {"client.wait": "request", "client.received": "decode", "client.decoded": "leases",
+         "client.pool_import": "pool", "client.pool_imported": "leases", "client.views": "arrays"}
 
-    def __init__(self) -> None:
-        self.ns = dict.fromkeys(("send", "wait", "decode", "pool", "arrays"), 0)
-        self.on = False
 
-    def wrap(self, owner, attr: str, key: str) -> None:
-        inner = getattr(owner, attr, None)
-        if inner is None:
-            self.ns[key] = None   # not in this tree
-            return
-        clock = self
-
-        def timed(*args, **kwargs):
-            if not clock.on:
-                return inner(*args, **kwargs)
-            t0 = time.perf_counter_ns()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                clock.ns[key] += time.perf_counter_ns() - t0
-
-        setattr(owner, attr, timed)
+def phases_of(marks: list[tuple[int, str]], start: int, end: int) -> dict[str, float]:
+    """ms per phase between ``start`` and ``end``, from (ns, event) in order; the stretch before
+    the first event is the first request's packing and sending."""
+    ms = dict.fromkeys(PHASES, 0.0)
+    phase, since = "request", start
+    for t, event in marks:
+        if event in OPENS:
+            ms[phase] += (t - since) / 1e6
+            phase, since = OPENS[event], t
+    ms[phase] += (end - since) / 1e6
+    return ms
 
 
 def child_attach(sock: str, count: int, t_spawn: int) -> dict:
@@ -98,37 +94,28 @@ def child_attach(sock: str, count: int, t_spawn: int) -> dict:
     import numpy as np
 
     import ipcpool
-    from ipcpool import protocol
-    from ipcpool._client import channel, leases, pools
 
-    clock = _Clock()
-    clock.wrap(channel.Channel, "send", "send")
-    clock.wrap(channel.Channel, "wait_reply", "wait")
-    clock.wrap(protocol, "unpack", "decode")
-    clock.wrap(pools.Pools, "get", "pool")
-    clock.wrap(leases.Leases, "typed_many", "arrays")
+    tracing = None
+    if (Path(ipcpool.__file__).parent / "trace.py").exists():   # (a tree older than the trace events has none)
+        from ipcpool.trace import tracing
+    marks: list[tuple[int, str]] = []
     names = [f"r{count}/{i:05d}" for i in range(count)]
     t_imported = time.perf_counter_ns()
     c = _connect(sock, time.monotonic() + 30)
     t_connected = time.perf_counter_ns()
-    clock.on = True
-    arrays = c.get_arrays(names)
+    if tracing is None:
+        arrays = c.get_arrays(names)
+    else:
+        with tracing(lambda event, _info: marks.append((time.perf_counter_ns(), event))):
+            arrays = c.get_arrays(names)
     t_attached = time.perf_counter_ns()
-    clock.on = False
     ok = len(arrays) == count and all(
         a.dtype == np.float32 and a[0] == fill_value(i) and a[-1] == fill_value(i)
         for i, a in enumerate(arrays[n] for n in names))
     del arrays
     c.close()
-    ns = clock.ns
     attach = t_attached - t_connected
-    phases = None
-    if None not in ns.values():
-        request = ns["send"] + ns["wait"] - ns["decode"]
-        get_many = attach - ns["arrays"]
-        phases = {"request": request, "decode": ns["decode"], "pool": ns["pool"],
-                  "leases": get_many - request - ns["decode"] - ns["pool"], "arrays": ns["arrays"]}
-        phases = {k: v / 1e6 for k, v in phases.items()}
+    phases = phases_of(marks, t_connected, t_attached) if tracing is not None else None
     return {"attach_ms": attach / 1e6, "connect_ms": (t_connected - t_imported) / 1e6,
             "import_ms": (t_imported - t_start) / 1e6, "interpreter_ms": (t_start - t_spawn) / 1e6,
             "phases_ms": phases, "ok": ok, "ipcpool_from": str(Path(ipcpool.__file__).parent.parent)}

@@ -67,6 +67,7 @@ def _stats_view(stats: dict):
 
 # -- commands --------------------------------------------------------------------------------------
 def cmd_broker(args) -> int:
+    from . import trace
     from .broker import Broker
     from .config import load
 
@@ -75,6 +76,7 @@ def cmd_broker(args) -> int:
         return 0
     config = load(args.config)
     choice = backends.choose(args.backend or (config.backend if config.backend != "auto" else None))
+    trace.from_environment()   # a diagnostic's callback ($IPCPOOL_TRACE), before anything happens
     broker = Broker(config, choice, args.socket_dir)
     try:
         broker.start()

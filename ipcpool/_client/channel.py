@@ -28,6 +28,7 @@ from pathlib import Path
 import zmq
 
 from .. import fdpass, paths, protocol
+from .. import trace
 from ..shm import fence
 from ..errors import (BrokerGone, ClosedError, InvalidRequest, IpcPoolError, PeerRefused, ProtocolError,
                       error_from_wire)
@@ -430,6 +431,8 @@ class Channel:
                    slow: SlowWait | None = None) -> dict | None:
         """The reply to ``rid``; or, with ``until``, None as soon as ``until()`` holds. ``slow``:
         logs once when the wait lasts (its sleeps are cut to log on time)."""
+        if trace.hook is not None:
+            trace.emit("client.wait", rid=rid)
         timeout_ms = -1 if timeout is None else int(timeout * 1000)
         spin_until = time.perf_counter() + (self.spin_s if spin is None else spin)
         while True:
@@ -460,10 +463,14 @@ class Channel:
                 self._control_gone()
 
     def _take_reply(self, rid: int, data: bytes) -> dict:
+        if trace.hook is not None:
+            trace.emit("client.received", nbytes=len(data))
         self._read_bytes += len(data)
         if self._read_bytes - self._told_read > ACK_EVERY:
             self._ack()
         reply = protocol.unpack(data, protocol.MAX_REPLY)
+        if trace.hook is not None:
+            trace.emit("client.decoded", msg=reply)
         if "notify" not in reply and isinstance(reply.get("id"), int):
             if reply["id"] in self.framed:   # a frame's: says nothing of the message channel's
                 self.framed.discard(reply["id"])

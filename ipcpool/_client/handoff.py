@@ -27,6 +27,7 @@ from typing import Any
 
 from .. import board as boards
 from .. import frames, protocol
+from .. import trace
 from ..shm import directory, fence
 from ..backend.base import ImportedMemory
 from ..errors import InvalidRequest, IpcPoolError, ObjectAborted, ProtocolError, WaitTimeout, error_from_wire
@@ -195,6 +196,8 @@ class Handoff:
         except BaseException:   # not sent (too large, say): the range is ours alone to take back
             self.unprepare(buf)
             raise
+        if trace.hook is not None:
+            trace.emit("client.create_sent", op=op, name=name, rid=cut.rid, framed=cut.framed)
         self._enter(buf)
         self._inflight[cut.rid] = buf
         if name is not None:
@@ -328,6 +331,8 @@ class Handoff:
             rid = self._channel.send_frame(frames.seal, name.encode(), done or _NO_CREDIT)
         else:   # after a create on the message channel: there too, so it cannot overtake it
             rid = self._channel.send("seal", name=name, **({"done_event": done} if done else {}))
+        if trace.hook is not None:
+            trace.emit("client.seal_sent", name=name, rid=rid, framed=cut.framed)
         self._sealing[rid] = buf
         self._prepare(buf.pool, buf._memory.size)
 

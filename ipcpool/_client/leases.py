@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import fdpass, protocol
+from .. import trace
 from ..backend.base import ClientBackend, Export, ImportedMemory
 from ..errors import BrokerGone, ClosedError, InvalidRequest, IpcPoolError, ObjectExists, ProtocolError
 from ..meta import wire_meta
@@ -395,6 +396,8 @@ class Leases:
         """Leases as their dtypes and shapes, by name; on failure every one is freed. On CUDA,
         ranges of one slab are strided views of one tensor over the slab: how a restarted worker
         takes up a thousand weights."""
+        if trace.hook is not None:
+            trace.emit("client.views", count=len(leases), kind=kind)
         try:
             return self.views.typed_many(leases, [lease._memory for lease in leases], kind)
         except BaseException:

@@ -8,7 +8,7 @@ import logging
 import os
 from typing import Any
 
-from .. import fdpass
+from .. import fdpass, trace
 from ..backend.base import ClientBackend, ClientPool, Export, ImportedMemory
 from ..board import Board
 from ..errors import ProtocolError
@@ -34,6 +34,8 @@ class Pools:
         """Pool ``name``, imported from its FD (and its board mapped) the first time."""
         pool = self.imported.get(name)
         if pool is None:
+            if trace.hook is not None:
+                trace.emit("client.pool_import", pool=name)
             reply, fds = self._channel.control_call({"op": "pool_fd", "pool": name})
             want = 2 + isinstance(reply.get("directory"), int) + bool(reply.get("lease_page"))
             if len(fds) != want or not isinstance(reply.get("info"), dict):
@@ -53,6 +55,8 @@ class Pools:
                 raise
             self.boards[name] = board
             self._directory(name, reply, fds[2:])
+            if trace.hook is not None:
+                trace.emit("client.pool_imported", pool=name)
         return pool
 
     def _directory(self, name: str, reply: dict, fds: list[int]) -> None:

@@ -15,6 +15,7 @@ import collections
 import logging
 import time
 
+from .. import trace
 from ..errors import InvalidRequest
 from ..shm import directory as layout
 from ..shm.fence import Fence
@@ -86,6 +87,8 @@ class Directories:
                           kept_event=bool(promised))
         if index is None:
             return None
+        if trace.hook is not None:
+            trace.emit("broker.entry", pool=pool_name, name=name, index=index)
         if self.received:
             self.create_to_entry.append(time.perf_counter_ns() - self.received)
         return self.pool_index[pool_name], index, self._gen

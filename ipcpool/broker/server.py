@@ -24,6 +24,7 @@ from pathlib import Path
 import zmq
 
 from .. import fdpass, frames, paths, protocol
+from .. import trace
 from ..backend import Choice, broker_backend
 from ..backend.base import BrokerBackend
 from ..config import Config
@@ -396,6 +397,8 @@ class Broker:
             self._last_request = time.monotonic()
 
     def send(self, ident: bytes, msg: dict) -> None:
+        if trace.hook is not None:
+            trace.emit("broker.send", ident=ident, msg=msg)
         self.outbox.send(ident, msg)
 
     def _disconnect(self, session: Session, why: str) -> None:
@@ -411,6 +414,8 @@ class Broker:
     def _reply(self, session: Session, op: str, rid: int, reply: dict) -> None:
         """An answer, unless the client could not take it (too large) or its session has no room
         for it: then an error naming the limit, and what the answer would have lent is let go."""
+        if trace.hook is not None:
+            trace.emit("broker.reply", op=op, rid=rid, reply=reply, sid=session.sid)
         data = protocol.pack(protocol.ok_reply(rid, **reply))
         why = self.outbox.refusal(session, op, len(data))
         if why is None:
@@ -448,7 +453,11 @@ class Broker:
         """A checked request of either channel handled, timed and answered (on the message channel)."""
         t0 = time.perf_counter()
         try:
+            if trace.hook is not None:
+                trace.emit("broker.request", op=op, fields=fields, sid=session.sid)
             reply = self.handlers.handle(session, op, fields, rid)
+            if trace.hook is not None:
+                trace.emit("broker.handled", op=op, sid=session.sid, reply=reply)
             if self.metrics is not None:
                 self.metrics.observe(op, time.perf_counter() - t0)
             if reply is not None and op not in protocol.ONE_WAY:   # None: answered later

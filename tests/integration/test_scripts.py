@@ -51,6 +51,35 @@ def test_the_handoff_profile_runs_on_the_host_backend(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("*.prof")) == ["broker.prof", "consumer.prof", "producer.prof"]
 
 
+def test_the_handoff_timeline_runs_on_the_host_backend(tmp_path):
+    """The broker's moments of every hand-off come from its trace events (``IPCPOOL_TRACE``)."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench/handoff_timeline.py"), "--backend", "host",
+                          "--handoffs", "30", "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [path] = tmp_path.glob("handoff_timeline_host_*.json")
+    result = json.loads(path.read_text())
+    segments = {s["label"]: s for s in result["segments"]}
+    for label in ("create leaves the writer", "create reaches the broker", "broker handles the create",
+                  "directory entry written (from the create)", "seal reaches the broker", "whole hand-off"):
+        assert segments[label]["n"] == 30 and segments[label]["p50_us"] > 0, segments[label]
+    assert result["handlers_us"]["create"] > 0 and result["handlers_us"]["seal"] > 0
+
+
+def test_the_host_attach_splits_each_attach_into_its_phases(tmp_path):
+    """Every phase is seen (by the attaching client's trace events), and together they are the attach."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench/host_attach.py"), "--mib", "4", "--counts", "1", "64",
+                          "--repeat", "1", "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [path] = tmp_path.glob("host_attach_*.json")
+    rows = json.loads(path.read_text())["trees"]["this"]["rows"]
+    assert sorted(rows) == ["1", "64"]
+    for row in rows.values():
+        phases = row["phases_ms"]
+        assert row["ok"] and list(phases) == ["request", "decode", "pool", "leases", "arrays"]
+        assert all(ms > 0 for ms in phases.values()), phases
+        assert sum(phases.values()) == pytest.approx(row["attach_ms"], abs=0.01)
+
+
 def test_the_interleaved_handoff_comparison_runs_on_the_host_backend(tmp_path):
     """Two trees (this checkout under two names), two rounds: a p50 per run of each, in turn."""
     out = subprocess.run([sys.executable, str(ROOT / "bench/handoff_ab.py"), "--backend", "host",
