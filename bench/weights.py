@@ -350,17 +350,20 @@ def _swap_reader(sock, name, kind, rounds, poll_s, q_ready, q_out):
     with ipcpool.connect(sock) as c, c.attach(name, kind=kind) as ck:
         q_ready.put(ck.version)
         for _ in range(rounds):
-            before = ck.version
+            before, polls = ck.version, 0
             while True:
                 t = time.monotonic()
+                polls += 1
                 if ck.refresh():
                     break
                 if poll_s:
                     time.sleep(poll_s)   # (a host of few cores: spinning readers would starve the writer)
             moved = time.monotonic()
             # refresh_s: the refresh that moved (attach, map, views; the old version's release,
-            # which waits on this reader's stream, ordered after the new version's seal).
-            q_out.put({"moved_at": moved, "refresh_s": moved - t, "version": ck.version, "from": before})
+            # which waits on this reader's stream, ordered after the new version's seal). polls:
+            # refreshes this round (each a round trip to the broker the writer's requests queue with).
+            q_out.put({"moved_at": moved, "refresh_s": moved - t, "polls": polls, "version": ck.version,
+                       "from": before})
 
 
 class WriterPhases:
@@ -371,7 +374,9 @@ class WriterPhases:
     access granted: a shard not kept from before) and ``let_go_s``; ``publish_call_s`` holds
     ``release_s`` (a shard not kept: on CUDA a VMM mapping's host wait for the copy, then its
     unmap), ``keep_s`` (a kept shard's done event) and the ckpt_publish round trip; ``copy_call_s``
-    is the host's time to launch the copy, ``copy_gpu_s`` the copy on the GPU."""
+    is the host's time to launch the copy, ``copy_gpu_s`` the copy on the GPU. ``call_<op>_s``:
+    the writer's requests that wait for their answer, by op (``control_s``: on the control socket,
+    the chunk FDs), each a round trip with the broker's handling."""
 
     WRAPPED = {
         "begin_s": ("ipcpool._client.checkpoints", "Checkpoints", "begin"),
@@ -404,6 +409,12 @@ class WriterPhases:
                 continue
             setattr(owner, attr, self._timed(key, real, copy=key == "copy_call_s"))
             self._undo.append((owner, attr, real))
+        from ipcpool._client.channel import Channel
+
+        call, control = Channel.call, Channel.control_call
+        Channel.call = lambda ch, op, *a, **kw: self._timed(f"call_{op}_s", call)(ch, op, *a, **kw)
+        Channel.control_call = lambda ch, *a, **kw: self._timed("control_s", control)(ch, *a, **kw)
+        self._undo += [(Channel, "call", call), (Channel, "control_call", control)]
         gc.callbacks.append(self._on_gc)
         return self
 
@@ -490,11 +501,13 @@ def swap_ipcpool(sock: Path, name: str, state: dict, readers: int, kind: str, ro
                         w.publish()
                 published = time.monotonic()
                 moved = [q_out.get(timeout=300) for _ in procs]
+                writer = phases.take()   # (before the stats call below: not the writer's)
                 stats = c.stats()
                 rows.append({"swap_s": max(m["moved_at"] for m in moved) - t0, "publish_s": published - t0,
                              "used_high": stats["pools"]["default"]["used_high"],
                              "kept_bytes": stats["checkpoints"].get("kept_bytes", 0),
-                             "refresh_s": sorted(m["refresh_s"] for m in moved), "phases": phases.take()})
+                             "refresh_s": sorted(m["refresh_s"] for m in moved),
+                             "reader_polls": sum(m["polls"] for m in moved), "phases": writer})
     for p in procs:
         p.join()
     steady = rows[1:] or rows
