@@ -34,6 +34,54 @@ def spare(c):
     return c.stats()["checkpoints"]["spare_bytes"]
 
 
+def kept(c):
+    return c.stats()["checkpoints"]["kept_bytes"]
+
+
+# A writer that keeps its shards imported (CUDA: VMM mappings; forced here on the host: there an
+# import costs nothing, so the host pool keeps nothing unless a test asks).
+def _keep_all(self, memory, stream=None, credit=b""):
+    return b"", None
+
+
+def _keep_on_host():
+    """In a process of its own: the host pool keeps every import a writer publishes."""
+    from ipcpool.backend.host.client import HostClientPool
+
+    HostClientPool.keep = _keep_all
+
+
+@pytest.fixture
+def keeping(monkeypatch):
+    from ipcpool.backend.host.client import HostClientPool
+
+    monkeypatch.setattr(HostClientPool, "keep", _keep_all, raising=False)
+
+
+@pytest.fixture(params=[False, True], ids=["imports", "keeps"])
+def keeps(request):
+    """Both kinds of writer: one that imports its shards at each version, one that keeps them."""
+    if request.param:
+        request.getfixturevalue("keeping")
+    return request.param
+
+
+def count_imports(monkeypatch, client):
+    """The imports ``client`` makes one by one (a writer's shards at begin), counted."""
+    from ipcpool._client.pools import Pools
+
+    seen = []
+    real = Pools.import_allocation
+
+    def counted(self, aid, *args, **kw):
+        if self is client._pools:
+            seen.append(aid)
+        return real(self, aid, *args, **kw)
+
+    monkeypatch.setattr(Pools, "import_allocation", counted)
+    return seen
+
+
 def test_a_held_version_survives_two_publishes_and_the_spare_is_written_again(broker):
     with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
         base = used(w)
@@ -63,8 +111,9 @@ def test_a_held_version_survives_two_publishes_and_the_spare_is_written_again(br
         assert used(r) == base and spare(r) == 0
 
 
-def test_a_swap_loop_stays_at_two_versions(broker):
+def test_a_swap_loop_stays_at_two_versions(broker, keeps, monkeypatch):
     with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        imports = count_imports(monkeypatch, w)
         base = used(w)
         publish(w, 0)
         one = used(w) - base
@@ -75,14 +124,18 @@ def test_a_swap_loop_stays_at_two_versions(broker):
             v, at = publish(w, k)
             addresses.add(tuple(at))
             assert ck.refresh() and ck.version == v
-            assert all((t == k).all() for t in ck.tensors.values())
+            assert all((t == k).all() for t in ck.tensors.values())   # whole, never a mix
             r.stats()   # a round trip: r's release of the old version is the broker's before the next publish
+            assert kept(w) == 0                                 # what it keeps is current or the spare
+            assert len(w._checkpoints._kept) == (2 if keeps else 0)   # this version's shard and the spare's
+        # Kept: versions 0 and 1 in fresh memory, each imported once; every later one in the spare.
+        assert len(imports) == (2 if keeps else 7), imports
         high = w.stats()["pools"]["default"]["used_high"]
         assert high - base <= 2 * one, (high - base, one)      # the bound, from the pool's own high mark
         assert len(addresses) == 2                             # two regions, written in turn
         ck.release()
-        r.delete_checkpoint("m")
-        assert used(r) == base
+        w.delete_checkpoint("m")                               # a writer lets go of what it keeps
+        assert w._checkpoints._kept == {} and used(w) == base
 
 
 def test_another_layout_drops_the_spare(broker):
@@ -101,7 +154,7 @@ def test_another_layout_drops_the_spare(broker):
         assert used(c) == base
 
 
-def test_a_pool_short_of_memory_takes_the_spare_back(start_broker):
+def test_a_pool_short_of_memory_takes_the_spare_back(start_broker, keeps):
     b = start_broker(config_text='[[pools]]\nname = "default"\nmax_size = "1M"\n')
     big = [("w", "float32", (350 << 8,))]                      # 350 KiB
     other = [("x", "float32", (100 << 10,))]                   # 400 KiB
@@ -110,7 +163,7 @@ def test_a_pool_short_of_memory_takes_the_spare_back(start_broker):
         for k in (1, 2, 3):                                    # v3 in v1's memory, v2 the spare: 700 of 1024 KiB
             publish(c, k, big)
         assert spare(c) == 350 << 10 and used(c) - base == 700 << 10
-        with c.new_version("n", other) as w:                   # only with the spare's memory
+        with c.new_version("n", other) as w:                   # only with the spare's memory (kept: let go first)
             w.publish()
         assert spare(c) == 0 and used(c) - base == 750 << 10
         with c.attach("m", kind="numpy") as ck:
@@ -120,69 +173,6 @@ def test_a_pool_short_of_memory_takes_the_spare_back(start_broker):
         for name in ("m", "n"):
             c.delete_checkpoint(name)
         assert used(c) == base
-
-
-# -- a writer that keeps its shards imported (CUDA: VMM mappings; forced here on the host) ---------
-def _keep_on_host():
-    """The host pool keeps every import a writer publishes (on CUDA only VMM mappings are kept:
-    on the host an import costs nothing, so nothing is kept unless a test asks)."""
-    from ipcpool.backend.host.client import HostClientPool
-
-    HostClientPool.keep = lambda self, memory, stream=None, credit=b"": (b"", None)
-
-
-@pytest.fixture
-def keeping(monkeypatch):
-    from ipcpool.backend.host.client import HostClientPool
-
-    monkeypatch.setattr(HostClientPool, "keep", lambda self, memory, stream=None, credit=b"": (b"", None),
-                        raising=False)
-
-
-def count_imports(monkeypatch, client):
-    """The imports ``client`` makes one by one (a writer's shards at begin), counted."""
-    from ipcpool._client.pools import Pools
-
-    seen = []
-    real = Pools.import_allocation
-
-    def counted(self, aid, *args, **kw):
-        if self is client._pools:
-            seen.append(aid)
-        return real(self, aid, *args, **kw)
-
-    monkeypatch.setattr(Pools, "import_allocation", counted)
-    return seen
-
-
-def kept(c):
-    return c.stats()["checkpoints"]["kept_bytes"]
-
-
-def test_a_writer_that_keeps_its_shards_imports_the_spare_once(broker, keeping, monkeypatch):
-    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
-        imports = count_imports(monkeypatch, w)
-        base = used(w)
-        publish(w, 0)
-        one = used(w) - base
-        ck = r.attach("m", kind="numpy")
-        w.reset_high()
-        addresses = set()
-        for k in range(1, 7):
-            v, at = publish(w, k)
-            addresses.add(tuple(at))
-            assert ck.refresh() and ck.version == v
-            assert all((t == k).all() for t in ck.tensors.values())   # whole, never a mix
-            r.stats()   # (r's release of the old version is the broker's before the next publish)
-            assert kept(w) == 0                                 # what it keeps is current or the spare
-            assert len(w._checkpoints._kept) <= 2               # this version's shard and the spare's
-        # Versions 0 and 1 in fresh memory, each imported once; every later one in the spare, kept.
-        assert len(imports) == 2, imports
-        assert len(addresses) == 2
-        assert w.stats()["pools"]["default"]["used_high"] - base <= 2 * one
-        ck.release()
-        w.delete_checkpoint("m")                                # the writer lets go of what it keeps
-        assert w._checkpoints._kept == {} and used(w) == base
 
 
 def test_a_kept_spare_a_reader_holds_is_never_written_and_is_let_go(broker, keeping, monkeypatch):
@@ -206,27 +196,6 @@ def test_a_kept_spare_a_reader_holds_is_never_written_and_is_let_go(broker, keep
         assert kept(r) == used(r) - base == 2 * one            # ... which stats show as kept_bytes
     with ipcpool.connect(broker.socket_dir) as c:
         assert used(c) == base and kept(c) == 0                # gone with w's close
-
-
-def test_a_writer_short_of_memory_lets_go_of_what_it_keeps(start_broker, keeping):
-    b = start_broker(config_text='[[pools]]\nname = "default"\nmax_size = "1M"\n')
-    big = [("w", "float32", (350 << 8,))]                      # 350 KiB
-    other = [("x", "float32", (100 << 10,))]                   # 400 KiB
-    with ipcpool.connect(b.socket_dir) as c:
-        base = used(c)
-        for k in (1, 2, 3):
-            publish(c, k, big)
-        assert used(c) - base == 700 << 10                     # v3 (in v1's memory) and the spare
-        with c.new_version("n", other) as w:                   # the spare reclaimed, but kept: let go, again
-            w.publish()
-        assert spare(c) == 0 and used(c) - base == 750 << 10
-        with c.attach("m", kind="numpy") as ck:
-            assert ck.version == 3 and all((t == 3).all() for t in ck.tensors.values())
-        with pytest.raises(ipcpool.OutOfMemory, match="max_size"):
-            c.new_version("x", other)
-        for name in ("m", "n"):
-            c.delete_checkpoint(name)
-        assert used(c) == base
 
 
 def test_loaders_keep_nothing(broker, keeping, tmp_path):
