@@ -12,7 +12,10 @@
               trainer's first call to every reader on the new tensors), --rounds in a row: the
               first into fresh memory, the rest into the spare (the steady state, reported)  vs
               per-tensor CUDA IPC (reduce_tensor / rebuild_cuda_tensor, what RL frameworks use);
-              the floor: one device-to-device copy of its bytes (the figure the goal is stated in)
+              the floor: one device-to-device copy of its bytes (the figure the goal is stated in).
+              Each round also says where the writer's time went (``WriterPhases``: begin, imports,
+              views, the copy's launch and its GPU time, publish, the collector) and how long each
+              reader's moving refresh took.
 
 Cases: "small" (64 tensors, 64 MiB) and "model" (--model-gib in --model-tensors). The file is
 synthetic safetensors written here (read from the page cache: "cold" means not in ipcpool yet).
@@ -347,11 +350,122 @@ def _swap_reader(sock, name, kind, rounds, poll_s, q_ready, q_out):
     with ipcpool.connect(sock) as c, c.attach(name, kind=kind) as ck:
         q_ready.put(ck.version)
         for _ in range(rounds):
-            before = ck.version
-            while not ck.refresh():
+            before, polls = ck.version, 0
+            while True:
+                t = time.monotonic()
+                polls += 1
+                if ck.refresh():
+                    break
                 if poll_s:
                     time.sleep(poll_s)   # (a host of few cores: spinning readers would starve the writer)
-            q_out.put({"moved_at": time.monotonic(), "version": ck.version, "from": before})
+            moved = time.monotonic()
+            # refresh_s: the refresh that moved (attach, map, views; the old version's release,
+            # which waits on this reader's stream, ordered after the new version's seal). polls:
+            # refreshes this round (each a round trip to the broker the writer's requests queue with).
+            q_out.put({"moved_at": moved, "refresh_s": moved - t, "polls": polls, "version": ck.version,
+                       "from": before})
+
+
+class WriterPhases:
+    """Where the writer's part of each swap goes, nothing of ipcpool changed: a few of its
+    functions wrapped for the swap rounds (a perf_counter call each; the results say which), every
+    pass of the cyclic collector timed (``gc.callbacks``), and on CUDA the copy timed on the GPU by
+    two events around it. ``begin_s`` holds ``import_s`` (the chunk FDs fetched, imported, mapped,
+    access granted: a shard not kept from before) and ``let_go_s``; ``publish_call_s`` holds
+    ``release_s`` (a shard not kept: on CUDA a VMM mapping's host wait for the copy, then its
+    unmap), ``keep_s`` (a kept shard's done event) and the ckpt_publish round trip; ``copy_call_s``
+    is the host's time to launch the copy, ``copy_gpu_s`` the copy on the GPU. ``call_<op>_s``:
+    the writer's requests that wait for their answer, by op (``control_s``: on the control socket,
+    the chunk FDs), each a round trip with the broker's handling."""
+
+    WRAPPED = {
+        "begin_s": ("ipcpool._client.checkpoints", "Checkpoints", "begin"),
+        "import_s": ("ipcpool._client.pools", "Pools", "import_allocation"),
+        "let_go_s": ("ipcpool._client.checkpoints", "Checkpoints", "_let_go"),
+        "views_s": ("ipcpool._client.checkpoints", "VersionWriter", "tensors"),
+        "copy_call_s": ("ipcpool.weights.modules", None, "_copy_all"),
+        "publish_call_s": ("ipcpool._client.checkpoints", "Checkpoints", "_publish"),
+        "release_s": ("ipcpool._client.handoff", "Handoff", "release"),
+        "keep_s": ("ipcpool._client.handoff", "Handoff", "keep"),
+    }
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        self._undo: list = []
+        self._events: list = []
+        self._gc_t0 = 0.0
+
+    def __enter__(self) -> WriterPhases:
+        import gc
+        import importlib
+
+        for key, (module, cls, attr) in self.WRAPPED.items():
+            owner = importlib.import_module(module)
+            owner = getattr(owner, cls) if cls else owner
+            real = getattr(owner, attr, None)
+            if real is None:   # (an ipcpool without it: nothing to time)
+                continue
+            setattr(owner, attr, self._timed(key, real, copy=key == "copy_call_s"))
+            self._undo.append((owner, attr, real))
+        from ipcpool._client.channel import Channel
+
+        call, control = Channel.call, Channel.control_call
+        Channel.call = lambda ch, op, *a, **kw: self._timed(f"call_{op}_s", call)(ch, op, *a, **kw)
+        Channel.control_call = lambda ch, *a, **kw: self._timed("control_s", control)(ch, *a, **kw)
+        self._undo += [(Channel, "call", call), (Channel, "control_call", control)]
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import gc
+
+        for owner, attr, real in reversed(self._undo):
+            setattr(owner, attr, real)
+        self._undo.clear()
+        gc.callbacks.remove(self._on_gc)
+
+    def _timed(self, key: str, real, copy: bool = False):
+        def timed(*args, **kw):
+            events = None
+            if copy and self.cuda:
+                import torch
+
+                events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                events[0].record()   # (on the copy's stream: publish_tensors made it current)
+            t0 = time.perf_counter()
+            try:
+                return real(*args, **kw)
+            finally:
+                self.sums[key] = self.sums.get(key, 0.0) + time.perf_counter() - t0
+                self.counts[key] = self.counts.get(key, 0) + 1
+                if events is not None:
+                    events[1].record()
+                    self._events.append(events)
+        return timed
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+            return
+        self.sums["gc_s"] = self.sums.get("gc_s", 0.0) + time.perf_counter() - self._gc_t0
+        self.counts["gc_s"] = self.counts.get("gc_s", 0) + 1
+        if info.get("generation") == 2:
+            self.counts["gc_full"] = self.counts.get("gc_full", 0) + 1
+
+    def start(self) -> None:
+        self.sums, self.counts, self._events = {}, {}, []
+
+    def take(self) -> dict:
+        """This round's phases (seconds) and call counts; the copy's GPU time once it is done."""
+        out = {k: v for k, v in self.sums.items()}
+        if self._events:
+            for a, b in self._events:
+                b.synchronize()
+            out["copy_gpu_s"] = sum(a.elapsed_time(b) for a, b in self._events) / 1e3
+        out["counts"] = dict(self.counts)
+        return out
 
 
 def swap_ipcpool(sock: Path, name: str, state: dict, readers: int, kind: str, rounds: int) -> dict:
@@ -373,26 +487,36 @@ def swap_ipcpool(sock: Path, name: str, state: dict, readers: int, kind: str, ro
         base = c.stats()["pools"]["default"]["used"]
         version_bytes = next(x for x in c.list_checkpoints(name) if x["name"] == name)["versions"][-1]["size"]
         rows = []
-        for _ in range(rounds):
-            c.reset_high()
-            t0 = time.monotonic()
-            if kind == "torch":
-                c.publish_tensors(name, state)
-            else:
-                with c.new_version(name, [(k, str(v.dtype), v.shape) for k, v in state.items()]) as w:
-                    for k, t in w.tensors(kind).items():
-                        t[...] = state[k]
-                    w.publish()
-            published = time.monotonic()
-            moved = [q_out.get(timeout=300) for _ in procs]
-            rows.append({"swap_s": max(m["moved_at"] for m in moved) - t0, "publish_s": published - t0,
-                         "used_high": c.stats()["pools"]["default"]["used_high"]})
+        with WriterPhases(cuda and kind == "torch") as phases:
+            for _ in range(rounds):
+                c.reset_high()
+                phases.start()
+                t0 = time.monotonic()
+                if kind == "torch":
+                    c.publish_tensors(name, state)
+                else:
+                    with c.new_version(name, [(k, str(v.dtype), v.shape) for k, v in state.items()]) as w:
+                        for k, t in w.tensors(kind).items():
+                            t[...] = state[k]
+                        w.publish()
+                published = time.monotonic()
+                moved = [q_out.get(timeout=300) for _ in procs]
+                writer = phases.take()   # (before the stats call below: not the writer's)
+                stats = c.stats()
+                rows.append({"swap_s": max(m["moved_at"] for m in moved) - t0, "publish_s": published - t0,
+                             "used_high": stats["pools"]["default"]["used_high"],
+                             "kept_bytes": stats["checkpoints"].get("kept_bytes", 0),
+                             "refresh_s": sorted(m["refresh_s"] for m in moved),
+                             "reader_polls": sum(m["polls"] for m in moved), "phases": writer})
     for p in procs:
         p.join()
     steady = rows[1:] or rows
+    keys = sorted({k for r in steady for k in r["phases"] if k != "counts"})
     return {"swap_s": median([r["swap_s"] for r in steady]), "publish_s": median([r["publish_s"] for r in steady]),
             "first_swap_s": rows[0]["swap_s"], "rounds": rows, "used_before": base, "version_bytes": version_bytes,
-            "most_versions_resident": max(r["used_high"] for r in steady) / version_bytes}
+            "most_versions_resident": max(r["used_high"] for r in steady) / version_bytes,
+            "refresh_s": median([max(r["refresh_s"]) for r in steady]),
+            "phases": {k: median([r["phases"].get(k, 0.0) for r in steady]) for k in keys}}
 
 
 def _ipc_reader(q_in, q_out):

@@ -257,6 +257,20 @@ def check_events(key: str, events: list) -> None:
         check_event(f"{key}[{i}]", e)
 
 
+def check_ids(key: str, ids: list) -> None:
+    if not ids:
+        raise InvalidRequest(f"{key}: at least one id")
+    for i, v in enumerate(ids):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 64:
+            raise InvalidRequest(f"{key}[{i}]: an id is an int in [0, 2**64)")
+
+
+def check_indices(key: str, indices: list) -> None:
+    for i, v in enumerate(indices):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < CKPT_MAX_SHARDS:
+            raise InvalidRequest(f"{key}[{i}]: a shard index in [0, {CKPT_MAX_SHARDS})")
+
+
 def check_entries(key: str, entries: list) -> None:
     """Manifest entries ``[name, dtype, shape, shard, offset, nbytes]``: types, a known dtype, a
     size that matches dtype and shape, an aligned offset (the shard bounds are the table's)."""
@@ -293,8 +307,12 @@ REQUESTS.update({
                    "user": Field(dict, False, check=check_user), "exclusive": Field(bool, False)},
     "ckpt_add": {"name": _object_name(), "version": _u64(), "entries": Field(list, max_len=MAX_ARRAY, check=check_entries)},
     # ``done_events``: one per shard (the writer's release of its import), or none (host).
+    # ``keep``: the indices of the shards the writer keeps mapped (held by its keeper).
     "ckpt_publish": {"name": _object_name(), "version": _u64(),
-                     "done_events": Field(list, False, max_len=CKPT_MAX_SHARDS, check=check_events)},
+                     "done_events": Field(list, False, max_len=CKPT_MAX_SHARDS, check=check_events),
+                     "keep": Field(list, False, max_len=CKPT_MAX_SHARDS, check=check_indices)},
+    # One way: kept shards the writer unmapped (their allocation ids).
+    "ckpt_unkeep": {"allocs": Field(list, True, max_len=MAX_ARRAY, check=check_ids)},
     "ckpt_abort": {"name": _object_name(), "version": _u64()},
     # The current version (or ``version``); with ``newer_than``: ``same`` where the current is no newer.
     "ckpt_attach": {"name": _object_name(), "version": _u64(required=False), "newer_than": _u64(required=False)},
@@ -305,19 +323,11 @@ REQUESTS.update({
 })
 
 # One-way requests: the broker acts and sends no reply (ordering per session is kept by ZeroMQ).
-ONE_WAY = frozenset({"free", "ack"})
+ONE_WAY = frozenset({"free", "ack", "ckpt_unkeep"})
 
 # FDs in one control reply at most (the kernel's own limit, SCM_MAX_FD, is 253): a batch attach
 # of 64 GiB in VMM slabs of 1 GiB fetches them all in one reply.
 FD_BATCH = 64
-
-
-def check_ids(key: str, ids: list) -> None:
-    if not ids:
-        raise InvalidRequest(f"{key}: at least one id")
-    for i, v in enumerate(ids):
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 64:
-            raise InvalidRequest(f"{key}[{i}]: an id is an int in [0, 2**64)")
 
 
 # Requests on the control socket.

@@ -8,21 +8,46 @@ never sees part of one.
 
 The manifest travels as entries ``[name, dtype, shape, shard, offset, nbytes]``: added in pieces
 that fit a request, read back in pages that fit a reply.
+
+A writer keeps the shards it published imported where that saves work (``ClientPool.keep``: CUDA
+memory mapped from VMM chunks) and writes into them again when the broker hands the same
+allocation back as the checkpoint's spare, two versions later: no chunk FDs fetched, imported,
+mapped and granted access at ``begin``, and no host wait for the copy and no unmap at ``publish``
+(the broker learns of it, ``spares.Keeper``). It keeps only what may come back, the version it
+published last and the one that version replaced where that is the spare; the rest it lets go
+(``ckpt_unkeep``) at its next publish or begin of that checkpoint, when it deletes it, when a begin
+finds the pool short (then all, and the begin is tried once more), and at ``close``. Loaders keep
+nothing (a version published once is never a spare of theirs).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from .. import protocol
-from ..errors import ClosedError, ObjectNotFound, WaitTimeout
+from ..backend.base import ImportedMemory
+from ..errors import ClosedError, IpcPoolError, ObjectNotFound, OutOfMemory, QuotaExceeded, WaitTimeout
 from .channel import Channel
 from .leases import Buffer, Leases
 from .views import shard_views
 
+log = logging.getLogger(__name__)
+
 ADD_BYTES = 48 << 10   # manifest bytes per ckpt_add (a request is at most MAX_MESSAGE)
+
+
+@dataclass
+class _Kept:
+    """A published shard still imported here (``ClientPool.keep``), until let go."""
+
+    name: str                 # its checkpoint
+    version: int              # the version written there last
+    pool: str
+    memory: ImportedMemory
+    token: Any                # for ``ClientPool.drop_kept``
 
 
 @dataclass(frozen=True)
@@ -52,12 +77,15 @@ class Checkpoints:
     def __init__(self, channel: Channel, leases: Leases):
         self._channel = channel
         self._leases = leases
+        self._kept: dict[int, _Kept] = {}   # allocation id -> a shard this writer still has imported
 
     # -- writing -------------------------------------------------------------------------------
     def begin(self, name: str, shards: list[int], entries: list[Entry], *, pool: str, user: dict | None,
-              exclusive: bool, stream: Any) -> VersionWriter | dict:
-        """A new version in fresh shards with its manifest sent (``VersionWriter``); with
-        ``exclusive`` the broker's ``{"busy": True, "current": ...}`` where another loads or loaded it."""
+              exclusive: bool, stream: Any, keep: bool = True) -> VersionWriter | dict:
+        """A new version in fresh shards (or the spare, imported again only where this writer
+        does not keep it imported already) with its manifest sent (``VersionWriter``); with
+        ``exclusive`` the broker's ``{"busy": True, "current": ...}`` where another loads or loaded
+        it. ``keep``: keep the shards imported after the publish (see the module's doc)."""
         fields: dict[str, Any] = {"name": name, "shards": [max(int(n), 1) for n in shards], "count": len(entries),
                                   "pool": pool}
         if user:
@@ -67,14 +95,36 @@ class Checkpoints:
         leases, channel = self._leases, self._channel
         with channel.lock:
             channel.check_open()
-            reply = channel.call("ckpt_begin", **fields)
+            try:
+                reply = channel.call("ckpt_begin", **fields)
+            except (OutOfMemory, QuotaExceeded):
+                if not self._kept:
+                    raise
+                # Memory this writer keeps imported is memory the broker cannot take back (a
+                # spare it dropped, say): let all of it go, then ask once more.
+                self._let_go(list(self._kept))
+                reply = channel.call("ckpt_begin", **fields)
             if reply.get("busy"):
                 return reply
             number = reply["version"]
             bufs: list[Buffer] = []
             try:
                 for i, shard in enumerate(reply["shards"]):
-                    bufs.append(leases._adopt(shard, stream, owner=True, name=f"{name}@{number}#{i}"))
+                    label = f"{name}@{number}#{i}"
+                    kept = self._kept.pop(shard["alloc"], None)
+                    if kept is not None and kept.pool == shard["pool"] and kept.memory.size == shard["size"]:
+                        # The spare, imported here since this writer published into it: no import.
+                        bufs.append(leases._keep(shard["alloc"], kept.pool, kept.memory, True, label, None, False))
+                        continue
+                    if kept is not None:   # (never: an allocation keeps its pool and size)
+                        self._unimport(kept)
+                        channel.send("ckpt_unkeep", allocs=[shard["alloc"]])
+                    bufs.append(leases._adopt(shard, stream, owner=True, name=label))
+                # What this begin did not take will not come back: only the newest version's stays.
+                mine = [k.version for k in self._kept.values() if k.name == name]
+                if mine:
+                    newest = max(mine)
+                    self._let_go([a for a, k in self._kept.items() if k.name == name and k.version != newest])
                 # The manifest in pieces, sent without waiting; then every answer.
                 rids = [channel.send("ckpt_add", name=name, version=number, entries=piece)
                         for piece in _pieces([e.wire() for e in entries])]
@@ -83,19 +133,69 @@ class Checkpoints:
             except BaseException:
                 self._drop(name, number, bufs, stream)
                 raise
-        return VersionWriter(self, name, number, bufs, entries)
+        return VersionWriter(self, name, number, bufs, entries, keep)
 
     def _publish(self, w: VersionWriter, stream: Any) -> int:
         leases, channel = self._leases, self._channel
         with channel.lock:
             channel.check_open()
-            done = []
-            for buf in w._shards:
+            done, keep, kept = [], [], []
+            for i, buf in enumerate(w._shards):
                 leases.buffers.pop(id(buf), None)
                 buf._freed = True
-                done.append(leases.handoff.release(buf.pool, buf._memory, stream))
-            fields = {"done_events": done} if any(done) else {}
-            return channel.call("ckpt_publish", name=w.name, version=w.version, **fields)["version"]
+                got = leases.handoff.keep(buf.pool, buf._memory, stream) if w._keep else None
+                if got is None:   # released: on CUDA a VMM mapping waits for the work, then unmaps
+                    done.append(leases.handoff.release(buf.pool, buf._memory, stream))
+                    continue
+                done.append(got[0])
+                keep.append(i)
+                kept.append((buf.alloc_id, _Kept(w.name, w.version, buf.pool, buf._memory, got[1])))
+            fields: dict[str, Any] = {"done_events": done} if any(done) else {}
+            if keep:
+                fields["keep"] = keep
+            try:
+                reply = channel.call("ckpt_publish", name=w.name, version=w.version, **fields)
+            except BaseException:
+                for _, k in kept:   # refused: the broker keeps none of it for us
+                    self._unimport(k)
+                raise
+            self._kept.update(kept)
+            # Kept beyond this version: only the one it replaced, where that is the spare now (this
+            # writer's next version but one is written there).
+            spare = reply.get("replaced") if reply.get("spare") else None
+            self._let_go([a for a, k in self._kept.items()
+                          if k.name == w.name and k.version not in (w.version, spare)])
+            return reply["version"]
+
+    def _unimport(self, kept: _Kept) -> None:
+        """Drop a kept import here (after the work queued on it); the broker is told by the caller."""
+        pool = self._leases.handoff.imported(kept.pool)
+        if pool is not None:
+            pool.drop_kept(kept.memory, kept.token)
+
+    def _let_go(self, aids: list[int]) -> None:
+        """Drop these kept imports and tell the broker (one way), which frees what nothing else holds."""
+        gone: list[int] = []
+        try:
+            for aid in aids:
+                kept = self._kept.pop(aid, None)
+                if kept is not None:
+                    gone.append(aid)
+                    self._unimport(kept)
+        finally:
+            if gone and not self._channel.closed:
+                for at in range(0, len(gone), protocol.MAX_ARRAY):
+                    self._channel.send("ckpt_unkeep", allocs=gone[at : at + protocol.MAX_ARRAY])
+
+    def close(self) -> None:
+        """Drop every kept import (the session's end lets the broker's holds go); a failure is
+        logged, so that closing goes on."""
+        kept, self._kept = list(self._kept.values()), {}
+        for k in kept:
+            try:
+                self._unimport(k)
+            except IpcPoolError as exc:
+                log.warning("dropping a kept import of checkpoint %r failed: %s", k.name, exc)
 
     def _abort(self, w: VersionWriter, stream: Any) -> None:
         self._drop(w.name, w.version, w._shards, stream)
@@ -151,7 +251,9 @@ class Checkpoints:
             after = reply["after"]
 
     def delete(self, name: str) -> None:
-        self._channel.call("ckpt_delete", name=name)
+        with self._channel.lock:
+            self._let_go([a for a, k in self._kept.items() if k.name == name])
+            self._channel.call("ckpt_delete", name=name)
 
 
 def reply_user(reply: dict) -> dict:
@@ -180,13 +282,15 @@ class VersionWriter:
     """A version being written: fill its tensors, then ``publish()`` (or leave the ``with`` block
     on an error: the version is dropped, no reader ever sees it)."""
 
-    def __init__(self, part: Checkpoints, name: str, version: int, shards: list[Buffer], entries: list[Entry]):
+    def __init__(self, part: Checkpoints, name: str, version: int, shards: list[Buffer], entries: list[Entry],
+                 keep: bool = True):
         self._part = part
         self.name = name
         self.version = version
         self._shards = shards
         self.entries = entries
         self.done = False
+        self._keep = keep   # keep the shards imported after the publish (``Checkpoints``)
 
     @property
     def shards(self) -> list[Buffer]:

@@ -324,6 +324,7 @@ class Client:
             if channel.closed:
                 return
             try:
+                self._checkpoints.close()   # kept imports first (the bye lets the broker's holds go)
                 self._leases.free_all()
                 self._growables.close_all()
                 channel.call("bye")

@@ -161,6 +161,19 @@ class Handoff:
             self._credits[pool].appendleft(credit)   # not needed (memory with no done event): keep it
         return done
 
+    def imported(self, pool: str) -> Any:
+        """Pool ``pool`` as imported here (a ``ClientPool``), or None."""
+        return self._imported.get(pool)
+
+    def keep(self, pool: str, memory: ImportedMemory, stream: Any) -> tuple[bytes, Any] | None:
+        """As ``release``, but the import stays (``ClientPool.keep``): ``(done event, token)``, or
+        None where the pool keeps nothing of this memory (the caller releases it)."""
+        credit = self.take_credit(pool)
+        got = self._imported[pool].keep(memory, stream, credit)
+        if credit and (got is None or got[0] != credit):
+            self._credits[pool].appendleft(credit)   # not recorded: kept for the next
+        return got
+
     # -- writer ------------------------------------------------------------------------------------
     def carve(self, op: str, fields: dict, *, name: str | None, owner: bool = True) -> Any:
         """A create or allocate carved here and sent without waiting (a buffer); None where it

@@ -316,6 +316,17 @@ class ClientPool(ABC):
         broker's event ``credit`` (see ``BrokerPool.credit``) recorded, where one is given and
         an event is needed, else one of our own."""
 
+    def keep(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> tuple[bytes, Any] | None:
+        """Give up the use of ``memory`` as ``release`` does (its done event for the broker, R2),
+        but leave it imported here, to be written again when the broker hands the same allocation
+        back (a checkpoint's spare): ``(done event, token)``, the token for ``drop_kept``. None
+        where keeping saves nothing (an import that costs no more than a lookup); the caller then
+        releases it."""
+        return None
+
+    def drop_kept(self, memory: ImportedMemory, token: Any) -> None:
+        """Drop an import ``keep`` kept, once the work queued on it before ``keep`` has finished."""
+
     def carved(self, arena: ImportedMemory, offset: int, nbytes: int) -> ImportedMemory:
         """A range of an imported arena (see ``BrokerPool.carve``), released like any import."""
         raise InvalidRequest("this pool's memory cannot be carved")

@@ -8,7 +8,8 @@ written), each reader session holds them while attached. So a replaced version l
 long as a reader holds it; then its memory becomes its checkpoint's spare, the next version's
 (``spares``), or goes (R2 order kept: readers free with their done events like any lease). A
 writer that dies before publishing leaves nothing: its version is dropped with its session, and
-readers never saw it.
+readers never saw it. A writer may keep the shards it published mapped (``publish(keep=...)``):
+then its session's keeper holds them, which counts as no reader (``spares``).
 """
 
 from __future__ import annotations
@@ -149,26 +150,35 @@ class CheckpointTable:
             raise InvalidRequest(f"entries[{i}]: {nbytes} bytes at {offset} do not fit in shard {shard}")
         return [name, dtype, list(shape), shard, offset, nbytes]
 
-    def publish(self, session: Session, name: str, number: int, done_events: list[bytes]) -> tuple[Version, Version | None]:
+    def publish(self, session: Session, name: str, number: int, done_events: list[bytes],
+                keep: list[int] = ()) -> tuple[Version, Version | None, bool]:
         """The writer is done (after each shard's ``done_events``, R2): the version becomes current
-        at once, readers' next attach gets it. Returns it and the version it replaced."""
+        at once, readers' next attach gets it. The shards at the indices ``keep`` stay mapped in
+        the writer's client (its keeper holds them, ``spares``). Returns it, the version it
+        replaced, and whether that one is the checkpoint's spare now."""
         v = self._writing(session, name, number)
         if len(v.entries) != v.count:
             raise InvalidRequest(f"checkpoint {name!r} version {number} has {len(v.entries)} of its "
                                  f"{v.count} tensors; add the rest before publishing")
         if done_events and len(done_events) != len(v.shards):
             raise InvalidRequest(f"ckpt_publish: one done event per shard ({len(v.shards)}), got {len(done_events)}")
+        if any(i >= len(v.shards) for i in keep):
+            raise InvalidRequest(f"ckpt_publish: keep names shards 0 to {len(v.shards) - 1} only")
         _check_disjoint(v)
-        for a, done in zip(v.shards, done_events or [b""] * len(v.shards)):
+        kept = set(keep)
+        for i, (a, done) in enumerate(zip(v.shards, done_events or [b""] * len(v.shards))):
             a.pool.seal(a.handle, session.backend, done)   # readers order after it (join_seals)
+            if i in kept:
+                self.spares.keep_mapped(session, a)        # (before the writer's own hold goes)
             self.registry.free(session, a.aid)             # the writer's import (its done event ordered)
         v.writer, v.published = None, True
         ckpt = self.checkpoints[name]
         old, ckpt.current = ckpt.current, v
+        spared = False
         if old is not None:
-            self.spares.keep(name, old.number, old.shards, v.shards)   # before the version lets go
+            spared = self.spares.keep(name, old.number, old.shards, v.shards)   # before the version lets go
             self._retire(ckpt, old)
-        return v, old
+        return v, old, spared
 
     def abort(self, session: Session, name: str, number: int) -> None:
         v = self._writing(session, name, number)
@@ -272,15 +282,17 @@ class CheckpointTable:
         vs = [v for c in self.checkpoints.values() for v in c.versions.values()]
         return {"checkpoints": len(self.checkpoints), "versions": len(vs),
                 "version_bytes": sum(v.nbytes for v in vs if v.alive(self.registry)),
-                "spare_bytes": self.spares.idle_bytes()}
+                "spare_bytes": self.spares.idle_bytes(), "kept_bytes": self.spares.kept_bytes()}
 
     def end_session(self, session: Session) -> list[Version]:
-        """A writer is gone: what it was writing goes (never published, never seen)."""
+        """A writer is gone: what it was writing goes (never published, never seen), and what its
+        client kept mapped is let go."""
         dropped = []
         for ckpt in list(self.checkpoints.values()):
             for v in [v for v in ckpt.versions.values() if v.writer is session]:
                 self._drop_unpublished(ckpt, v)
                 dropped.append(v)
+        self.spares.end_session(session)
         return dropped
 
 

@@ -286,16 +286,29 @@ class Handlers:
         if isinstance(made, Checkpoint):   # elected elsewhere: attach, or wait for the loader
             cur = made.current
             return {"busy": True, "current": cur.number if cur else None}
-        shards = [export_fields(a) for a in made.shards]   # (no credits: the writer's release makes its own event)
-        return {"version": made.number, "shards": shards}
+        shards = [export_fields(a) for a in made.shards]
+        # A credit per shard for the writer's done events at publish (where the pool has them): the
+        # seal then is the writer's own record of the broker's event, which readers wait on (one
+        # GPU hop), not a wait of ours on the writer's event (~270 us on an H100) and a record after it.
+        pool = made.shards[0].pool
+        credits = [h for h in (pool.credit(session.backend) for _ in made.shards) if h]
+        return {"version": made.number, "shards": shards,
+                **({"pool": pool.spec.name, "credits": credits} if credits else {})}
 
     def op_ckpt_add(self, session: Session, f: dict, rid: int) -> dict:
         v = self.tables.checkpoints.add(session, f["name"], f["version"], f["entries"])
         return {"have": len(v.entries)}
 
     def op_ckpt_publish(self, session: Session, f: dict, rid: int) -> dict:
-        v, old = self.tables.checkpoints.publish(session, f["name"], f["version"], f.get("done_events", []))
-        return {"version": v.number, "replaced": old.number if old else None}
+        v, old, spared = self.tables.checkpoints.publish(session, f["name"], f["version"], f.get("done_events", []),
+                                                         f.get("keep", []))
+        # ``spare``: the replaced version is the next one's memory (its writer may keep its mapping).
+        return {"version": v.number, "replaced": old.number if old else None, "spare": spared}
+
+    def op_ckpt_unkeep(self, session: Session, f: dict, rid: int) -> dict:
+        """One way: the client unmapped shards it kept (``spares.Keeper``); ids it does not keep are ignored."""
+        self.tables.checkpoints.spares.unkeep(session, f["allocs"])
+        return {}
 
     def op_ckpt_abort(self, session: Session, f: dict, rid: int) -> dict:
         self.tables.checkpoints.abort(session, f["name"], f["version"])

@@ -19,6 +19,14 @@ before (the spare then is that version, and the next publish takes fresh memory)
 published once keeps none. The spare goes with the checkpoint, when a version of another layout
 is begun, and first of all when a pool or a uid's quota runs short (``reclaim``). Stats show it
 (``spare_bytes``).
+
+Kept mappings (``Keeper``): a writer whose client keeps the shards it wrote mapped (CUDA VMM
+memory: the spare comes back to it two versions later, and importing, mapping and granting access
+to every chunk again, then unmapping at the next publish, is the swap's own work) holds them
+through its session's keeper. A keeper's hold keeps the memory alive and counted (the client still
+maps it), but blocks no spare and is no reader: a spare held only by keepers is idle, and the
+writer that takes it over uses its mapping again. The client lets go (``ckpt_unkeep``) of what it
+will not be given again; whatever it still keeps goes with its session.
 """
 
 from __future__ import annotations
@@ -37,18 +45,31 @@ class Spare:
     version: int
 
     def idle(self) -> bool:
-        """No reader holds it any more: this spare is each shard's only holder."""
-        return all(len(a.holders) == 1 for a in self.shards)
+        """No reader holds it any more: besides this spare, only writers' keepers (idle mappings,
+        their work ordered before the done events a renew waits for) hold each shard."""
+        return all(all(h is self or type(h) is Keeper for h in a.holders) for a in self.shards)
 
     @property
     def nbytes(self) -> int:
         return sum(a.size for a in self.shards)
 
 
+class Keeper:
+    """One session's kept mappings: memory its client wrote a version into and still has mapped,
+    held (a holder like a spare) until the client lets go or the session ends."""
+
+    __slots__ = ("allocs", "session")
+
+    def __init__(self, session: Session):
+        self.session = session
+        self.allocs: dict[int, Allocation] = {}
+
+
 class Spares:
     def __init__(self, registry: Registry):
         self.registry = registry
         self.by_name: dict[str, Spare] = {}
+        self.keepers: dict[Session, Keeper] = {}
 
     def keep(self, name: str, version: int, old: list[Allocation], new: list[Allocation]) -> bool:
         """``old`` (the shards of ``version``, just replaced by a version in ``new``) becomes the
@@ -78,9 +99,14 @@ class Spares:
         if not spare.idle() or not all(a.pool.renew(a.handle) for a in spare.shards):
             return None   # a reader still on it: fresh memory this time
         del self.by_name[name]
+        keeper = self.keepers.get(session)
         for a in spare.shards:
             self.registry.hold(a, session)            # the writer's hold, as an allocation's
+            if keeper is not None and keeper.allocs.pop(a.aid, None) is not None:
+                self.registry.unhold(a, keeper, b"", None)   # its client maps it already: used again
             self.registry.unhold(a, spare, b"", None)
+        if keeper is not None and not keeper.allocs:
+            del self.keepers[session]
         return spare
 
     def drop(self, name: str) -> None:
@@ -97,6 +123,48 @@ class Spares:
         for name in gone:
             self.drop(name)
         return bool(gone)
+
+    # -- kept mappings ---------------------------------------------------------------------------
+    def keep_mapped(self, session: Session, alloc: Allocation) -> None:
+        """``session``'s client keeps ``alloc`` mapped after publishing the version written there
+        (the caller drops the writer's own hold after this one is taken)."""
+        keeper = self.keepers.get(session)
+        if keeper is None:
+            keeper = self.keepers[session] = Keeper(session)
+        if alloc.aid not in keeper.allocs:
+            keeper.allocs[alloc.aid] = alloc
+            self.registry.hold(alloc, keeper)
+
+    def unkeep(self, session: Session, aids: list[int]) -> int:
+        """The client unmapped these (after its work on them): their keeper's holds go, and memory
+        nothing else holds is freed. Ids it does not keep are ignored (the request has no answer).
+        Returns how many went."""
+        keeper = self.keepers.get(session)
+        if keeper is None:
+            return 0
+        gone = 0
+        for aid in aids:
+            alloc = keeper.allocs.pop(aid, None)
+            if alloc is not None:
+                self.registry.unhold(alloc, keeper, b"", None)
+                gone += 1
+        if not keeper.allocs:
+            del self.keepers[session]
+        return gone
+
+    def end_session(self, session: Session) -> None:
+        """Its process closed or is gone: whatever it kept mapped is let go."""
+        keeper = self.keepers.pop(session, None)
+        for alloc in keeper.allocs.values() if keeper is not None else ():
+            self.registry.unhold(alloc, keeper, b"", None)
+
+    def kept_bytes(self) -> int:
+        """Bytes that only writers' kept mappings hold: no version, spare or reader has them (the
+        broker would have freed them); they go once those clients let go."""
+        seen: dict[int, Allocation] = {}
+        for keeper in self.keepers.values():
+            seen.update(keeper.allocs)
+        return sum(a.size for a in seen.values() if all(type(h) is Keeper for h in a.holders))
 
     def idle_bytes(self, name: str | None = None) -> int:
         """Bytes of spares no reader holds (memory kept only for a next version): ``name``'s, or all."""

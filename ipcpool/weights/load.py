@@ -53,7 +53,9 @@ def load_checkpoint(client: Any, name: str, path: str | os.PathLike, *, pool: st
     its number."""
     sources = read_source(path)
     shards, entries = _layout(sources, shard_bytes)
-    with client._checkpoints.begin(name, shards, entries, pool=pool, user=user, exclusive=False, stream=stream) as w:
+    # (keep=False: a loader publishes once; nothing of its version comes back to it as a spare)
+    with client._checkpoints.begin(name, shards, entries, pool=pool, user=user, exclusive=False, stream=stream,
+                                   keep=False) as w:
         return _fill(client, w, sources, Path(path).name, progress, stream)
 
 
@@ -67,7 +69,8 @@ def load_or_attach(client: Any, name: str, path: str | os.PathLike, *, pool: str
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = 0.002
     while True:
-        got = client._checkpoints.begin(name, shards, entries, pool=pool, user=None, exclusive=True, stream=stream)
+        got = client._checkpoints.begin(name, shards, entries, pool=pool, user=None, exclusive=True, stream=stream,
+                                        keep=False)
         if isinstance(got, VersionWriter):
             with got:
                 number = _fill(client, got, sources, Path(path).name, progress, stream)

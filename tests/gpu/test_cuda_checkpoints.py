@@ -1,6 +1,8 @@
 """Checkpoints on a GPU: a load through pinned buffers, versions from live tensors (device to
 device), readers that never see a mix while writers are killed, a held version freed after its
-release, the spare written again (never a held version) with memory at two versions, and a Hugging Face model's workers reproducing its logits (skips without transformers)."""
+release, the spare written again (never a held version) with memory at two versions, a writer
+that maps a VMM spare once across a swap loop, and a Hugging Face model's workers reproducing its
+logits (skips without transformers)."""
 
 from __future__ import annotations
 
@@ -158,6 +160,34 @@ def test_the_spare_is_written_again_and_a_held_version_never(cuda_broker, case):
         torch.cuda.synchronize()
         _settle(r, base + 2 * one)                               # v1 freed; v4 and the spare stay
         r.delete_checkpoint("m")
+        # The writer keeps the VMM shards it published mapped (v4 and the spare, v3): deleted by
+        # another session, they stay, shown as kept, until it lets go (here: it closes).
+        assert r.stats()["checkpoints"]["kept_bytes"] == (2 * one if case == "vmm" else 0)
+        w.close()
+        _settle(r, base)
+
+
+def test_a_writer_maps_the_spare_once_and_readers_see_each_version_whole(cuda_broker, monkeypatch):
+    count, numel = SPARE_CASES["vmm"]                            # 4.25 GiB: one shard of VMM chunks
+    with ipcpool.connect(cuda_broker.socket_dir) as w, ipcpool.connect(cuda_broker.socket_dir) as r:
+        base = used(r)
+        fetched = []                                             # the writer's chunk FD fetches
+        real = w._channel.alloc_fds
+        monkeypatch.setattr(w._channel, "alloc_fds", lambda aid, n: fetched.append(aid) or real(aid, n))
+        src = {f"p{i}": torch.full((numel,), float(i), device="cuda") for i in range(count)}
+        w.publish_tensors("m", src)
+        one = used(r) - base
+        ck = r.attach("m")
+        for k in range(2, 7):                                    # publish waits for no copy: readers order after it
+            assert w.publish_tensors("m", {n: t + k for n, t in src.items()}) == k
+            assert ck.refresh() and ck.version == k
+            assert all(torch.equal(ck.tensors[n], t + k) for n, t in src.items())
+            torch.cuda.synchronize()
+            r.stats()   # (r's release of the old version is the broker's before the next publish)
+        assert len(fetched) == 2, fetched                        # v1, v2 fresh; v3 on into the spare, still mapped
+        assert used(r) - base == 2 * one and r.stats()["checkpoints"]["kept_bytes"] == 0
+        ck.release()
+        w.delete_checkpoint("m")                                 # the writer lets go of what it kept
         _settle(r, base)
 
 

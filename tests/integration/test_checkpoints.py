@@ -111,13 +111,19 @@ def test_bad_manifests_are_refused_by_the_broker(broker):
             ch.call("ckpt_publish", name="raw", version=v)
         with pytest.raises(ipcpool.InvalidRequest, match="no version 99 this session is writing"):
             ch.call("ckpt_publish", name="raw", version=99)
+        with pytest.raises(ipcpool.InvalidRequest, match="keep names shards 0 to 0 only"):
+            ch.call("ckpt_publish", name="raw", version=v, keep=[1])
+        with pytest.raises(ipcpool.InvalidRequest, match="a shard index"):
+            ch.call("ckpt_publish", name="raw", version=v, keep=[-1])
+        ch.send("ckpt_unkeep", allocs=[r["shards"][0]["alloc"], 1 << 40])   # one way; not kept: ignored
         with pytest.raises(ipcpool.ProtocolError, match="shards"):
             ch.call("ckpt_begin", name="raw", shards="x", count=1, pool="default")
         with pytest.raises(ipcpool.InvalidRequest, match="positive sizes"):
             ch.call("ckpt_begin", name="raw", shards=[0], count=1, pool="default")
         ch.call("ckpt_abort", name="raw", version=v)
         assert c.list_checkpoints() == []
-        assert c.stats()["checkpoints"] == {"checkpoints": 0, "versions": 0, "version_bytes": 0, "spare_bytes": 0}
+        assert c.stats()["checkpoints"] == {"checkpoints": 0, "versions": 0, "version_bytes": 0, "spare_bytes": 0,
+                                            "kept_bytes": 0}
 
 
 def test_manifest_in_pages_and_many_shards(broker):

@@ -148,3 +148,7 @@ def test_the_weights_benchmark_runs_on_the_host_backend(tmp_path):
     # fresh memory; the bench reports the most, ``swap_ipcpool_most_versions_resident``.)
     steady = [r["used_high"] for r in small["swap_ipcpool_rounds"][1:]]
     assert min(steady) == 2 * small["swap_ipcpool_version_bytes"], steady
+    # Where the writer's time went, round by round (the host writes through numpy: no copy phase).
+    phases = small["swap_ipcpool_phases"]
+    assert phases["begin_s"] > 0 and phases["views_s"] > 0 and phases["publish_call_s"] > 0, phases
+    assert all(len(r["refresh_s"]) == 2 for r in small["swap_ipcpool_rounds"])

@@ -28,7 +28,7 @@ from . import vmm
 from .context import OnDevice, OnStream, check_device
 from .descriptors import import_pointer
 from .errors import is_cuda_error, translate
-from .events import DriverEvent, open_ipc, record_into, record_ipc, wait_for
+from .events import DriverEvent, open_ipc, record_into, record_ipc, record_marker, wait_for
 from .memory import CudaMemory, PendingSlab, StreamSource
 
 
@@ -325,6 +325,50 @@ class CudaClientPool(ClientPool):
             raise translate(exc, f"releasing memory of pool {self.name!r}") from exc
         self._backend.keep_done(event)
         return handle
+
+    def keep(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> tuple[bytes, Any] | None:
+        """VMM-mapped memory (a shard above the import limit) stays mapped: ``release`` would wait
+        on the host for the caller's work (the copy into a version, the whole of it) and unmap
+        every chunk, and the writer given this memory back as its next spare would fetch the FDs,
+        import, map and grant access again. Here only the done event is recorded (on ``credit``
+        where given, R2: readers of the seal order after it on the GPU, R1), with a marker of ours
+        after it: ``drop_kept`` waits on that before it unmaps. Other memory: None (release it)."""
+        if not isinstance(memory, CudaMemory) or memory.mapping is None or memory.released:
+            return None
+        try:
+            with OnDevice(self.device):
+                s = self._backend.stream(stream, self.device)
+                if credit:
+                    (err,) = cuEventRecord(self._opened(credit).handle, s.handle)
+                    if err != CUresult.CUDA_SUCCESS:   # a stream of another device's context
+                        record_into(s, credit)
+                    done = credit
+                else:
+                    event, done = record_ipc(s)
+                    self._backend.keep_done(event)
+                marker = record_marker(s)
+        except Exception as exc:
+            if not is_cuda_error(exc):
+                raise
+            raise translate(exc, f"keeping memory of pool {self.name!r} mapped") from exc
+        return done, marker
+
+    def drop_kept(self, memory: ImportedMemory, token: Any) -> None:
+        """Unmap kept memory once the work before ``keep`` is done (its marker: long complete on
+        the usual path, where the version was published a swap or more ago)."""
+        if not isinstance(memory, CudaMemory) or memory.mapping is None or memory.released:
+            return
+        try:
+            with OnDevice(self.device):
+                if token is not None:
+                    token.sync()
+                    token.close()
+                memory.detach()
+                memory.mapping.close()
+        except Exception as exc:
+            if not is_cuda_error(exc):
+                raise
+            raise translate(exc, f"unmapping kept memory of pool {self.name!r}") from exc
 
     def close(self) -> None:
         if self._closed:
