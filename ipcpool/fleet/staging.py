@@ -10,13 +10,14 @@ what and why:
 - ``shards``: the broker's memory as it is, no copy. On the host backend this is the default.
   Not on CUDA: the shards there are pool memory imported through CUDA IPC, which UCX mis-reads
   (it logs "VRAM memory is detected as host by UCX") and may register anyway, so that the reads
-  then hang rather than fail; a refusal cannot be waited for.
+  then hang instead of failing: there is no refusal to fall back on.
 - ``gpu``: plain device buffers of this process's own (cuMemAlloc: no pool, no IPC export),
   registered as VRAM, the copies device to device on the legacy stream and waited for. The
-  default on CUDA: UCX takes such memory (and can share it with a peer process through cuda_ipc,
-  which it cannot do with default-pool memory), and a copy costs milliseconds a GiB, against a
-  host round trip; the price is the version's size in GPU memory on each side while staged
-  (the serve-peer keeps its copy while it serves the version). Not on the host backend.
+  default on CUDA: UCX takes such memory (on one node it can hand it to the peer process through
+  cuda_ipc's legacy IPC handles, which pool memory has not), and a copy costs about a millisecond
+  a GiB, against a round trip through the host; the price is the version's size in GPU memory on
+  each side while staged (the serve-peer keeps its copy while it serves the version). Not on the
+  host backend.
 - ``host``: host buffers registered as DRAM, the copies between GPU and host: where UCX has no
   CUDA support at all, or the GPU has no room for the buffers. Slow, and said so by the pull.
 
