@@ -2,8 +2,9 @@
 reload from disk.
 
   pull     `ipcpool pull` as a library call: a new version in the second broker, NIXL READs of
-           the first broker's memory, a digest per tensor, the publish (transfer and whole pull
-           timed apart)
+           the first broker's memory (or the buffers staged for it: on CUDA GPU buffers by
+           default, IPCPOOL_NIXL_STAGING to choose), a digest per tensor, the publish (transfer
+           and whole pull timed apart; the staging copies are in the whole pull)
   floor    NIXL alone moving the same bytes: two agents, two plain buffers (numpy on the host,
            torch on a GPU), one READ of the whole size; nothing of ipcpool between. Into one
            buffer used again, and (a second line) into fresh host memory each time, as a pull's
@@ -168,7 +169,7 @@ def run(args) -> dict:
             a.load_checkpoint("model", path, progress=True)
         server = serve_peer(sa)
         try:
-            pulls, totals, transports = [], [], set()
+            pulls, totals, transports, stagings = [], [], set(), set()
             with ipcpool.connect(sb) as b:
                 for i in range(args.repeat):
                     progress(f"pull {i + 1}/{args.repeat}")
@@ -176,12 +177,14 @@ def run(args) -> dict:
                     pulls.append(r.seconds)
                     totals.append(r.total_seconds)
                     transports.add(r.transport.describe())
+                    stagings.add(r.staged or "registered as they are")
                     if r.warning:
                         progress(f"warning: {r.warning}")
                     data["pulled_bytes"] = r.nbytes
                     b.delete_checkpoint("model")
                 data["pull"] = {**summary(r.nbytes, pulls), "whole_pull": summary(r.nbytes, totals),
-                                "transport": " / ".join(sorted(transports)), "tcp_gpu": r.transport.tcp_gpu}
+                                "transport": " / ".join(sorted(transports)), "tcp_gpu": r.transport.tcp_gpu,
+                                "staging": " / ".join(sorted(stagings))}
                 reloads = []
                 for i in range(args.repeat):
                     progress(f"reload {i + 1}/{args.repeat}")
@@ -204,7 +207,8 @@ def run(args) -> dict:
 def lines(data: dict) -> list[str]:
     n = data["pulled_bytes"]
     p, f, r = data["pull"], data["floor"], data["reload"]
-    return [f"pull (transfer)  {p['median_s']:.3f} s  {p['median_gbps']:.2f} GB/s  over {p['transport']}",
+    return [f"pull (transfer)  {p['median_s']:.3f} s  {p['median_gbps']:.2f} GB/s  over {p['transport']}; "
+            f"{p['staging']}",
             f"pull (whole)     {p['whole_pull']['median_s']:.3f} s  {p['whole_pull']['median_gbps']:.2f} GB/s  "
             f"(metadata, manifest, digests, publish)  over {p['transport']}",
             f"NIXL floor       {f['median_s']:.3f} s  {f['median_gbps']:.2f} GB/s  over {f['transport']}",

@@ -52,6 +52,10 @@ PENDING_HELLOS_PER_UID = 64
 
 
 DEFAULT_NIXL_PORT = 5555   # NIXL's own default listener port
+# [nixl] staging: how NIXL is given a version's memory (ipcpool.fleet.staging): "auto" (GPU
+# buffers on CUDA, the memory itself on the host), or the first kind to try, each falling back to
+# the next: "off" (the memory itself), "gpu" (GPU buffers), "host" (host buffers).
+STAGINGS = ("auto", "off", "gpu", "host")
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class Fleet:
     port: int = DEFAULT_NIXL_PORT           # the serve-peer's NIXL listener (metadata exchange)
     serve: tuple[str, ...] = ()             # checkpoint name prefixes served to peers; none: nothing
     peers: dict[str, tuple[str, int]] = field(default_factory=dict)   # name -> (host, listener port)
+    staging: str = "auto"                   # one of STAGINGS
 
     @property
     def agent(self) -> str:
@@ -234,7 +239,7 @@ def _port(value: Any, key: str) -> int:
 
 def _fleet(data: dict[str, Any]) -> Fleet:
     nixl = _expect(data.get("nixl", {}), dict, "nixl")
-    _known(nixl, {"name", "port", "serve"}, "nixl")
+    _known(nixl, {"name", "port", "serve", "staging"}, "nixl")
     name = _node_name(nixl["name"], "nixl.name") if "name" in nixl else ""
     port = _port(nixl.get("port", DEFAULT_NIXL_PORT), "nixl.port")
     serve = tuple(_expect(p, str, f"nixl.serve[{i}]") for i, p in enumerate(_expect(nixl.get("serve", []), list, "nixl.serve")))
@@ -246,7 +251,10 @@ def _fleet(data: dict[str, Any]) -> Fleet:
             raise ConfigError(f"{where}: expected \"host:port\" of the peer's NIXL listener (its [nixl] port), "
                               f"such as \"10.0.0.2:{DEFAULT_NIXL_PORT}\", got {value!r}")
         peers[key] = (host.strip("[]"), _port(int(port_text), where))
-    return Fleet(name=name, port=port, serve=serve, peers=peers)
+    staging = _expect(nixl.get("staging", "auto"), str, "nixl.staging")
+    if staging not in STAGINGS:
+        raise ConfigError(f"nixl.staging: one of {', '.join(STAGINGS)}, got {staging!r}")
+    return Fleet(name=name, port=port, serve=serve, peers=peers, staging=staging)
 
 
 def parse(data: dict[str, Any]) -> Config:

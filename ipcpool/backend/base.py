@@ -14,6 +14,7 @@ the *done* event handle the broker must wait on before it frees (rule R2).
 
 from __future__ import annotations
 
+import ctypes
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -381,6 +382,19 @@ class ClientBackend(ABC):
         from .filecopy import read_into_host
 
         read_into_host(jobs, on_bytes)
+
+    # -- memory of this process's own, for libraries that cannot take pool memory imported from
+    # the broker (NIXL/UCX: the fleet's staging, docs/fleet.md)
+    def plain_device_memory(self, device: int, nbytes: int) -> Any:
+        """``nbytes`` of ``device``'s memory allocated the plain way: from no pool, exported to no
+        one. An object with ``ptr``, ``size``, ``device`` and ``close()`` (which frees it)."""
+        raise BackendUnavailable(f"the {self.name} backend has no device memory")
+
+    def copy_memory(self, pieces: list[tuple[int, int, int]], device: int | None) -> None:
+        """Copy each ``(dst, src, nbytes)`` between addresses this process maps (host memory, or
+        ``device``'s and host memory); done when it returns."""
+        for dst, src, nbytes in pieces:
+            ctypes.memmove(dst, src, nbytes)
 
     def close(self) -> None:
         """Release backend-wide client resources."""

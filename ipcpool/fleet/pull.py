@@ -1,8 +1,8 @@
 """Pull a checkpoint version from a peer node's broker through NIXL.
 
 The new local version is begun unpublished, the same shard for shard and offset for offset as
-the peer's; NIXL READs every byte straight into it (or, where NIXL refuses its memory, into host
-buffers then copied into it: ``staging``); each tensor's digest is checked against the peer's;
+the peer's; NIXL READs every byte straight into it (or into buffers NIXL takes, then copied into
+it: ``staging``, on CUDA through GPU buffers by default); each tensor's digest is checked against the peer's;
 only then is it published. Any failure (the peer, the network, a digest, this process killed)
 leaves no version behind: an unpublished version dies with its writer, as a load's does.
 """
@@ -50,7 +50,9 @@ class PullResult:
     total_seconds: float      # the whole pull: metadata, manifest, transfer, digests, publish
     transport: transport.Transport
     memory: str               # the local memory: DRAM or VRAM
-    staged: str = ""          # whose memory NIXL could not register and went through host buffers, in words
+    staged: str = ""          # whose memory went through buffers, and which, in words ("": none)
+    staging: tuple[str, str] = ("", "")   # (the peer's, this node's): "" (registered as it is), "gpu", "host"
+    host_staged: str = ""     # the sides staged through host buffers, and why, in words (the warning)
 
     @property
     def bytes_per_s(self) -> float:
@@ -59,10 +61,9 @@ class PullResult:
     @property
     def warning(self) -> str | None:
         said = []
-        if self.staged:
-            said.append(f"{self.staged}: NIXL refused to register that memory (for GPU memory: UCX without CUDA "
-                        "support, most likely), so every byte was copied once more on each staged side and "
-                        "UCX moved host memory, with no GPU transport (see docs/fleet.md)")
+        if self.host_staged:
+            said.append(f"{self.host_staged}, so every byte was copied once more on each side so staged and UCX "
+                        "moved host memory, with no GPU transport (see docs/fleet.md)")
         if self.transport.tcp_gpu:
             said.append("GPU memory went over TCP: UCX found no GPU transport (RDMA with GPUDirect, cuda_ipc) "
                         "between these peers, so the bytes were staged through host memory and sockets, far "
@@ -99,6 +100,7 @@ def pull(client: Any, peer: str, name: str, *, version: int | None = None, confi
         known = ", ".join(sorted(fleet.peers)) or "none: add a [peers] table to broker.toml"
         raise InvalidRequest(f"no peer named {peer!r} in the configuration (peers: {known})")
     host, port = fleet.peers[peer]
+    asked = staging.setting(fleet)
     t0 = time.monotonic()
     mark = transport.mark()   # UCX writes its tables as it connects, before the first read
     global _agents
@@ -111,7 +113,7 @@ def pull(client: Any, peer: str, name: str, *, version: int | None = None, confi
         req = secrets.token_hex(8)
         manifest = session.ask(req, name, version, fleet.agent)
         try:
-            return _fill(client, session, manifest, local_name or name, pool, progress, t0, mark)
+            return _fill(client, session, manifest, local_name or name, pool, progress, t0, mark, asked)
         finally:
             session.tell(wire.encode("done", req=req, name=name, version=manifest["version"]))
     finally:
@@ -119,7 +121,7 @@ def pull(client: Any, peer: str, name: str, *, version: int | None = None, confi
 
 
 def _fill(client: Any, session: _Session, manifest: dict, local_name: str, pool: str, progress: bool, t0: float,
-          mark: int) -> PullResult:
+          mark: int, asked: str) -> PullResult:
     entries = [Entry.of(e) for e in manifest["entries"]]
     remote = [tuple(s) for s in manifest["shards"]]
     sums = list(manifest["digests"])
@@ -131,8 +133,8 @@ def _fill(client: Any, session: _Session, manifest: dict, local_name: str, pool:
     total = sum(s[1] for s in remote)   # what NIXL moves: the shards, alignment gaps included
     with client.new_version_like(local_name, [s[1] for s in remote], entries, pool=pool, user=user) as w:
         try:
-            local = staging.register(session.agent, w.shards, client._backend.on_gpu,
-                                     f"the new version of {local_name} here", fill=False)
+            local = staging.register(session.agent, w.shards, client._backend,
+                                     f"the new version of {local_name} here", fill=False, asked=asked)
         except TransferFailed as exc:
             raise TransferFailed(f"{exc}; nothing was published") from exc
         try:   # deregistered before the shards are handed to the broker, whatever happens
@@ -142,7 +144,7 @@ def _fill(client: Any, session: _Session, manifest: dict, local_name: str, pool:
                 t1 = time.monotonic()
                 session.read(pieces, local.memory, manifest["memory"], bar)
                 seconds = time.monotonic() - t1
-            local.from_host()   # staged: the bytes into the shards (checked below, from there)
+            local.from_staged()   # staged: the bytes into the shards (checked below, from there)
         finally:
             local.close()
         for e, want in zip(entries, sums):   # every byte arrived: now check them, tensor by tensor
@@ -151,17 +153,27 @@ def _fill(client: Any, session: _Session, manifest: dict, local_name: str, pool:
                                      f"{session.peer}: its bytes differ from the peer's digest (corrupted on "
                                      f"the way or at the source); nothing was published")
         number = w.publish()
+    # (a serve-peer that predates GPU buffers staged through host buffers only)
+    theirs = (manifest.get("staged"), manifest.get("through") or "host", bool(manifest.get("refused", True)))
+    ours = (local.staged, local.through, bool(local.refused))
+    host = _staged(session.peer, theirs, ours, only="host")
+    if host:
+        host += (": NIXL refused to register that memory (for GPU memory: UCX without CUDA support, most likely)"
+                 if theirs[2] or ours[2] else f": as [nixl] staging (or {staging.STAGING_ENV}) asks")
     return PullResult(local_name, number, session.peer, peer_version, total, len(entries), seconds,
-                      time.monotonic() - t0, transport.since(mark), memory,
-                      _staged(session.peer, manifest.get("staged"), local.staged))
+                      time.monotonic() - t0, transport.since(mark), memory, _staged(session.peer, theirs, ours),
+                      (theirs[1] if theirs[0] else "", ours[1] if ours[0] else ""), host)
 
 
-def _staged(peer: str, theirs: Any, ours: str | None) -> str:
-    """Which side's memory went through host buffers (a memory type each, or None), in words."""
-    sides = [f"{peer}'s {staging.KINDS.get(str(theirs), 'memory')}"] if theirs else []
-    if ours:
-        sides.append(f"this node's {staging.KINDS[ours]}")
-    return f"{' and '.join(sides)} staged through host buffers" if sides else ""
+def _staged(peer: str, theirs: tuple, ours: tuple, only: str | None = None) -> str:
+    """Which side's memory went through which buffers, in words: a side is (its memory type or
+    None where not staged, "gpu" or "host", ...); ``only``: the sides staged through those."""
+    through: dict[str, list[str]] = {}
+    for who, (memory, kind, *_) in ((f"{peer}'s", theirs), ("this node's", ours)):
+        if memory and only in (None, kind):
+            through.setdefault(kind, []).append(f"{who} {staging.KINDS.get(str(memory), 'memory')}")
+    return " and ".join(f"{' and '.join(sides)} staged through {staging.THROUGH[kind]}"
+                        for kind, sides in through.items())
 
 
 def _bar(label: str, total: int, on: bool) -> Any:

@@ -4,8 +4,8 @@ through NIXL.
 A separate process, not the broker: NIXL and UCX (threads, a listener, network ports, a few
 hundred MB of libraries) stay out of the process that owns every client's memory, and a fault in
 them costs a pull, never the node's broker. It attaches a version zero-copy (a reader like any
-other: the version stays alive while served), registers its shards with its NIXL agent (or host
-copies of them where NIXL refuses them: ``staging``) and answers a peer's request with the
+other: the version stays alive while served), registers its shards with its NIXL agent (or copies
+of them in buffers NIXL takes: ``staging``) and answers a peer's request with the
 manifest and a digest per tensor; the peer then reads the bytes itself (one-sided NIXL READs)
 and says when it is done. A request that fails is answered with the reason, never fatal.
 """
@@ -55,6 +55,7 @@ class PeerServer:
         self.fleet = fleet
         self.on_gpu = client._backend.on_gpu
         self.memory = nixl.memory_type(self.on_gpu)
+        self.staging = staging.setting(fleet)
         self.agent = nixl.agent(fleet.agent, fleet.port)
         self.served: dict[str, dict[int, Served]] = {}   # name -> version -> what is served
         self.replies: list[tuple[float, str, bytes]] = []  # waiting for the puller's metadata
@@ -62,9 +63,10 @@ class PeerServer:
         self.flip = os.environ.get(FLIP_ENV)
 
     def serve_forever(self, poll: float = 0.002) -> None:
-        log.info("serving checkpoints %s to peers %s as NIXL agent %r, listener on port %d (%s memory)",
-                 list(self.fleet.serve) or "(none: [nixl] serve is empty)", sorted(self.fleet.peers) or "(none)",
-                 self.fleet.agent, self.fleet.port, self.memory)
+        log.info("serving checkpoints %s to peers %s as NIXL agent %r, listener on port %d (%s memory, "
+                 "staging %s: %s)", list(self.fleet.serve) or "(none: [nixl] serve is empty)",
+                 sorted(self.fleet.peers) or "(none)", self.fleet.agent, self.fleet.port, self.memory, self.staging,
+                 " then ".join(staging.attempts(self.staging, self.on_gpu)))
         while not self.stop.is_set():
             busy = self.step()
             if not busy:
@@ -126,7 +128,8 @@ class PeerServer:
         return wire.encode("manifest", req=req, name=name, version=s.version, memory=s.registered.memory,
                            shards=[list(r) for r in s.registered.regions],
                            entries=[e.wire() for e in s.entries], digests=s.digests, user=s.user,
-                           staged=s.registered.staged)
+                           staged=s.registered.staged, through=s.registered.through,
+                           refused=bool(s.registered.refused))
 
     def _serve(self, name: str, version: int | None) -> Served:
         versions = self.served.setdefault(name, {})
@@ -141,7 +144,8 @@ class PeerServer:
             sums = digests(shards, entries)
             if self.flip is not None:
                 _flip_byte(shards, entries, self.flip)
-            registered = staging.register(self.agent, shards, self.on_gpu, f"{name}@{number}", fill=True)
+            registered = staging.register(self.agent, shards, self.client._backend, f"{name}@{number}", fill=True,
+                                          asked=self.staging)
         except BaseException:
             for b in shards:
                 b.free()

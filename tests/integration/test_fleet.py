@@ -42,14 +42,15 @@ def test_a_named_version_in_python_and_over_tcp(start_fleet, tmp_path):
     code = ("import ipcpool, sys\n"
             "with ipcpool.connect(sys.argv[1]) as c:\n"
             "    r = c.pull('a', 'm', version=1, config=sys.argv[2], local_name='old')\n"
-            "    print(r.version, r.peer_version, r.transport.names, r.nbytes, r.bytes_per_s > 0, r.warning)\n")
+            "    print(r.version, r.peer_version, r.transport.names, r.nbytes, r.bytes_per_s > 0, r.staging == ('', ''),"
+            " r.warning)\n")
     out = subprocess.run([sys.executable, "-c", code, str(fleet.b.socket_dir), str(fleet.b_config)],
                          capture_output=True, text=True, timeout=120, env={**os.environ, "UCX_TLS": "tcp,self"})
     v1.release()
     held.close()
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[:3] == ["1", "1", "('tcp',)"]
-    assert out.stdout.split()[-1] == "None"            # host memory over TCP: no GPU warning
+    assert out.stdout.split()[-2:] == ["True", "None"]   # host memory registered as it is, over TCP: no warning
     _, want = model(tmp_path, 1)
     with ipcpool.connect(fleet.b.socket_dir) as r, r.attach("old", kind="numpy") as ck:
         assert ck.tensors["big"].tobytes() == want["big"].tobytes()
@@ -185,3 +186,22 @@ def test_memory_nixl_refuses_goes_through_host_buffers_and_arrives_byte_identica
         for name, want in tensors.items():
             got = ck.tensors[name]
             assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes(), name
+
+
+def test_staging_asked_for_is_used_and_said_though_nixl_refused_nothing(start_fleet, tmp_path):
+    """Host buffers asked for by the serve-peer's environment and by the puller's broker.toml:
+    both sides stage through them, and the pull names them and why (not a refusal)."""
+    fleet = start_fleet(serve_env={"IPCPOOL_NIXL_STAGING": "host"})
+    fleet.b_config.write_text(fleet.b_config.read_text().replace("[nixl]\n", '[nixl]\nstaging = "host"\n'))
+    path, tensors = model(tmp_path)
+    with ipcpool.connect(fleet.a.socket_dir) as c:
+        c.load_checkpoint("m", path, progress=False)
+    done = fleet.pull("a", "m")
+    assert done.returncode == 0, done.stderr
+    staged = "a's host memory and this node's host memory staged through host buffers"
+    assert done.stdout.rstrip().endswith(f"; {staged}"), done.stdout
+    assert f"warning: {staged}: as [nixl] staging (or IPCPOOL_NIXL_STAGING) asks, so every byte" in done.stderr
+    assert "refused" not in done.stderr and "(DRAM memory, staging host: host)" in fleet.server.log()
+    with ipcpool.connect(fleet.b.socket_dir) as r, r.attach("m", kind="numpy") as ck:
+        for name, want in tensors.items():
+            assert ck.tensors[name].tobytes() == want.tobytes(), name

@@ -1,5 +1,5 @@
 """The parts of a pull that need no NIXL: UCX's protocol tables read, peer messages checked,
-CHECKPOINT@VERSION split, digests."""
+CHECKPOINT@VERSION split, digests, which kinds of staging are tried and how the pull words them."""
 
 import pytest
 
@@ -60,51 +60,42 @@ def test_checkpoint_at_version_and_digests():
     assert wire.digest(b"abc") != wire.digest(b"abd") and len(wire.digest(memoryview(b"x" * 10))) == 32
 
 
-class RefusingAgent:
-    """A NIXL agent that refuses to register the memory types given, as NIXL does GPU memory where
-    UCX has no CUDA support."""
-
-    def __init__(self, *refused: str):
-        self.refused, self.registered = refused, []
-
-    def register_memory(self, regions, memory):
-        if memory in self.refused:
-            raise RuntimeError("NIXL_ERR_BACKEND")
-        self.registered.append((memory, regions))
-        return len(self.registered)
-
-    def deregister_memory(self, handle):
-        self.registered[handle - 1] = None
-
-
-def test_gpu_memory_nixl_refuses_is_staged_through_host_buffers_and_said_so():
-    from types import SimpleNamespace
-
+@pytest.mark.parametrize("asked, on_gpu, tried", [
+    ("auto", True, ["gpu", "host"]), ("auto", False, ["shards", "host"]),
+    ("off", True, ["shards", "gpu", "host"]), ("off", False, ["shards", "host"]),
+    ("gpu", True, ["gpu", "host"]), ("gpu", False, ["host"]), ("host", True, ["host"]), ("host", False, ["host"]),
+])
+def test_the_kinds_tried_go_from_the_one_asked_for_to_the_costlier_ones(asked, on_gpu, tried):
+    """GPU memory is never registered as it is unless asked ("off"): UCX may take the broker's
+    imported pool memory and then hang on it; GPU buffers only stand in for GPU memory."""
     from ipcpool.fleet import staging
+
+    assert staging.attempts(asked, on_gpu) == tried
+
+
+def test_the_staging_asked_for_is_the_environments_else_the_configs(monkeypatch):
+    from ipcpool.config import Fleet, parse
+    from ipcpool.errors import ConfigError
+    from ipcpool.fleet import staging
+
+    monkeypatch.delenv(staging.STAGING_ENV, raising=False)
+    assert staging.setting(Fleet()) == "auto" and staging.setting(parse({"nixl": {"staging": "off"}}).fleet) == "off"
+    monkeypatch.setenv(staging.STAGING_ENV, "host")
+    assert staging.setting(Fleet(staging="gpu")) == "host"
+    monkeypatch.setenv(staging.STAGING_ENV, "dram")
+    with pytest.raises(ConfigError, match="IPCPOOL_NIXL_STAGING: one of auto, off, gpu, host, got 'dram'"):
+        staging.setting(Fleet())
+    with pytest.raises(ConfigError, match="nixl.staging: one of auto, off, gpu, host, got 'yes'"):
+        parse({"nixl": {"staging": "yes"}})
+
+
+def test_which_sides_were_staged_through_what_in_words():
     from ipcpool.fleet.pull import _staged
 
-    agent = RefusingAgent("VRAM")
-    shards = [SimpleNamespace(ptr=1 << 20, size=4096, device=1), SimpleNamespace(ptr=2 << 20, size=100, device=1)]
-    r = staging.register(agent, shards, True, "m@1", fill=False)
-    assert (r.memory, r.staged) == ("DRAM", "VRAM") and [buf.nbytes for buf in r.host] == [4096, 100]
-    assert r.regions == [(buf.ctypes.data, buf.nbytes, 0) for buf in r.host]
-    assert agent.registered == [("DRAM", [(*region, "") for region in r.regions])]
-    r.close()
-    assert agent.registered == [None] and r.host is None
-    assert _staged("a", "VRAM", "VRAM") == "a's GPU memory and this node's GPU memory staged through host buffers"
-    assert _staged("a", None, None) == "" and _staged("a", None, "DRAM") == "this node's host memory staged through " \
-                                                                           "host buffers"
-
-
-def test_gpu_memory_nixl_refuses_with_no_host_buffer_either_is_reported_with_the_usual_cause():
-    from types import SimpleNamespace
-
-    from ipcpool.errors import TransferFailed
-    from ipcpool.fleet import staging
-
-    shard = SimpleNamespace(ptr=1 << 20, size=4096, device=0)
-    with pytest.raises(TransferFailed) as caught:
-        staging.register(RefusingAgent("VRAM", "DRAM"), [shard], True, "m@1", fill=True)
-    assert str(caught.value).startswith("cannot register the GPU memory of m@1 with NIXL (NIXL_ERR_BACKEND; "
-                                        "UCX likely has no CUDA support"), caught.value
-    assert str(caught.value).endswith(", nor a host buffer to stage it through (NIXL_ERR_BACKEND)"), caught.value
+    gpu, host, none = ("VRAM", "gpu"), ("VRAM", "host"), (None, None)
+    assert _staged("a", gpu, gpu) == "a's GPU memory and this node's GPU memory staged through GPU buffers"
+    assert _staged("a", gpu, host) == "a's GPU memory staged through GPU buffers and this node's GPU memory " \
+                                      "staged through host buffers"
+    assert _staged("a", gpu, host, only="host") == "this node's GPU memory staged through host buffers"
+    assert _staged("a", none, none) == "" and _staged("a", gpu, none, only="host") == ""
+    assert _staged("a", ("DRAM", "host"), none) == "a's host memory staged through host buffers"

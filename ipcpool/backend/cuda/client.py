@@ -91,6 +91,20 @@ class CudaClientGrowable(ClientGrowable):
             self._mapping.close()
 
 
+class PlainDeviceMemory:
+    """Device memory of this process's own (cuMemAlloc): what libraries that mis-read pool memory
+    imported through IPC can take (``plain_device_memory``)."""
+
+    def __init__(self, ptr: int, size: int, device: int):
+        self.ptr, self.size, self.device = ptr, size, device
+
+    def close(self) -> None:
+        if self.ptr:
+            with OnDevice(self.device):
+                drv.free(self.ptr)   # cuMemFree waits for the work still using it
+            self.ptr = 0
+
+
 class CudaClientBackend(ClientBackend):
     name = "cuda"
     array_module = "cupy"
@@ -231,6 +245,33 @@ class CudaClientBackend(ClientBackend):
                 if not is_cuda_error(exc):
                     raise
                 raise translate(exc, "loading file bytes to the GPU") from exc
+
+    def plain_device_memory(self, device: int, nbytes: int) -> PlainDeviceMemory:
+        check_device(device)
+        try:
+            with OnDevice(device):
+                return PlainDeviceMemory(drv.alloc(nbytes), nbytes, device)
+        except Exception as exc:
+            if not is_cuda_error(exc):
+                raise
+            raise translate(exc, f"allocating {nbytes} bytes of device {device}'s memory") from exc
+
+    def copy_memory(self, pieces: list[tuple[int, int, int]], device: int | None) -> None:
+        """On the legacy default stream, which waited on the ready and seal events of what was
+        imported without a stream (R1), then waited for: the bytes are there on return."""
+        if device is None:
+            super().copy_memory(pieces, device)
+            return
+        try:
+            with OnDevice(device):
+                s = self.stream(None, device)
+                for dst, src, nbytes in pieces:
+                    drv.copy(dst, src, nbytes, int(s.handle))
+                s.sync()
+        except Exception as exc:
+            if not is_cuda_error(exc):
+                raise
+            raise translate(exc, "copying device memory") from exc
 
     def close(self) -> None:
         if self._closed:

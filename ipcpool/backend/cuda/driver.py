@@ -2,7 +2,8 @@
 
 cuda.core covers pools, buffers, streams and events; what is left here is pool attributes that
 cuda.core only reads (release threshold, reuse policies, resetting the high marks), trimming,
-access on an *imported* pool, peer checks and stream queries.
+access on an *imported* pool, peer checks, stream queries, copies between raw addresses and
+plain (non-pool) allocations, which cuda.core makes only through private classes.
 """
 
 from __future__ import annotations
@@ -138,6 +139,21 @@ def copy_from_host(dst_ptr: int, src: memoryview, stream_handle: int) -> None:
         return
     address = ctypes.addressof((ctypes.c_ubyte * n).from_buffer(staged))
     check(cu.cuMemcpyHtoDAsync(dst_ptr, address, n, cu.CUstream(stream_handle)), "cuMemcpyHtoDAsync")
+
+
+def copy(dst_ptr: int, src_ptr: int, nbytes: int, stream_handle: int) -> None:
+    """Copy between any two addresses of this process (unified addressing: device or host) on a
+    stream."""
+    check(cu.cuMemcpyAsync(dst_ptr, src_ptr, nbytes, cu.CUstream(stream_handle)), "cuMemcpyAsync")
+
+
+def alloc(nbytes: int) -> int:
+    """Device memory of the current context's device, the plain way (cuMemAlloc: no pool)."""
+    return int(check(cu.cuMemAlloc(nbytes), "cuMemAlloc"))
+
+
+def free(ptr: int) -> None:
+    check(cu.cuMemFree(ptr), "cuMemFree")
 
 
 def stream_context(stream_handle: int) -> Any:
