@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 import ipcpool  # noqa: E402
+from ipcpool import trace  # noqa: E402
 from bench.common import RESULTS, broker, gpu_device, gpu_model, machine, progress, save  # noqa: E402
 from ipcpool.backend.filecopy import read_exact  # noqa: E402  (a preadv loop, as any reader has)
 
@@ -367,83 +368,69 @@ def _swap_reader(sock, name, kind, rounds, poll_s, q_ready, q_out):
 
 
 class WriterPhases:
-    """Where the writer's part of each swap goes, nothing of ipcpool changed: a few of its
-    functions wrapped for the swap rounds (a perf_counter call each; the results say which), every
-    pass of the cyclic collector timed (``gc.callbacks``), and on CUDA the copy timed on the GPU by
-    two events around it. ``begin_s`` holds ``import_s`` (the chunk FDs fetched, imported, mapped,
-    access granted: a shard not kept from before) and ``let_go_s``; ``publish_call_s`` holds
-    ``release_s`` (a shard not kept: on CUDA a VMM mapping's host wait for the copy, then its
-    unmap), ``keep_s`` (a kept shard's done event) and the ckpt_publish round trip; ``copy_call_s``
-    is the host's time to launch the copy, ``copy_gpu_s`` the copy on the GPU. ``call_<op>_s``:
-    the writer's requests that wait for their answer, by op (``control_s``: on the control socket,
-    the chunk FDs), each a round trip with the broker's handling."""
+    """Where the writer's part of each swap goes, from ``ipcpool.trace``'s ``client.phase`` events
+    (a perf_counter call at each step's start and end), every pass of the cyclic collector timed
+    (``gc.callbacks``), and on CUDA the copy timed on the GPU by two events around it. ``begin_s``
+    holds ``import_s`` (the chunk FDs fetched, imported, mapped, access granted: a shard not kept
+    from before) and ``let_go_s``; ``publish_call_s`` holds ``release_s`` (a shard not kept: on
+    CUDA a VMM mapping's host wait for the copy, then its unmap), ``keep_s`` (a kept shard's done
+    event) and the ckpt_publish round trip; ``copy_call_s`` is the host's time to launch the copy,
+    ``copy_gpu_s`` the copy on the GPU. ``call_<op>_s``: the writer's requests that wait for their
+    answer, by op (``control_s``: on the control socket, the chunk FDs), each a round trip with
+    the broker's handling."""
 
-    WRAPPED = {
-        "begin_s": ("ipcpool._client.checkpoints", "Checkpoints", "begin"),
-        "import_s": ("ipcpool._client.pools", "Pools", "import_allocation"),
-        "let_go_s": ("ipcpool._client.checkpoints", "Checkpoints", "_let_go"),
-        "views_s": ("ipcpool._client.checkpoints", "VersionWriter", "tensors"),
-        "copy_call_s": ("ipcpool.weights.modules", None, "_copy_all"),
-        "publish_call_s": ("ipcpool._client.checkpoints", "Checkpoints", "_publish"),
-        "release_s": ("ipcpool._client.handoff", "Handoff", "release"),
-        "keep_s": ("ipcpool._client.handoff", "Handoff", "keep"),
-    }
+    KEYS = {"begin": "begin_s", "import": "import_s", "let_go": "let_go_s", "views": "views_s",
+            "copy": "copy_call_s", "publish": "publish_call_s", "release": "release_s", "keep": "keep_s",
+            "control": "control_s"}
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
-        self._undo: list = []
+        self._open: dict[str, list] = {}   # key -> its starts not ended yet (a step may nest)
         self._events: list = []
         self._gc_t0 = 0.0
+        self._tracing = None
 
     def __enter__(self) -> WriterPhases:
         import gc
-        import importlib
 
-        for key, (module, cls, attr) in self.WRAPPED.items():
-            owner = importlib.import_module(module)
-            owner = getattr(owner, cls) if cls else owner
-            real = getattr(owner, attr, None)
-            if real is None:   # (an ipcpool without it: nothing to time)
-                continue
-            setattr(owner, attr, self._timed(key, real, copy=key == "copy_call_s"))
-            self._undo.append((owner, attr, real))
-        from ipcpool._client.channel import Channel
-
-        call, control = Channel.call, Channel.control_call
-        Channel.call = lambda ch, op, *a, **kw: self._timed(f"call_{op}_s", call)(ch, op, *a, **kw)
-        Channel.control_call = lambda ch, *a, **kw: self._timed("control_s", control)(ch, *a, **kw)
-        self._undo += [(Channel, "call", call), (Channel, "control_call", control)]
+        self._tracing = trace.tracing(self._on_event)
+        self._tracing.__enter__()
         gc.callbacks.append(self._on_gc)
         return self
 
     def __exit__(self, *exc) -> None:
         import gc
 
-        for owner, attr, real in reversed(self._undo):
-            setattr(owner, attr, real)
-        self._undo.clear()
+        self._tracing.__exit__(*exc)
         gc.callbacks.remove(self._on_gc)
 
-    def _timed(self, key: str, real, copy: bool = False):
-        def timed(*args, **kw):
+    def _on_event(self, event: str, info: dict) -> None:
+        if event != "client.phase":
+            return
+        phase = info["phase"]
+        key = f"call_{info['args'][1]}_s" if phase == "call" else self.KEYS.get(phase)
+        if key is None:
+            return
+        if info["at"] == "start":
             events = None
-            if copy and self.cuda:
+            if phase == "copy" and self.cuda:   # (on the copy's stream: publish_tensors made it current)
                 import torch
 
                 events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                events[0].record()   # (on the copy's stream: publish_tensors made it current)
-            t0 = time.perf_counter()
-            try:
-                return real(*args, **kw)
-            finally:
-                self.sums[key] = self.sums.get(key, 0.0) + time.perf_counter() - t0
-                self.counts[key] = self.counts.get(key, 0) + 1
-                if events is not None:
-                    events[1].record()
-                    self._events.append(events)
-        return timed
+                events[0].record()
+            self._open.setdefault(key, []).append((time.perf_counter(), events))
+            return
+        starts = self._open.get(key)
+        if not starts:
+            return
+        t0, events = starts.pop()
+        self.sums[key] = self.sums.get(key, 0.0) + time.perf_counter() - t0
+        self.counts[key] = self.counts.get(key, 0) + 1
+        if events is not None:
+            events[1].record()
+            self._events.append(events)
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":

@@ -49,11 +49,18 @@ Events (``name``: fields; where):
   pending lease), a notice, an error reply (``Broker.send``).
 - ``broker.entry``: pool, name, index. A new object's name-directory entry written, the first
   thing done with its create (``Directories.publish``).
+- ``client.phase``: phase, at ("start" or "end"), args (the call's positional arguments, self
+  first). A step of a checkpoint writer's round began or ended, whatever its outcome (functions
+  marked ``@phase``): ``begin``, ``import`` (``Pools.import_allocation``), ``let_go``, ``views``
+  (``VersionWriter.tensors``), ``copy`` (``weights.modules._copy_all``), ``publish``, ``release``
+  and ``keep`` (``Handoff``), ``call`` (``Channel.call``: ``args[1]`` is the op) and ``control``
+  (``Channel.control_call``). A step may hold others (``begin`` holds ``import`` and ``call``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import logging
 import os
@@ -86,6 +93,24 @@ def emit(event: str, /, **info: Any) -> None:
         if hook is callback:   # (not one subscribed meanwhile by another thread)
             hook = None
         log.exception("the trace callback %r failed on %r and is unsubscribed", callback, event)
+
+
+def phase(name: str) -> Callable[[Callable], Callable]:
+    """Mark a function as step ``name``: ``client.phase`` at its start and end while someone
+    listens. Untraced it costs a call and one check: for steps of milliseconds, and the few of a
+    hand-off whose microsecond is worth a writer's round being seen whole."""
+    def mark(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if hook is None:
+                return fn(*args, **kwargs)
+            emit("client.phase", phase=name, at="start", args=args)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                emit("client.phase", phase=name, at="end", args=args)
+        return step
+    return mark
 
 
 def set_trace(callback: Callback | None) -> Callback | None:

@@ -209,6 +209,7 @@ class Channel:
         return reply
 
     # -- the control socket: FDs --------------------------------------------------------------
+    @trace.phase("control")
     def control_call(self, msg: dict) -> tuple[dict, list[int]]:
         """A request on the control socket and its reply, with the FDs it carries (owned by the
         caller; closed here when the reply is an error)."""
@@ -416,6 +417,7 @@ class Channel:
         except zmq.ZMQError:
             pass   # the next request carries it
 
+    @trace.phase("call")
     def call(self, op: str, _wait: float | None = 0.0, **fields) -> dict:
         """A request and its reply. ``_wait`` is how long the broker may legitimately hold the
         reply back (a get waiting for a seal; None: without limit), on top of ``self.timeout``."""

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .. import protocol
+from .. import protocol, trace
 from ..backend.base import ImportedMemory
 from ..errors import ClosedError, IpcPoolError, ObjectNotFound, OutOfMemory, QuotaExceeded, WaitTimeout
 from .channel import Channel
@@ -80,6 +80,7 @@ class Checkpoints:
         self._kept: dict[int, _Kept] = {}   # allocation id -> a shard this writer still has imported
 
     # -- writing -------------------------------------------------------------------------------
+    @trace.phase("begin")
     def begin(self, name: str, shards: list[int], entries: list[Entry], *, pool: str, user: dict | None,
               exclusive: bool, stream: Any, keep: bool = True) -> VersionWriter | dict:
         """A new version in fresh shards (or the spare, imported again only where this writer
@@ -135,6 +136,7 @@ class Checkpoints:
                 raise
         return VersionWriter(self, name, number, bufs, entries, keep)
 
+    @trace.phase("publish")
     def _publish(self, w: VersionWriter, stream: Any) -> int:
         leases, channel = self._leases, self._channel
         with channel.lock:
@@ -173,6 +175,7 @@ class Checkpoints:
         if pool is not None:
             pool.drop_kept(kept.memory, kept.token)
 
+    @trace.phase("let_go")
     def _let_go(self, aids: list[int]) -> None:
         """Drop these kept imports and tell the broker (one way), which frees what nothing else holds."""
         gone: list[int] = []
@@ -301,6 +304,7 @@ class VersionWriter:
         """``(address, size, device)`` of each shard (device None: host memory)."""
         return [(b.ptr, b.size, b.device) for b in self._shards]
 
+    @trace.phase("views")
     def tensors(self, kind: str = "torch") -> dict[str, Any]:
         """Writable views of every tensor (``kind``: torch, numpy or cupy)."""
         self._live()

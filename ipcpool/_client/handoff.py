@@ -152,6 +152,7 @@ class Handoff:
         credits = self._credits.get(pool)
         return credits.popleft() if credits else b""
 
+    @trace.phase("release")
     def release(self, pool: str, memory: ImportedMemory, stream: Any, credit: bytes | None = None) -> bytes:
         """Release an import of ``pool``; its done event, on a credit of the broker's where one is left."""
         own = credit is not None
@@ -165,6 +166,7 @@ class Handoff:
         """Pool ``pool`` as imported here (a ``ClientPool``), or None."""
         return self._imported.get(pool)
 
+    @trace.phase("keep")
     def keep(self, pool: str, memory: ImportedMemory, stream: Any) -> tuple[bytes, Any] | None:
         """As ``release``, but the import stays (``ClientPool.keep``): ``(done event, token)``, or
         None where the pool keeps nothing of this memory (the caller releases it)."""

@@ -76,6 +76,7 @@ class Pools:
             fdpass.close_all(fds)
             log.warning("pool %r: its name directory is not usable (%s); readers ask the broker", name, exc)
 
+    @trace.phase("import")
     def import_allocation(self, aid: int, pool: str, export: Export, stream: Any = None,
                           fds: list[int] | None = None) -> ImportedMemory:
         """Allocation ``aid`` imported into ``pool``: from ``fds`` where given, else with its chunk

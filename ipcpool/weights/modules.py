@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .. import trace
 from .._client.interop import _require
 from ..errors import InvalidRequest
 from ..meta import dtype_name
@@ -42,6 +43,7 @@ def publish_tensors(client: Any, name: str, tensors: Mapping[str, Any], *, pool:
         return w.publish(s)
 
 
+@trace.phase("copy")
 def _copy_all(torch: Any, dsts: list[Any], srcs: list[Any]) -> None:
     """One fused launch per group where torch offers it (hundreds of tensors: no launch each)."""
     foreach = getattr(torch, "_foreach_copy_", None)

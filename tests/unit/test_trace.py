@@ -103,4 +103,28 @@ def test_the_events_emitted_are_the_events_documented():
     documented = set(re.findall(r"^- ``([a-z]+\.[a-z_]+)``", trace.__doc__, re.M))
     documented |= set(re.findall(r"^- ``[a-z]+\.[a-z_]+``, ``([a-z]+\.[a-z_]+)``", trace.__doc__, re.M))
     emitted = {event for _, _, event, _ in _emission_points()}
+    emitted |= set(re.findall(r"^\s+emit\(\"([\w.]+)\"", Path(trace.__file__).read_text(), re.M))
     assert emitted == documented
+
+
+def test_the_steps_marked_are_the_steps_documented():
+    marked = set()
+    for path in sorted((ROOT / "ipcpool").rglob("*.py")):
+        marked |= set(re.findall(r"^\s*@(?:trace\.)?phase\(\"(\w+)\"\)", path.read_text(), re.M))
+    documented = trace.__doc__.split("``client.phase``", 1)[1].split("\n- ", 1)[0]
+    assert marked == {word for word in re.findall(r"``(\w+)``", documented) if word.islower()}
+
+
+def test_a_marked_step_is_seen_to_start_and_end_even_when_it_raises():
+    @trace.phase("probe")
+    def step(x):
+        raise ValueError(x)
+
+    seen = []
+    with trace.tracing(lambda event, info: seen.append((event, info["phase"], info["at"], info["args"]))):
+        with pytest.raises(ValueError, match="7"):
+            step(7)
+    assert seen == [("client.phase", "probe", "start", (7,)), ("client.phase", "probe", "end", (7,))]
+    with pytest.raises(ValueError):   # nobody listening: the function alone
+        step(8)
+    assert len(seen) == 2
