@@ -44,12 +44,28 @@ def memory_type(on_gpu: bool) -> str:
     return "VRAM" if on_gpu else "DRAM"
 
 
+# UCX (1.19) reads GPU memory of another process through CUDA IPC only where it detects NVLink;
+# elsewhere (one GPU, or GPUs on PCIe) a READ of GPU memory falls to its TCP emulation, hundreds of
+# times slower. A pull is a READ: allow CUDA IPC for it unless the operator said otherwise.
+UCX_DEFAULTS = {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}
+
+
 def agent(name: str, port: int) -> Any:
-    """A NIXL agent on UCX whose listener (metadata exchange) is on ``port`` (0: any free one)."""
+    """A NIXL agent on UCX whose listener (metadata exchange) is on ``port`` (0: any free one).
+    UCX reads its settings from the environment as the agent is made: ``UCX_DEFAULTS`` are put
+    there for that moment where the operator has not set them."""
+    import os
+
     nixl = load()
     config = nixl.nixl_agent_config(enable_prog_thread=True, enable_listen_thread=True, listen_port=port,
                                     backends=["UCX"])
-    made = nixl.nixl_agent(name, config)
+    added = [key for key in UCX_DEFAULTS if key not in os.environ]
+    os.environ.update({key: UCX_DEFAULTS[key] for key in added})
+    try:
+        made = nixl.nixl_agent(name, config)
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
     if "UCX" not in made.backends:
         raise MissingDependency(f"NIXL has no UCX backend here (plugins: {', '.join(made.plugin_list) or 'none'})")
     return made

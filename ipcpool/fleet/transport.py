@@ -23,7 +23,9 @@ from dataclasses import dataclass
 _log_path: str | None = None
 _decided = False
 
-_READ = re.compile(r"remote memory read by \S+ into (\w+) memory from (\w+)")
+# "into host memory from host", and for GPU memory "into cuda/GPU0 from cuda/dev[1]" (UCX 1.19):
+# the kind of memory is the word before any "/".
+_READ = re.compile(r"remote memory read by \S+ into (\w+)\S*(?: memory)? from (\w+)\S*(?: memory)?\s*\|")
 _ROW = re.compile(r"\|\s*(\d+\.\.\S+|\d+)\s*\|([^|]*)\|([^|]*)\|")
 _TRANSPORT = re.compile(r"\b([a-z][a-z0-9_]*)/[\w:.\-]+")
 

@@ -34,10 +34,27 @@ def test_the_transport_is_the_one_ucx_chose_for_remote_reads():
     assert transport.parse("nothing of UCX") is transport.UNKNOWN and transport.UNKNOWN.describe() == "unknown"
 
 
+# What the same UCX wrote on an H100 for a pull between two processes' GPU buffers: UCX chose its
+# TCP loopback for GPU memory (the silent fallback users of NIXL report).
+GPU_TABLES = """\
+[1795725694.840421] [vm:3433 :0]   +--------+--------------------+-----------------------------------------+
+[1795725694.840421] [vm:3433 :0]   | b#pull-3433-1 intra-node cfg#2                                        |
+[1795725694.840421] [vm:3433 :0]   | remote memory read by ucp_get*(multi) into cuda/GPU0 from cuda/dev[1] |
+[1795725694.840421] [vm:3433 :0]   +--------+--------------------+-----------------------------------------+
+[1795725694.840421] [vm:3433 :0]   | Range  |    Description     |                 Config                  |
+[1795725694.840421] [vm:3433 :0]   +--------+--------------------+-----------------------------------------+
+[1795725694.840421] [vm:3433 :0]   | 0..inf | software emulation | tcp/lo                                  |
+[1795725694.840421] [vm:3433 :0]   +--------+--------------------+-----------------------------------------+
+[1795725704.257972] [vm:3433 :0]   | floor-reader self cfg#0                                  |
+[1795725704.257972] [vm:3433 :0]   | remote memory write by ucp_put* from host memory to host |
+[1795725704.257972] [vm:3433 :0]   | 0..4294967295 | short       | cuda_copy/cuda             |
+"""
+
+
 def test_gpu_memory_over_tcp_is_named_as_such():
-    gpu = TABLES.replace("into host memory from host", "into cuda memory from cuda").replace("cma/memory", "tcp/eth0 ")
-    t = transport.parse(gpu)
-    assert t.names == ("tcp",) and t.tcp_gpu
+    t = transport.parse(GPU_TABLES)
+    assert t.names == ("tcp",) and (t.source, t.into) == ("cuda", "cuda") and t.tcp_gpu
+    assert t.describe() == "tcp (cuda memory to cuda memory)" and t.detail == "0..inf software emulation tcp/lo"
     lanes = TABLES.replace("cma/memory      ", "50% on rc_mlx5/mlx5_0:1 and 50% on rc_mlx5/mlx5_1:1")
     assert transport.parse(lanes).names == ("rc_mlx5",)
 
