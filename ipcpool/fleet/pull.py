@@ -25,7 +25,7 @@ from ..errors import DigestMismatch, InvalidRequest, IpcPoolError, TransferFaile
 from ..progress import Progress
 from ..sizes import format_size
 from . import nixl, staging, transport, wire
-from .digests import tensor_bytes
+from .digests import digests
 from .serve import PULLER
 
 log = logging.getLogger(__name__)
@@ -147,8 +147,8 @@ def _fill(client: Any, session: _Session, manifest: dict, local_name: str, pool:
             local.from_staged()   # staged: the bytes into the shards (checked below, from there)
         finally:
             local.close()
-        for e, want in zip(entries, sums):   # every byte arrived: now check them, tensor by tensor
-            if wire.digest(tensor_bytes(w.shards[e.shard], e.offset, e.nbytes)) != want:
+        for e, got, want in zip(entries, digests(w.shards, entries), sums):   # every byte arrived: check them
+            if got != want:
                 raise DigestMismatch(f"tensor {e.name!r} of {manifest['name']}@{peer_version} pulled from "
                                      f"{session.peer}: its bytes differ from the peer's digest (corrupted on "
                                      f"the way or at the source); nothing was published")

@@ -77,6 +77,19 @@ def test_checkpoint_at_version_and_digests():
     assert wire.digest(b"abc") != wire.digest(b"abd") and len(wire.digest(memoryview(b"x" * 10))) == 32
 
 
+@pytest.mark.parametrize("offset, nbytes, piece", [(0, 1000, 64), (3, 997, 100), (10, 0, 7), (0, 1000, 1 << 20)])
+def test_a_tensor_read_piece_by_piece_has_the_digest_of_its_bytes(offset, nbytes, piece):
+    from types import SimpleNamespace
+
+    from ipcpool.fleet.digests import digests, tensor_digest
+
+    data = bytes(range(256)) * 4
+    shard = SimpleNamespace(_memory=SimpleNamespace(view=memoryview(data)))   # host memory, as a shard has it
+    assert tensor_digest(shard, offset, nbytes, piece) == wire.digest(data[offset:offset + nbytes])
+    entries = [SimpleNamespace(shard=0, offset=o, nbytes=n) for o, n in ((0, 10), (offset, nbytes), (5, 1))]
+    assert digests([shard], entries) == [wire.digest(data[e.offset:e.offset + e.nbytes]) for e in entries]
+
+
 @pytest.mark.parametrize("asked, on_gpu, tried", [
     ("auto", True, ["gpu", "host"]), ("auto", False, ["shards", "host"]),
     ("off", True, ["shards", "gpu", "host"]), ("off", False, ["shards", "host"]),
