@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any
 
 from .. import board as boards
-from ..backend.allocator import RangeAllocator
+from ..ranges import RangeAllocator
 from ..backend.base import ClientPool, ImportedMemory
 from ..errors import IpcPoolError, OutOfMemory
 from ..protocol import ARENA_ALIGN

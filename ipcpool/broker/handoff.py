@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable
 
 from .. import board
-from ..backend.allocator import TakenRanges
+from ..ranges import TakenRanges
 from ..errors import InvalidRequest, IpcPoolError
 from ..protocol import ARENA_ALIGN, MAX_ARENAS
 from .registry import Allocation, Registry
