@@ -16,6 +16,7 @@ from typing import Any
 import msgpack
 
 from .errors import InvalidRequest, IpcPoolError, ProtocolError
+from .sizes import HANDLE_BYTES
 
 # 2: growables are created, attached, grown and synced on the control socket, whose replies carry
 # chunk FDs and, once a session, the growth board's FD. A version-1 client is refused at hello.
@@ -30,7 +31,6 @@ MAX_BIN = 1024
 MAX_ARRAY = 1024
 MAX_MAP = 256
 MAX_NAME = 255
-HANDLE_BYTES = 64                # CUDA pointer export data and IPC event handles
 ARENA_ALIGN = 512                # offsets a client carves in its arena (both sides round alike)
 MAX_ARENAS = 8                   # arenas per session and pool
 MAX_ERROR = 1024                 # characters of an error reply's text (a client decodes up to MAX_STR)
