@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .. import board as boards
 from ..ranges import RangeAllocator
 from ..backend.base import ClientPool, ImportedMemory
 from ..errors import IpcPoolError, OutOfMemory
 from ..protocol import ARENA_ALIGN
+from ..shm import sealboard
 
 
 class ClientArena:
@@ -25,7 +25,7 @@ class ClientArena:
         self.memory = memory
         self.ranges = RangeAllocator(memory.size, ARENA_ALIGN)   # the broker rounds alike
         self.words = words   # the first word of its board block, or None (no block left)
-        self._slots = list(range(boards.BLOCK - 1, -1, -1)) if words is not None else []
+        self._slots = list(range(sealboard.BLOCK - 1, -1, -1)) if words is not None else []
         self._seq = 0
         self._cooling: list[tuple[int, Any]] = []   # refused ranges, until their work finished
         # Reclaimed ranges kept taken, by rounded size: a writer handing off objects of one size

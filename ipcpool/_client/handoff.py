@@ -25,10 +25,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import board as boards
 from .. import frames, protocol
 from .. import trace
-from ..shm import directory, fence
+from ..shm import directory, fence, sealboard
 from ..backend.base import ImportedMemory
 from ..errors import InvalidRequest, IpcPoolError, ObjectAborted, ProtocolError, WaitTimeout, error_from_wire
 from ..protocol import HANDLE_BYTES, MAX_ARENAS
@@ -59,7 +58,7 @@ class Handoff:
         self._imported = pools.imported
         self._keep = keep
         self.arena_bytes = arena_bytes
-        self.boards: dict[str, boards.Board] = pools.boards
+        self.boards: dict[str, sealboard.Board] = pools.boards
         self._arenas: dict[str, list[ClientArena]] = {}   # per pool
         self._no_arena: dict[str, float] = {}             # pool -> when to ask for an arena again
         self._by_arena: dict[int, ClientArena] = {}
@@ -321,7 +320,7 @@ class Handoff:
         words = reply.get("words")
         memory = self._pools.import_allocation(reply["alloc"], pool, export_of(reply))   # (a VMM slab's FD too)
         arena = ClientArena(reply["alloc"], client_pool, memory,
-                            words if isinstance(words, int) and 0 <= words <= boards.WORDS - boards.BLOCK else None)
+                            words if isinstance(words, int) and 0 <= words <= sealboard.WORDS - sealboard.BLOCK else None)
         self._by_arena[arena.aid] = arena
         return arena
 

@@ -159,7 +159,7 @@ class ObjectTable:
     def caught_up(self, obj: NamedObject | None) -> NamedObject | None:
         """``obj``, sealed now where its writer posted its seal on the board and its message is
         still on the way: what a reader sees, every answer says. (A pool's board is trusted as far
-        as its clients are: see ``ipcpool.board``.)"""
+        as its clients are: see ``ipcpool.shm.sealboard``.)"""
         if (obj is not None and not obj.sealed and obj.word is not None and obj.writer is not None
                 and self.board_word is not None
                 and self.board_word(obj.alloc.pool.spec.name, obj.word) >= obj.seq):
