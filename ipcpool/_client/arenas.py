@@ -1,7 +1,7 @@
 """The pool memory a client carves objects from without a round trip (see ``handoff``).
 
 An arena is an allocation of the client's, imported once; the client keeps its free ranges (the
-broker mirrors them, ``broker/handoff.py``) and its block of words on the pool's seal board.
+broker mirrors them, ``broker/arenas.py``) and its block of words on the pool's seal board.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 - **Carve.** Objects (and anonymous allocations) of up to a quarter of ``arena_bytes`` are carved
   here from pool memory this client holds (arenas of 1 MiB first, doubling up to ``arena_bytes``), so ``create``/``allocate`` send their request without
-  waiting; the broker mirrors and checks every range (``broker/handoff.py``) and says when a range
+  waiting; the broker mirrors and checks every range (``broker/arenas.py``) and says when a range
   is idle again (``reclaim``). A refusal arrives later: it is kept, the range comes back once the
   work queued on it has finished, and the error is raised by the client's next ``create``,
   ``allocate``, ``seal`` or ``flush``.

@@ -87,7 +87,7 @@ class ObjectTable:
     def __init__(self, registry: Registry, directory=None, handoffs=None):
         self.registry = registry
         self.directory = directory   # broker.directory.Directories: entries readers see without a reply
-        self.handoffs = handoffs     # broker.handoff.Handoffs: the arenas carved objects come from
+        self.handoffs = handoffs     # broker.arenas.Handoffs: the arenas carved objects come from
         # One state per object: a seal a reader may have seen on the board (``board_word(pool,
         # word)``) is the broker's too before any answer about the object (``caught_up``); then
         # ``on_board_seal(obj)`` tells the waiting and records it, as the seal's message would.
