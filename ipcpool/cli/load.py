@@ -16,7 +16,7 @@ from .._client.client import Client, connect
 from ..errors import InvalidRequest, IpcPoolError
 from ..progress import Progress
 from ..sizes import format_size
-from ..weights.header import Entry, read_header
+from ..weights.header import HeaderEntry, read_header
 from ..weights.load import _layout, load_checkpoint
 from ..weights.sources import read_source
 
@@ -127,7 +127,7 @@ def _create(client: Client, sent: dict[str, Any], name: str, nbytes: int, pool: 
                 raise
 
 
-def _fill(f, buf: Any, e: Entry, path: Path, bar: Progress | None) -> None:
+def _fill(f, buf: Any, e: HeaderEntry, path: Path, bar: Progress | None) -> None:
     nbytes = e.end - e.start
     f.seek(e.start)
     for off in range(0, nbytes, CHUNK):

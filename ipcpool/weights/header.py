@@ -25,7 +25,7 @@ MAX_HEADER = 100 << 20
 
 
 @dataclass(frozen=True)
-class Entry:
+class HeaderEntry:
     name: str
     dtype: str
     shape: list[int]
@@ -33,7 +33,7 @@ class Entry:
     end: int
 
 
-def read_header(path: Path) -> tuple[list[Entry], dict]:
+def read_header(path: Path) -> tuple[list[HeaderEntry], dict]:
     """The file's tensors in offset order, and its ``__metadata__``."""
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -61,6 +61,6 @@ def read_header(path: Path) -> tuple[list[Entry], dict]:
             raise InvalidRequest(f"{path}: tensor {name!r} has a bad header entry ({exc!r})") from exc
         if not (0 <= b <= e and base + e <= size):
             raise InvalidRequest(f"{path}: tensor {name!r} lies outside the file")
-        entries.append(Entry(name, dtype, shape, base + b, base + e))
+        entries.append(HeaderEntry(name, dtype, shape, base + b, base + e))
     entries.sort(key=lambda x: x.start)
     return entries, meta

@@ -1,5 +1,6 @@
 """Imports run one way: the backend below the wire and the shared-memory layouts, the layouts below
-the backend's users, the command above everything, and no module of ipcpool/ in an import circle.
+the backend's users, weights below the client, the command above everything, and no module of
+ipcpool/ in an import circle.
 Every import counts, those inside functions and under TYPE_CHECKING too."""
 
 import ast
@@ -73,6 +74,11 @@ def test_the_shared_memory_layouts_stand_on_errors_and_ranges_alone():
     found = sorted(f"{m} -> {t}" for m, ts in GRAPH.items() if m.startswith("ipcpool.shm")
                    for t in ts if not t.startswith("ipcpool.shm") and t not in allowed)
     assert found == []
+
+
+def test_weights_stand_below_the_client():
+    # The facade passes itself to weights' functions: an import back would tie the two in a loop.
+    assert _importers_of("ipcpool.weights", "ipcpool._client") == []
 
 
 def test_nothing_of_the_library_imports_the_command():
