@@ -16,7 +16,7 @@ from .backend import BACKENDS
 from .backend.base import REUSE_POLICIES, PoolSpec
 from .backend.records import SLAB_MEMORY
 from .errors import ConfigError
-from .growboard import MAX_SLOTS, SLOTS
+from .shm.growboard import MAX_SLOTS, SLOTS
 from .shm.directory import CAPACITY as DIRECTORY
 from .shm.directory import MAX_CAPACITY as MAX_DIRECTORY
 from .sizes import parse_size

@@ -24,7 +24,8 @@ from __future__ import annotations
 import struct
 
 from .errors import InvalidRequest, ProtocolError
-from .protocol import HANDLE_BYTES, MAX_ID, MAX_NAME, check_meta, check_object_name, unpack
+from .protocol import MAX_ID, MAX_NAME, check_meta, check_object_name, unpack
+from .sizes import HANDLE_BYTES
 
 MAGIC = 0xC1            # "never used" in msgpack: no msgpack request starts with it
 CREATE, SEAL = 1, 2

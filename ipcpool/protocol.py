@@ -16,6 +16,7 @@ from typing import Any
 import msgpack
 
 from .errors import InvalidRequest, IpcPoolError, ProtocolError
+from .sizes import HANDLE_BYTES
 
 # 2: growables are created, attached, grown and synced on the control socket, whose replies carry
 # chunk FDs and, once a session, the growth board's FD. A version-1 client is refused at hello.
@@ -30,7 +31,6 @@ MAX_BIN = 1024
 MAX_ARRAY = 1024
 MAX_MAP = 256
 MAX_NAME = 255
-HANDLE_BYTES = 64                # CUDA pointer export data and IPC event handles
 ARENA_ALIGN = 512                # offsets a client carves in its arena (both sides round alike)
 MAX_ARENAS = 8                   # arenas per session and pool
 MAX_ERROR = 1024                 # characters of an error reply's text (a client decodes up to MAX_STR)
@@ -191,7 +191,7 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "ack": {},
     # With ``arena`` and ``offset``: the object is the range the client carved in its arena.
     # ``slot``/``seq``: the writer will post ``seq`` in that word of its arena's seal-board block once
-    # its seal is recorded, on ``seal_credit`` (a credit of its own, CUDA); see ``ipcpool.board``.
+    # its seal is recorded, on ``seal_credit`` (a credit of its own, CUDA); see ``ipcpool.shm.sealboard``.
     "create": {"name": _object_name(), "nbytes": _u64(), "pool": _name(), "meta": Field(dict, False, check=check_meta),
                "arena": _u64(required=False), "offset": _u64(required=False), "slot": _u64(required=False),
                "seq": _u64(required=False), "seal_credit": _event()},
@@ -349,7 +349,7 @@ CONTROL: dict[str, dict[str, Field]] = {
              "loan": Field(list, False, max_len=FD_BATCH, check=check_ids)},
     # The size and chunks a growable has now, with the FDs from ``first``: how a process whose
     # backend cannot see a grow by itself (CUDA) follows one without waiting for its notice (and
-    # only once its word on the growth board changed: see ipcpool.growboard).
+    # only once its word on the growth board changed: see ipcpool.shm.growboard).
     "grow_sync": {"name": _object_name(), "first": _u64(required=False)},
 }
 # Each schema's field names with "op" and "id" (and ``read``: the bytes the client has taken in

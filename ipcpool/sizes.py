@@ -1,7 +1,12 @@
 """Byte sizes: one parser (the config's "1G", the CLI's ``--keep 1G``), one formatter (every
-table and message the CLI prints), and rounding up to a granularity (chunks, pages, grow steps)."""
+table and message the CLI prints), rounding up to a granularity (chunks, pages, grow steps), and
+the size of CUDA's handles, which the wire and the CUDA backend check alike."""
 
 from __future__ import annotations
+
+# CUDA pointer export data and IPC event handles (the driver's CU_IPC_HANDLE_SIZE). Here, not in
+# the protocol, because the backend checks it too and never imports the protocol.
+HANDLE_BYTES = 64
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _NAMES = ("B", "KiB", "MiB", "GiB", "TiB")

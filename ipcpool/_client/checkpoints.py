@@ -30,6 +30,7 @@ from typing import Any
 from .. import protocol, trace
 from ..backend.base import ImportedMemory
 from ..errors import ClosedError, IpcPoolError, ObjectNotFound, OutOfMemory, QuotaExceeded, WaitTimeout
+from ..weights.layout import Entry
 from .channel import Channel
 from .leases import Buffer, Leases
 from .views import shard_views
@@ -48,27 +49,6 @@ class _Kept:
     pool: str
     memory: ImportedMemory
     token: Any                # for ``ClientPool.drop_kept``
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One tensor of a version: where its bytes lie."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    shard: int
-    offset: int
-    nbytes: int
-
-    def wire(self) -> list:
-        return [self.name, self.dtype, list(self.shape), self.shard, self.offset, self.nbytes]
-
-    @classmethod
-    def of(cls, e: list) -> Entry:
-        if not isinstance(e, list) or len(e) != 6:
-            raise protocol.ProtocolError("a manifest entry is [name, dtype, shape, shard, offset, nbytes]")
-        return cls(e[0], e[1], tuple(e[2]), e[3], e[4], e[5])
 
 
 class Checkpoints:

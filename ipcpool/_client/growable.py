@@ -10,7 +10,7 @@ before the next use. It never depends on the broker's notice of a grow having ar
 reply comes on its control socket, the notice on ours, and the grower may tell this process to use
 the new bytes before the notice gets here. On the host the memfd this process holds is as long as
 the buffer, so sync reads its length. On CUDA sync reads the buffer's word on the growth board
-(``ipcpool.growboard``: mapped read-only, stamped by the broker at every grow before it answers
+(``ipcpool.shm.growboard``: mapped read-only, stamped by the broker at every grow before it answers
 the grower): while it holds the stamp of this process's last mapping (from the last reply about
 the buffer) nothing grew and sync returns at once; else it asks the broker (one round trip, whose
 reply carries the FDs of the chunks this process lacks and the stamp to keep). A buffer without a

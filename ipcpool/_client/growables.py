@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from ..backend.base import ClientBackend, ClientGrowable
 from ..errors import InvalidRequest, IpcPoolError
-from ..growboard import BoardView
+from ..shm.growboard import BoardView
 from ..sizes import round_up
 from .channel import Channel
 from .growable import GrowableBuffer, Remap

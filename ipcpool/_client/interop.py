@@ -1,6 +1,6 @@
 """Named objects as torch tensors, CuPy arrays and numpy arrays, zero-copy.
 
-The libraries are imported only here and only when used: ipcpool depends on none of them. An
+The libraries are imported only when used (``ipcpool.optional``): ipcpool depends on none of them. An
 object's bytes are viewed as its metadata's dtype and shape; the lease stays with the client until
 ``Client.release_all(name)`` or close, however long the tensor lives.
 
@@ -19,6 +19,7 @@ from typing import Any
 from ..backend.base import ImportedMemory
 from ..errors import InvalidRequest, MissingDependency
 from ..meta import dtype_name
+from ..optional import require
 
 log = logging.getLogger(__name__)
 
@@ -30,32 +31,11 @@ _MODULES: dict[str, Any] = {}
 _XP_DTYPES: dict[tuple[str, str], Any] = {}
 
 
-_INSTEAD = {
-    "torch": "pip install 'ipcpool[torch]' (or torch itself), or read it as an array with get_array() "
-             "(numpy on the host backend, CuPy on CUDA) or np.asarray(buf)",
-    "cupy": "pip install 'ipcpool[cupy]' (or the cupy-cuda* wheel for your CUDA), or use get_tensor() with torch",
-    "numpy": "pip install numpy",
-}
-
-
-def _require(module: str) -> Any:
-    """``module``, imported; where it is not installed, an error saying what to install instead
-    of a bare ModuleNotFoundError."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name not in (module, None):   # the library is there but one of its own imports failed
-            raise
-        raise MissingDependency(f"{module} is not installed: {_INSTEAD[module]}") from exc
-
-
 def _module(kind: str) -> Any:
-    """``_require(kind)``, looked up once."""
+    """``require(kind)``, looked up once."""
     module = _MODULES.get(kind)
     if module is None:
-        module = _MODULES[kind] = _require(kind)
+        module = _MODULES[kind] = require(kind)
     return module
 
 
@@ -136,7 +116,7 @@ def put(client: Any, name: str, obj: Any, *, on_gpu: bool, pool: str, stream: An
                 torch.from_dlpack(buf).view(torch.uint8)[:nbytes].copy_(flat, non_blocking=True)
             buf.seal(stream=torch_stream)
         else:
-            cupy = _require("cupy")
+            cupy = require("cupy")
 
             cupy_stream = stream if stream is not None else cupy.cuda.get_current_stream()
             with cupy_stream:

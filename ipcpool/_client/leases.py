@@ -15,9 +15,8 @@ from .. import trace
 from ..backend.base import ClientBackend, Export, ImportedMemory
 from ..errors import BrokerGone, ClosedError, InvalidRequest, IpcPoolError, ObjectExists, ProtocolError
 from ..meta import wire_meta
-from .arenas import Carving
 from .channel import Channel
-from .handoff import Handoff
+from .handoff import Carving, Handoff
 from .interop import Views
 from .pools import Pools, export_of
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import fdpass, trace
 from ..backend.base import ClientBackend, ClientPool, Export, ImportedMemory
-from ..board import Board
+from ..shm.sealboard import Board
 from ..errors import ProtocolError
 from ..shm.directory import DirectoryView
 from ..shm.leases import ClientLeasePage
@@ -24,7 +24,7 @@ class Pools:
         self._channel = channel
         self._backend = backend
         self.imported: dict[str, ClientPool] = {}
-        self.boards: dict[str, Board] = {}   # pool name -> its seal board (``ipcpool.board``)
+        self.boards: dict[str, Board] = {}   # pool name -> its seal board (``ipcpool.shm.sealboard``)
         # pool name -> (its name directory, its index in lease slots), and this session's lease
         # page (``ipcpool.shm``): where a reader finds an object without a reply.
         self.directories: dict[str, tuple[DirectoryView, int]] = {}

@@ -5,7 +5,7 @@ accepts no new attachments). Its bytes count against its creator's quota, growth
 grow bumps a generation; attached sessions other than the grower are told, and map the new
 chunks before they next use the buffer (host: from the memfd they hold; CUDA: the new chunks' FDs
 fetched over the control socket). Each buffer also has a word on the growth board
-(``ipcpool.growboard``), stamped at every grow before anyone is answered or told: a follower
+(``ipcpool.shm.growboard``), stamped at every grow before anyone is answered or told: a follower
 on CUDA asks for the new chunks only once it sees the word change.
 
 Each pool whose backend makes chunks at a cost (CUDA) keeps a stock of them (``backend.stock``,
@@ -34,7 +34,7 @@ from typing import Any
 from ..backend.base import BrokerGrowable
 from ..backend.stock import ChunkStock
 from ..errors import AllocationTooLarge, InvalidRequest, IpcPoolError, ObjectExists, ObjectNotFound, OutOfMemory
-from ..growboard import SLOTS, GrowthBoard
+from ..shm.growboard import SLOTS, GrowthBoard
 from ..sizes import round_up
 from .loans import Loans
 from .registry import Registry
@@ -305,7 +305,7 @@ class GrowableTable:
         # on the device meanwhile (the stock's chunk is made again once quiet).
         self._fit_stock(g.pool, quick=not took)
         g.gen += 1
-        if self.board is not None:   # before anyone is answered or told (see ipcpool.growboard)
+        if self.board is not None:   # before anyone is answered or told (see ipcpool.shm.growboard)
             g.stamp = self.board.stamp(g.word)
         return g, [s for s in g.holders if s is not session], took
 

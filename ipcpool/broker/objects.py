@@ -87,7 +87,7 @@ class ObjectTable:
     def __init__(self, registry: Registry, directory=None, handoffs=None):
         self.registry = registry
         self.directory = directory   # broker.directory.Directories: entries readers see without a reply
-        self.handoffs = handoffs     # broker.handoff.Handoffs: the arenas carved objects come from
+        self.handoffs = handoffs     # broker.arenas.Handoffs: the arenas carved objects come from
         # One state per object: a seal a reader may have seen on the board (``board_word(pool,
         # word)``) is the broker's too before any answer about the object (``caught_up``); then
         # ``on_board_seal(obj)`` tells the waiting and records it, as the seal's message would.
@@ -159,7 +159,7 @@ class ObjectTable:
     def caught_up(self, obj: NamedObject | None) -> NamedObject | None:
         """``obj``, sealed now where its writer posted its seal on the board and its message is
         still on the way: what a reader sees, every answer says. (A pool's board is trusted as far
-        as its clients are: see ``ipcpool.board``.)"""
+        as its clients are: see ``ipcpool.shm.sealboard``.)"""
         if (obj is not None and not obj.sealed and obj.word is not None and obj.writer is not None
                 and self.board_word is not None
                 and self.board_word(obj.alloc.pool.spec.name, obj.word) >= obj.seq):

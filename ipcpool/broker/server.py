@@ -30,6 +30,7 @@ from ..backend.base import BrokerBackend
 from ..config import Config
 from ..errors import AlreadyRunning, IpcPoolError, PeerRefused, ProtocolError, QuotaExceeded
 from .access import PoolAccess
+from .arenas import Handoffs
 from .checkpoints import CheckpointTable
 from .control import ControlChannel
 from .directory import Directories
@@ -37,7 +38,6 @@ from .durable import Durability
 from .fdguard import FdGuard, raise_fd_limit
 from .growables import GrowableTable
 from .handlers import Handlers
-from .handoff import Handoffs
 from .metrics import Metrics
 from .notices import Notices
 from .objects import ObjectTable

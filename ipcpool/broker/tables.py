@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .directory import Directories
+from .arenas import Handoffs
 from .checkpoints import CheckpointTable
+from .directory import Directories
 from .durable import Durability
 from .growables import GrowableTable
-from .handoff import Handoffs
 from .objects import ObjectTable
 from .registry import Registry
 
@@ -19,7 +19,7 @@ class Tables:
     registry: Registry       # pools, their generations and quotas
     objects: ObjectTable     # named objects and their leases
     growables: GrowableTable
-    handoffs: Handoffs       # seal boards and subscriptions
+    handoffs: Handoffs       # client arenas mirrored, and their seal-board blocks
     durable: Durability      # what outlives the broker (FD store, records)
     directories: Directories   # name directories and lease pages (reads without a reply)
     checkpoints: CheckpointTable   # named sets of tensors in versions (not durable yet)

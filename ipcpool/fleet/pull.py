@@ -15,15 +15,14 @@ import secrets
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
-
-from .._client.checkpoints import Entry
 from pathlib import Path
+from typing import Any
 
 from ..config import Config, Fleet, load
 from ..errors import DigestMismatch, InvalidRequest, IpcPoolError, TransferFailed
 from ..progress import Progress
 from ..sizes import format_size
+from ..weights.layout import Entry
 from . import nixl, staging, transport, wire
 from .digests import digests
 from .serve import PULLER

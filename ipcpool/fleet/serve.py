@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._client.checkpoints import Entry
 from ..config import Fleet
 from ..errors import IpcPoolError, ProtocolError, TransferFailed
+from ..weights.layout import Entry
 from . import nixl, staging, wire
 from .digests import digests
 

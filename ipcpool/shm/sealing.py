@@ -1,7 +1,8 @@
 """A memfd only its creator writes: mapped writable by the broker, then sealed against any new
 writable mapping, write, shrink or grow, so a client that receives its FD can map it read-only and
-nothing else; a client checks the seals before it trusts what it reads (``ipcpool.growboard`` does
-the same for the growth board)."""
+nothing else; a client checks the seals before it trusts what it reads. The name directory, the
+lease pages and the growth board are made here (the growth board checks its own seals: its size is
+the broker's choice)."""
 
 from __future__ import annotations
 

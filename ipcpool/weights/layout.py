@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._client.checkpoints import Entry
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, ProtocolError
 from ..protocol import CKPT_ITEMSIZE, CKPT_MAX_SHARDS
 
 ALIGN = 256                      # every tensor's offset: enough for any dtype and vector loads
@@ -33,6 +32,27 @@ class TensorSpec:
         for d in self.shape:
             n *= int(d)
         return n
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor of a version: where its bytes lie."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    shard: int
+    offset: int
+    nbytes: int
+
+    def wire(self) -> list:
+        return [self.name, self.dtype, list(self.shape), self.shard, self.offset, self.nbytes]
+
+    @classmethod
+    def of(cls, e: list) -> Entry:
+        if not isinstance(e, list) or len(e) != 6:
+            raise ProtocolError("a manifest entry is [name, dtype, shape, shard, offset, nbytes]")
+        return cls(e[0], e[1], tuple(e[2]), e[3], e[4], e[5])
 
 
 def plan(specs: list[TensorSpec], shard_bytes: int = DEFAULT_SHARD_BYTES) -> tuple[list[int], list[Entry]]:

@@ -13,7 +13,6 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from .._client.checkpoints import Checkpoint, VersionWriter
 from ..errors import InvalidRequest, ObjectNotFound, WaitTimeout
 from ..progress import Progress
 from .layout import DEFAULT_SHARD_BYTES, plan
@@ -28,7 +27,7 @@ def _layout(sources: list[SourceTensor], shard_bytes: int) -> tuple[list[int], l
     return plan([s.spec for s in sources], shard_bytes)
 
 
-def _fill(client: Any, w: VersionWriter, sources: list[SourceTensor], label: str, progress: bool, stream: Any) -> int:
+def _fill(client: Any, w: Any, sources: list[SourceTensor], label: str, progress: bool, stream: Any) -> int:
     """Read every tensor into ``w`` and publish it; returns the version number."""
     total = sum(s.end - s.start for s in sources)
     bar = Progress(f"loading {label}", total, unit="B") if progress else None
@@ -61,7 +60,7 @@ def load_checkpoint(client: Any, name: str, path: str | os.PathLike, *, pool: st
 
 def load_or_attach(client: Any, name: str, path: str | os.PathLike, *, pool: str = "default", kind: str = "torch",
                    timeout: float | None = None, shard_bytes: int = DEFAULT_SHARD_BYTES, progress: bool = True,
-                   stream: Any = None) -> Checkpoint:
+                   stream: Any = None) -> Any:
     """Attach ``name``; where it has no version yet, the first caller loads it from ``path`` and
     the others wait for its publish. A loader that dies is replaced by the next caller to ask."""
     sources = read_source(path)
@@ -71,7 +70,7 @@ def load_or_attach(client: Any, name: str, path: str | os.PathLike, *, pool: str
     while True:
         got = client._checkpoints.begin(name, shards, entries, pool=pool, user=None, exclusive=True, stream=stream,
                                         keep=False)
-        if isinstance(got, VersionWriter):
+        if not isinstance(got, dict):   # a VersionWriter: this caller loads
             with got:
                 number = _fill(client, got, sources, Path(path).name, progress, stream)
             try:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InvalidRequest
-from ..loader import read_header
+from .header import read_header
 from .layout import TensorSpec
 
 INDEX = "model.safetensors.index.json"

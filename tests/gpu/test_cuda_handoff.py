@@ -69,12 +69,12 @@ def test_a_pending_reader_of_a_writer_killed_before_its_seal_gets_object_aborted
 
 
 def _garbler(socket_dir, out):
-    from ipcpool import board
+    from ipcpool.shm import sealboard
 
     with ipcpool.connect(socket_dir) as c:
         c.allocate(4096).free()   # imports "default", and its board with it
         words = c._handoff.boards["default"]
-        for i in range(board.WORDS):
+        for i in range(sealboard.WORDS):
             words.post(i, (i * 0x9E3779B97F4A7C15) & (2**64 - 1))
         out.put(("garbled", True))
 

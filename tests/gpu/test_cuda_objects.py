@@ -170,7 +170,7 @@ def test_load_safetensors_onto_the_gpu(start_broker, tmp_path):
     tensors = {"a": torch.randn(300, 70), "b": torch.arange(10, dtype=torch.int64)}
     path = tmp_path / "m.safetensors"
     save_file(tensors, str(path))
-    from ipcpool.loader import load
+    from ipcpool.cli.load import load
 
     with ipcpool.connect(b.socket_dir) as c:
         assert sorted(load(c, path, prefix="m/", show_progress=False)) == ["m/a", "m/b"]

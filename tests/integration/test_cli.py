@@ -180,7 +180,7 @@ def _wait_for_broker(socket_dir: Path, timeout: float = 15.0) -> None:
 
 
 def _commands() -> dict:
-    from ipcpool.cli import build_parser
+    from ipcpool.cli.main import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

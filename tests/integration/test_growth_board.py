@@ -9,7 +9,7 @@ import os
 import pytest
 
 import ipcpool
-from ipcpool import growboard
+from ipcpool.shm import growboard
 from tests.support.procs import SPAWN
 from tests.support.counting import count_requests
 

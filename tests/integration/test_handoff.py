@@ -9,7 +9,7 @@ import time
 import pytest
 
 import ipcpool
-from ipcpool import board
+from ipcpool.shm import sealboard
 from tests.support.procs import SPAWN, run_together
 from tests.support.counting import count_requests
 
@@ -98,12 +98,12 @@ def test_garbage_on_a_board_stays_in_its_pool(start_broker):
             w.create(f"{pool}/warm", 16, pool=pool).seal()
         bad.allocate(16).free()   # imports "default": its board with it
         garbage = bad._handoff.boards["default"]
-        for i in range(board.WORDS):
+        for i in range(sealboard.WORDS):
             garbage.post(i, (i * 0x9E3779B97F4A7C15) & (2**64 - 1))
         # The other pool's board is another file: nothing reached it.
         other = w._handoff.boards["other"]
         assert w._handoff.boards["default"].read(5) == garbage.read(5)
-        assert all(other.read(i) in (0, 1) for i in range(board.WORDS))
+        assert all(other.read(i) in (0, 1) for i in range(sealboard.WORDS))
         # Both pools still serve hand-offs, and the broker is unharmed.
         for pool in ("default", "other"):
             buf = w.create(f"{pool}/x", 64, pool=pool)
@@ -112,7 +112,7 @@ def test_garbage_on_a_board_stays_in_its_pool(start_broker):
             with r.get(f"{pool}/x", timeout=5) as lease:
                 assert bytes(lease.view[:2]) == b"ok"
         assert r.stats()["objects"] == 4
-        assert board.Board.read(garbage, board.WORDS + 10) == 0   # out of bounds reads nothing
+        assert sealboard.Board.read(garbage, sealboard.WORDS + 10) == 0   # out of bounds reads nothing
 
 
 def test_short_lived_writers_do_not_multiply_memory(start_broker):

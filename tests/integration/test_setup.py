@@ -112,7 +112,7 @@ def test_readme_setup_commands_exist():
     """Every `make TARGET` and `.venv/bin/ipcpool COMMAND` the README's set-up shows is real."""
     import re
 
-    from ipcpool.cli import build_parser
+    from ipcpool.cli.main import build_parser
 
     readme = (ROOT / "README.md").read_text()
     setup = readme[readme.index("## Set-up"):readme.index("## A worker")]

@@ -1,4 +1,4 @@
-"""The growth board's words and stamps (ipcpool.growboard), without a broker."""
+"""The growth board's words and stamps (ipcpool.shm.growboard), without a broker."""
 
 import fcntl
 import mmap
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ipcpool.growboard import BoardView, GrowthBoard
+from ipcpool.shm.growboard import BoardView, GrowthBoard
 
 
 def test_stamps_never_repeat_and_a_full_board_gives_no_word():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ipcpool import doctor
+from ipcpool.cli import doctor
 from ipcpool.backend import Choice
 from ipcpool.backend.host import HostBrokerBackend
 from ipcpool.backend.mps import mps_warnings

@@ -19,9 +19,8 @@ from typing import Any, Protocol
 from cuda.bindings.driver import CUresult, cuEventRecord
 from cuda.core import LEGACY_DEFAULT_STREAM, Buffer, Device, DeviceMemoryResource, Stream
 
-from ... import fdpass
 from ...errors import BackendUnavailable, ClosedError, InvalidRequest
-from ...protocol import HANDLE_BYTES
+from ...sizes import HANDLE_BYTES
 from ..base import ClientPool, Export, ImportedMemory
 from . import driver as drv
 from . import vmm
@@ -143,7 +142,8 @@ class CudaClientPool(ClientPool):
                 raise
             raise translate(exc, f"importing {export.size} bytes from pool {self.name!r}") from exc
         finally:
-            fdpass.close_all(fds)   # those not handed on (a slab mapped already needs none)
+            for fd in fds:   # those not handed on (a slab mapped already needs none)
+                os.close(fd)
         return CudaMemory(buf, export.size, self.device)
 
     def import_many(self, exports: list[Export], stream: Any = None) -> list[ImportedMemory]:
@@ -220,7 +220,8 @@ class CudaClientPool(ClientPool):
                 raise
             raise translate(exc, f"mapping {what} of pool {self.name!r}") from exc
         finally:
-            fdpass.close_all(fds)
+            for fd in fds:
+                os.close(fd)
 
     def order_after(self, event: bytes, stream: Any = None, credit: bool = False) -> None:
         if not event:
@@ -286,7 +287,8 @@ class CudaClientPool(ClientPool):
     def _map_slab(self, export: Export, fds: list[int]) -> None:
         """A VMM slab mapped from its chunk's FD (owned; closed by the worker), kept as long as the pool."""
         if tuple(export.chunks) != (self.slab_size,) or len(fds) != 1:
-            fdpass.close_all(fds)
+            for fd in fds:
+                os.close(fd)
             raise InvalidRequest(f"a VMM slab is one chunk of {self.slab_size} bytes with its FD")
         self._pending(export.data, self._mapped, [self.slab_size], fds, self.slab_size, "a slab")
 

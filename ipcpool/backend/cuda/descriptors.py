@@ -17,7 +17,7 @@ from cuda.bindings import driver as cu
 from cuda.core import Buffer
 
 from ...errors import InvalidRequest
-from ...protocol import HANDLE_BYTES
+from ...sizes import HANDLE_BYTES
 from .errors import check
 
 

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from ...errors import ClosedError, InvalidRequest
-from ...protocol import HANDLE_BYTES
+from ...sizes import HANDLE_BYTES
 from ..base import BrokerPool, Export, PoolSpec, PoolStats, SessionContext
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from cuda.core import Buffer, DeviceMemoryResource, Stream
 
 from ...errors import OutOfMemory
-from ..allocator import RangeAllocator
+from ...ranges import RangeAllocator
 from . import vmm
 from .context import OnDevice
 from .descriptors import export_pointer

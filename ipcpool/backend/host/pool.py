@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from ...errors import InvalidRequest
-from ..allocator import RangeAllocator
+from ...ranges import RangeAllocator
 from ..base import BrokerPool, Export, PoolSpec, PoolStats, SessionContext
 
 DEFAULT_MAX_SIZE = 8 << 30

@@ -6,7 +6,7 @@ back only after every importer's done event completed, R2). Here the broker keep
 in a mirror allocator, refuses a range that is outside the arena, misaligned or taken, and tells
 the client when a range is idle again (``{"notify": "reclaim"}``).
 
-Each arena also gets a block of its pool's seal board (``ipcpool.board``), where its client posts
+Each arena also gets a block of its pool's seal board (``ipcpool.shm.sealboard``), where its client posts
 each seal; a reader the broker answered as *pending* watches that word instead of waiting for a
 message. The broker checks every word a create names against the arena's block.
 
@@ -22,10 +22,10 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-from .. import board
-from ..backend.allocator import TakenRanges
+from ..ranges import TakenRanges
 from ..errors import InvalidRequest, IpcPoolError
 from ..protocol import ARENA_ALIGN, MAX_ARENAS
+from ..shm import sealboard
 from .registry import Allocation, Registry
 from .session import Session
 
@@ -53,14 +53,14 @@ class Handoffs:
         self.registry = registry
         self._notify = notify
         self.arenas: dict[int, Arena] = {}
-        self._boards: dict[str, board.Blocks] = {}   # pool name -> its board, shared out
+        self._boards: dict[str, sealboard.Blocks] = {}   # pool name -> its board, shared out
         self._idle: collections.deque[tuple[Arena, int]] = collections.deque()
 
-    def board(self, pool_name: str) -> board.Board:
+    def board(self, pool_name: str) -> sealboard.Board:
         """The seal board of ``pool_name`` (made when a client first imports the pool)."""
         blocks = self._boards.get(pool_name)
         if blocks is None:
-            blocks = self._boards[pool_name] = board.Blocks(board.Board.create(pool_name))
+            blocks = self._boards[pool_name] = sealboard.Blocks(sealboard.Board.create(pool_name))
         return blocks.board
 
     def open(self, session: Session, pool_name: str, nbytes: int) -> Arena:
@@ -117,7 +117,7 @@ class Handoffs:
     def word(self, session: Session, aid: int, slot: int) -> int:
         """The board word ``slot`` of arena ``aid``'s block, checked."""
         arena = self._own(session, aid)
-        if arena.words is None or not 0 <= slot < board.BLOCK:
+        if arena.words is None or not 0 <= slot < sealboard.BLOCK:
             raise InvalidRequest(f"arena {aid} has no seal-board word {slot}")
         return arena.words + slot
 

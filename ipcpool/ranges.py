@@ -1,8 +1,9 @@
 """Offsets inside one fixed-size region: best-fit, aligned, coalescing on free.
 
-Pure logic (no I/O), used by the host backend. Free blocks are kept twice: by (size, offset) for
-best-fit lookups and by offset (plus a map of block ends) so a freed block merges with both
-neighbours in O(log n).
+Pure logic (no I/O) that imports nothing of ipcpool but its errors, so every side can use it: the
+backends' slabs and host pools, a client's arenas, the broker's mirror of them (``TakenRanges``),
+the seal board's blocks. Free blocks are kept twice: by (size, offset) for best-fit lookups and by
+offset (plus a map of block ends) so a freed block merges with both neighbours in O(log n).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import bisect
 
 from sortedcontainers import SortedList
 
-from ..errors import InvalidRequest, OutOfMemory
+from .errors import InvalidRequest, OutOfMemory
 
 
 class RangeAllocator:

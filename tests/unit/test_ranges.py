@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from ipcpool.backend.allocator import RangeAllocator
+from ipcpool.ranges import RangeAllocator
 from ipcpool.errors import InvalidRequest, OutOfMemory
 
 
@@ -74,7 +74,7 @@ def test_bad_frees_and_sizes():
 
 
 def test_taken_ranges_check_bounds_alignment_and_overlap():
-    from ipcpool.backend.allocator import TakenRanges
+    from ipcpool.ranges import TakenRanges
 
     t = TakenRanges(4096, 512)
     assert t.reserve(0, 100) == 512 and t.reserve(1024, 1024) == 1024

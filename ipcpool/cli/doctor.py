@@ -6,18 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import backend as backends
-from .backend.mps import MPS_NOTE, mps_status  # noqa: F401 (part of what doctor reports)
-from ._version import __version__
-from .errors import IpcPoolError
+from .. import backend as backends
+from ..backend.mps import MPS_NOTE, mps_status  # noqa: F401 (part of what doctor reports)
+from .._version import __version__
+from ..errors import IpcPoolError
 
 BROKER_TIMEOUT = 2.0   # seconds a broker has to answer before doctor says none does
 
 
 def broker_status(socket_dir: str | None) -> dict[str, Any]:
     """Whether a broker answers at ``socket_dir`` (default: where a client would look), and which."""
-    from . import paths
-    from ._client.client import connect
+    from .. import paths
+    from .._client.client import connect
 
     out: dict[str, Any] = {"socket_dir": str(socket_dir) if socket_dir else None, "answers": False}
     try:
@@ -44,7 +44,7 @@ def report(requested: str | None, socket_dir: str | None = None) -> tuple[dict[s
         usable = False
     if ok:
         try:
-            from .backend.cuda import capabilities
+            from ..backend.cuda import capabilities
 
             out["capabilities"] = capabilities()
         except Exception as exc:   # a report, not a crash: say what failed

@@ -16,10 +16,10 @@ import sys
 import time
 from typing import Any
 
-from . import backend as backends
-from ._version import __version__
-from .errors import IpcPoolError, ObjectNotFound
-from .sizes import format_size, parse_size
+from .. import backend as backends
+from .._version import __version__
+from ..errors import IpcPoolError, ObjectNotFound
+from ..sizes import format_size, parse_size
 
 log = logging.getLogger("ipcpool")
 
@@ -67,9 +67,9 @@ def _stats_view(stats: dict):
 
 # -- commands --------------------------------------------------------------------------------------
 def cmd_broker(args) -> int:
-    from . import trace
-    from .broker import Broker
-    from .config import load
+    from .. import trace
+    from ..broker import Broker
+    from ..config import load
 
     if args.print_config:
         print(_config_template(), end="")
@@ -97,7 +97,7 @@ def _config_template() -> str:
 
 
 def cmd_stats(args) -> int:
-    from ._client.client import connect
+    from .._client.client import connect
 
     with connect(args.socket_dir) as client:
         if args.json:
@@ -127,7 +127,7 @@ def cmd_stats(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from ._client.client import connect
+    from .._client.client import connect
 
     with connect(args.socket_dir) as client:
         s = client.stats()
@@ -149,7 +149,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_trim(args) -> int:
-    from ._client.client import connect
+    from .._client.client import connect
 
     with connect(args.socket_dir) as client:
         before = client.stats()["pools"].get(args.pool, {}).get("reserved", 0)
@@ -160,7 +160,7 @@ def cmd_trim(args) -> int:
 
 
 def cmd_ls(args) -> int:
-    from ._client.client import connect
+    from .._client.client import connect
 
     with connect(args.socket_dir) as client:
         objects = client.list(args.prefix)
@@ -186,19 +186,29 @@ def cmd_ls(args) -> int:
         console.print(table)
         console.print(f"{len(growables)} growable buffer(s), {format_size(sum(g['size'] for g in growables))}")
     if checkpoints:
-        from .weights.command import ls_rows
-
         console.print()
         table = _table("CHECKPOINT", "VERSION", "STATE", "TENSORS", "SIZE", "SHARDS", "HOLDERS")
-        for row in ls_rows(checkpoints):
+        for row in _checkpoint_rows(checkpoints):
             table.add_row(*row)
         console.print(table)
         console.print(f"{len(checkpoints)} checkpoint(s)")
     return 0
 
 
+def _checkpoint_rows(checkpoints: list[dict]) -> list[tuple[str, ...]]:
+    """One row per live version: name, version, state, tensors, size, shards, holders; and one
+    per spare (memory kept for the next version, state "spare")."""
+    rows = []
+    for c in checkpoints:
+        rows += [(c["name"], str(v["version"]), v["state"], str(v["tensors"]), format_size(v["size"]),
+                  str(v["shards"]), str(v["holders"])) for v in c["versions"]]
+        if c.get("spare"):
+            rows.append((c["name"], "-", "spare", "-", format_size(c["spare"]), "-", "0"))
+    return rows
+
+
 def cmd_sessions(args) -> int:
-    from ._client.client import connect
+    from .._client.client import connect
 
     with connect(args.socket_dir) as client:
         rows = client.sessions()
@@ -240,7 +250,7 @@ def _command(pid: int) -> str:
 
 
 def cmd_rm(args) -> int:
-    from ._client.client import connect
+    from .._client.client import connect
 
     if not args.names and args.prefix is None:
         raise IpcPoolError("name what to remove: NAME..., or --prefix PREFIX")
@@ -291,19 +301,19 @@ def _rm_prefix(client, prefix: str) -> int:
 
 
 def cmd_load(args) -> int:
-    from .weights.command import cmd_load
+    from .load import cmd_load
 
     return cmd_load(args)
 
 
 def cmd_serve_peer(args) -> int:
-    from .fleet.command import cmd_serve_peer
+    from ..fleet.command import cmd_serve_peer
 
     return cmd_serve_peer(args)
 
 
 def cmd_pull(args) -> int:
-    from .fleet.command import cmd_pull
+    from ..fleet.command import cmd_pull
 
     return cmd_pull(args)
 

@@ -1,72 +1,56 @@
-"""`ipcpool load`: stream a safetensors file into sealed named objects.
+"""`ipcpool load`: a safetensors file or a sharded directory becomes one checkpoint version, or,
+with ``--prefix``, one sealed object per tensor (``load``).
 
-The format is small enough to read directly (an 8-byte little-endian header length, a JSON header
-of name -> dtype, shape, data offsets, then the raw bytes), so nothing is loaded whole: each tensor
-is read from the file straight into broker memory (host) or through a bounded chunk (CUDA).
+Nothing is loaded whole: each tensor is read from the file straight into broker memory (host) or
+through a bounded chunk (CUDA); ``weights.header`` says where its bytes lie.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import struct
-from dataclasses import dataclass
+import sys
 from pathlib import Path
 from typing import Any
 
-from ._client.client import Client
-from .errors import InvalidRequest, IpcPoolError
-from .progress import Progress
+from .._client.client import Client, connect
+from ..errors import InvalidRequest, IpcPoolError
+from ..progress import Progress
+from ..sizes import format_size
+from ..weights.header import HeaderEntry, read_header
+from ..weights.load import _layout, load_checkpoint
+from ..weights.sources import read_source
 
-# safetensors dtype codes -> the numpy-style names ipcpool's metadata uses
-DTYPES = {
-    "BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16", "U32": "uint32",
-    "I32": "int32", "U64": "uint64", "I64": "int64", "F16": "float16", "BF16": "bfloat16",
-    "F32": "float32", "F64": "float64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-}
-MAX_HEADER = 100 << 20
 CHUNK = 16 << 20
 
 
-@dataclass(frozen=True)
-class Entry:
-    name: str
-    dtype: str
-    shape: list[int]
-    start: int    # absolute file offsets
-    end: int
+def checkpoint_name(path: Path) -> str:
+    """The default name: the file's stem, or the directory's name."""
+    return (path.name if path.is_dir() else path.stem) or "model"
 
 
-def read_header(path: Path) -> tuple[list[Entry], dict]:
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise InvalidRequest(f"{path}: too short to be a safetensors file")
-        (n,) = struct.unpack("<Q", raw)
-        if n > MAX_HEADER or 8 + n > size:
-            raise InvalidRequest(f"{path}: header length {n} is not plausible for a {size}-byte file")
-        try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InvalidRequest(f"{path}: header is not valid JSON: {exc}") from exc
-    if not isinstance(header, dict):
-        raise InvalidRequest(f"{path}: header is not a JSON object")
-    meta = header.pop("__metadata__", {}) or {}
-    base = 8 + n
-    entries = []
-    for name, t in header.items():
-        try:
-            b, e = t["data_offsets"]
-            dtype = DTYPES[t["dtype"]]
-            shape = [int(d) for d in t["shape"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidRequest(f"{path}: tensor {name!r} has a bad header entry ({exc!r})") from exc
-        if not (0 <= b <= e and base + e <= size):
-            raise InvalidRequest(f"{path}: tensor {name!r} lies outside the file")
-        entries.append(Entry(name, dtype, shape, base + b, base + e))
-    entries.sort(key=lambda x: x.start)
-    return entries, meta
+def cmd_load(args) -> int:
+    path = Path(args.file)
+    if args.prefix is not None:   # one sealed object per tensor (the loader of before checkpoints)
+        read_header(path)
+        with connect(args.socket_dir) as client:
+            try:
+                names = load(client, path, prefix=args.prefix, pool=args.pool, overwrite=args.overwrite)
+            except NotStored as exc:   # every tensor not stored named, and a non-zero exit
+                for tensor, err in exc.failed.items():
+                    print(f"ipcpool load: not stored: {tensor}: {' '.join(str(err).split())}", file=sys.stderr)
+                hint = "" if args.overwrite else " (--overwrite replaces objects that exist)"
+                print(f"ipcpool load: {len(exc.failed)} tensor(s) of {path} not stored{hint}", file=sys.stderr)
+                return 1
+        print(f"loaded {len(names)} tensor(s) from {path} as sealed objects under {args.prefix or '(no prefix)'}")
+        return 0
+    sources = read_source(path)   # a missing or broken file is refused before the broker is asked
+    _layout(sources, 1 << 62)
+    name = args.name or checkpoint_name(path)
+    with connect(args.socket_dir) as client:
+        version = load_checkpoint(client, name, path, pool=args.pool, progress=True)
+    total = sum(s.end - s.start for s in sources)
+    print(f"loaded {len(sources)} tensor(s), {format_size(total)}, from {path} as checkpoint {name!r} version {version}")
+    return 0
 
 
 class NotStored(IpcPoolError):
@@ -143,7 +127,7 @@ def _create(client: Client, sent: dict[str, Any], name: str, nbytes: int, pool: 
                 raise
 
 
-def _fill(f, buf: Any, e: Entry, path: Path, bar: Progress | None) -> None:
+def _fill(f, buf: Any, e: HeaderEntry, path: Path, bar: Progress | None) -> None:
     nbytes = e.end - e.start
     f.seek(e.start)
     for off in range(0, nbytes, CHUNK):

@@ -24,11 +24,12 @@ import fcntl
 import mmap
 import os
 
+from . import sealing
+
 WORD = 8
 SLOTS = 4096            # default count of words: growable buffers on the board at once
 MAX_SLOTS = 1 << 20     # 8 MiB of address space at most; only pages whose words are used are backed
-F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x10)
-SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | F_SEAL_FUTURE_WRITE
+SEALS = sealing.READ_ONLY
 
 
 def _length(slots: int) -> int:
@@ -41,19 +42,8 @@ class GrowthBoard:
     def __init__(self, slots: int = SLOTS):
         if not 0 < slots <= MAX_SLOTS:
             raise ValueError(f"a growth board has 1 to {MAX_SLOTS} words, not {slots}")
-        self.fd = os.memfd_create("ipcpool-growth-board", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.ftruncate(self.fd, _length(slots))
-            self._map = mmap.mmap(self.fd, _length(slots))   # writable: mapped before the seals
-            try:
-                fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, SEALS)
-                self._words = (ctypes.c_uint64 * slots).from_buffer(self._map)
-            except BaseException:
-                self._map.close()
-                raise
-        except BaseException:
-            os.close(self.fd)
-            raise
+        self.fd, self._map = sealing.create("ipcpool-growth-board", _length(slots), SEALS)   # writable here
+        self._words = (ctypes.c_uint64 * slots).from_buffer(self._map)
         self.slots = slots
         self._free = list(range(slots - 1, -1, -1))   # pop() gives the lowest first
         self._stamp = 0

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import paths
-from ._client.client import connect
-from .errors import BrokerGone, DemoFailed, IpcPoolError
+from .. import paths
+from .._client.client import connect
+from ..errors import BrokerGone, DemoFailed, IpcPoolError
 
 DEMO_BYTES = 4 << 20
 CONNECT_TIMEOUT = 10.0    # a broker that answers nothing within this is a failure, not a wait

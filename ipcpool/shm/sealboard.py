@@ -20,8 +20,8 @@ import ctypes
 import mmap
 import os
 
-from .backend.allocator import RangeAllocator
-from .errors import InvalidRequest, OutOfMemory
+from ..errors import InvalidRequest, OutOfMemory
+from ..ranges import RangeAllocator
 
 WORD = 8
 BLOCK = 256            # words per arena: the unsealed objects one arena can have on the board
