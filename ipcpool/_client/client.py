@@ -18,8 +18,7 @@ from . import gcpause, interop
 from .catalog import Subscription, list_all, subscribe
 from .channel import Channel
 from .checkpoints import Checkpoint, Checkpoints, VersionWriter, wait_attach
-from .growable import GrowableBuffer, Remap
-from .growables import Growables
+from .growables import GrowableBuffer, Growables, Remap
 from .leases import Buffer, Leases
 from .pools import Pools
 from .settings import Settings

@@ -14,7 +14,7 @@
   and orders its work after the event by querying it on the host (``ClientPool.order_after``).
 
 The buffers here are ``leases.Buffer``s, made by the lease table's ``keep``; the hand-off owns
-their ``_carving`` record and reads only their public fields besides.
+their ``carving`` record and reads only their public fields besides.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class Handoff:
             return True
         buf = self._sealing.pop(rid, None)
         if buf is not None:
-            if not reply.get("ok") and buf._carving.error is None:   # (after a refused create: expected)
+            if not reply.get("ok") and buf.carving.error is None:   # (after a refused create: expected)
                 self._channel.refused(_naming(error_from_wire(reply.get("code", 1), str(reply.get("error"))),
                                               "seal", buf.name))
             return True
@@ -123,7 +123,7 @@ class Handoff:
 
     def _refused(self, buf: Any, err: IpcPoolError) -> None:
         self.unprepare()   # (a writer whose create failed starts afresh: the arena as it was)
-        cut = buf._carving
+        cut = buf.carving
         cut.error = err
         if cut.slot is not None:
             cut.arena.free_slot(cut.slot)
@@ -191,9 +191,9 @@ class Handoff:
             if cut is None:
                 return None
             buf = self._keep(0, pool, cut.memory, owner, name, meta, False, enter=False)
-            buf._carving = cut
+            buf.carving = cut
         else:   # made ready after the last seal: only its name and request are new
-            cut = buf._carving
+            cut = buf.carving
             buf.name, buf.owner, buf.meta = name, owner, meta or {}
             if meta:
                 buf._tensor = None   # (made as bytes: its dtype and shape are the usual call's)
@@ -253,7 +253,7 @@ class Handoff:
         if cut is None:
             return
         buf = self._keep(0, pool, cut.memory, True, None, None, False, enter=False)
-        buf._carving = cut
+        buf.carving = cut
         if self._views.asked:
             buf._tensor = self._views.ahead(buf, cut.memory)
         self._ahead = buf
@@ -276,7 +276,7 @@ class Handoff:
             buf, self._ahead = self._ahead, None
             if buf is None:
                 return
-        cut = buf._carving
+        cut = buf.carving
         cut.arena.ranges.free(cut.offset)   # (never announced: the broker has nothing to undo)
         if cut.slot is not None:
             cut.arena.free_slot(cut.slot)
@@ -328,7 +328,7 @@ class Handoff:
     def seal(self, buf: Any, stream: Any) -> None:
         """Seal a carved buffer: record, post the board word, send the seal. No wait (a refusal
         is raised later)."""
-        cut = buf._carving
+        cut = buf.carving
         cut.stream = stream
         # A refusal this client has taken in already is raised here; draining the channel to look
         # for one would cost the hand-off ~30 µs (H100), and close() or flush() raises a later one.
@@ -353,7 +353,7 @@ class Handoff:
 
     def free(self, buf: Any, stream: Any) -> bool:
         """Free a carved buffer without waiting; False where ``buf`` was not carved here."""
-        cut = buf._carving
+        cut = buf.carving
         if cut is None:
             return False
         cut.stream = stream
@@ -370,7 +370,7 @@ class Handoff:
 
     def settle(self, buf: Any) -> None:
         """Wait for the reply to ``buf``'s pipelined create (usually here already); raise its refusal."""
-        cut = buf._carving
+        cut = buf.carving
         if cut is not None:
             if cut.rid in self._inflight:
                 ch = self._channel

@@ -39,8 +39,9 @@ class Buffer:
         self.meta = meta or {}
         self.readonly = readonly
         self._freed = False
-        # Carved from this client's arena and requested without waiting (the hand-off's record).
-        self._carving: Carving | None = None
+        # Carved from this client's arena and requested without waiting: the hand-off's record
+        # (``arenas.Carving``), which ``handoff`` alone sets and changes.
+        self.carving: Carving | None = None
         # Taken from a name directory without a request: (pool index, entry, gen, slot, nonce).
         self._dirlease: tuple[int, int, int, int, int] | None = None
         self._tensor: Any = None   # its tensor, made ahead off the hand-off's path (``handoff``)
@@ -147,13 +148,13 @@ class Buffer:
         """The broker's refusal of this buffer's create or allocate, once it is known (it arrives
         after ``create()`` returned for an object carved without a round trip; ``client.flush()``
         waits for it); None while it is accepted or not yet answered."""
-        return None if self._carving is None else self._carving.error
+        return None if self.carving is None else self.carving.error
 
     @property
     def carved_at(self) -> tuple[int, int] | None:
         """(arena id, offset) for an object carved from this client's arena (created without a
         round trip), else None."""
-        return None if self._carving is None else (self._carving.arena.aid, self._carving.offset)
+        return None if self.carving is None else (self.carving.arena.aid, self.carving.offset)
 
     def __enter__(self) -> Buffer:
         return self
@@ -253,7 +254,7 @@ class Leases:
             self._channel.check_open()
             self.buffers.pop(id(buf), None)
             self._writing.discard(buf.name)
-            if buf._carving is not None:
+            if buf.carving is not None:
                 self.handoff.seal(buf, stream)
                 return
             # Created with a round trip: the seal waits for its reply as well.

@@ -189,7 +189,7 @@ def test_a_seal_on_the_board_is_the_brokers_before_its_message_arrives(broker):
             buf = w.create(name, 4 * KiB)
             buf.view[:3] = b"abc"
             w.flush()
-            cut = buf._carving                            # the seal's board post alone, its message held back
+            cut = buf.carving                            # the seal's board post alone, its message held back
             w._handoff.boards["default"].post(cut.arena.words + cut.slot, cut.seq)
             held.append(buf)
         assert {o["state"] for o in r.list()} == {"sealed"}
