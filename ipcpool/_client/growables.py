@@ -37,8 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backend.base import ClientBackend, ClientGrowable
-from ..errors import ClosedError, InvalidRequest, IpcPoolError
+from .. import fdpass
+from ..errors import ClosedError, InvalidRequest, IpcPoolError, ProtocolError
 from ..growboard import BoardView
+from ..replies import GrowableState, GrowNotice
 from ..sizes import round_up
 from .channel import Channel
 from .loans import ChunkLoans
@@ -56,21 +58,21 @@ class Remap:
 
 
 class GrowableBuffer:
-    def __init__(self, growables: Growables, fields: dict, mapping: ClientGrowable):
+    def __init__(self, growables: Growables, state: GrowableState, mapping: ClientGrowable):
         self._growables = growables
         self._mapping = mapping
-        self.name: str = fields["name"]
-        self.pool: str = str(fields.get("pool", ""))
-        info = fields.get("info", {})
+        self.name: str = state.name
+        self.pool: str = str(state.pool or "")
+        info = state.info or {}
         self.device: int = int(info.get("device", -1))
         self.granularity: int = int(info.get("granularity", 0))
         self.compression: bool = bool(info.get("compression"))   # what the memory actually has
-        self.compression_requested: bool = bool(fields.get("compression_requested"))
+        self.compression_requested: bool = bool(state.compression_requested)
         self.generation = -1     # of the chunks mapped here
-        self._announced = (fields["gen"], fields["size"], len(fields["chunks"]))   # the newest we were told of
+        self._announced = (state.gen, state.size, len(state.chunks))   # the newest we were told of
         self._chunks = 0
         self._closed = False
-        word = fields.get("word")   # on the growth board; -1: none (the board was full)
+        word = state.word   # on the growth board; -1: none (the board was full)
         self._word = word if isinstance(word, int) and not isinstance(word, bool) else -1
         self._stamp: int | None = None   # the word's stamp as of the last mapping from a reply
 
@@ -111,9 +113,9 @@ class GrowableBuffer:
         self._check()
         return self._growables.sync(self)
 
-    def _stamped(self, reply: dict) -> None:
-        """Mapped as of ``reply``: its stamp is the one a later sync compares the word with."""
-        stamp = reply.get("stamp")
+    def _stamped(self, state: GrowableState) -> None:
+        """Mapped as of ``state``: its stamp is the one a later sync compares the word with."""
+        stamp = state.stamp
         self._stamp = stamp if isinstance(stamp, int) and not isinstance(stamp, bool) else None
 
     def _announce(self, gen: int, size: int, chunks: int) -> None:
@@ -279,24 +281,28 @@ class Growables:
     def delete(self, name: str) -> None:
         self._channel.call("grow_delete", name=name)
 
-    def _control(self, msg: dict) -> tuple[dict, list[int]]:
+    def _control(self, msg: dict) -> tuple[GrowableState, list[int]]:
         """A growable request on the control socket and its reply (see ``_reply``)."""
         self._channel.control_send(msg)
         return self._reply()
 
-    def _reply(self) -> tuple[dict, list[int]]:
+    def _reply(self) -> tuple[GrowableState, list[int]]:
         """A growable reply, less the FDs kept here: the growth board's, kept from the first reply
         that carries it (its first FD), and those of chunks lent (its last ones, ``lend``: added
         to the loans by ``_keep_lent`` where they are next used or ended, off this reply's path)."""
-        reply, fds = self._channel.control_recv()
-        lent = reply.get("lend")
+        msg, fds = self._channel.control_recv()
+        try:
+            reply = GrowableState.decode(msg)
+        except (KeyError, TypeError) as exc:
+            fdpass.close_all(fds)
+            raise ProtocolError(f"a growable reply without its state: {exc}") from None
+        lent = reply.lend
         if isinstance(lent, list) and lent and fds:
             n = min(len(lent), len(fds))
             fds, lent_fds = fds[: len(fds) - n], fds[len(fds) - n :]
-            info = reply.get("info") if isinstance(reply.get("info"), dict) else {}
-            device = info.get("device", -1)
-            self._lent.append((str(reply.get("pool", "")), device if isinstance(device, int) else -1, lent, lent_fds))
-        if reply.get("board") is True and fds:
+            device = (reply.info or {}).get("device", -1)
+            self._lent.append((str(reply.pool or ""), device if isinstance(device, int) else -1, lent, lent_fds))
+        if reply.board and fds:
             fd = fds.pop(0)
             if self._board is None and self._board_fd is None:
                 self._board_fd = fd   # mapped at the first sync (a process that only grows never reads it)
@@ -324,17 +330,17 @@ class Growables:
         if name in self.attached:
             raise InvalidRequest(f"this client is already attached to growable buffer {name!r}")
 
-    def _attach(self, reply: dict, fds: list[int], prepared: ClientGrowable | None = None) -> GrowableBuffer:
-        name = reply["name"]
-        fetch = _Fetch(self._channel, name, reply.get("batch", []), fds)
+    def _attach(self, reply: GrowableState, fds: list[int], prepared: ClientGrowable | None = None) -> GrowableBuffer:
+        name = reply.name
+        fetch = _Fetch(self._channel, name, reply.batch or (), fds)
         mapping = None
         try:
-            if prepared is not None and not prepared.matches(reply["info"]):
+            if prepared is not None and not prepared.matches(reply.info):
                 prepared.close()
                 prepared = None
-            mapping = prepared or self._backend.import_growable(reply["info"], self._span)
+            mapping = prepared or self._backend.import_growable(reply.info, self._span)
             g = GrowableBuffer(self, reply, mapping)
-            g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
+            g._map_to(reply.gen, reply.size, len(reply.chunks), fetch)
             g._stamped(reply)
         except BaseException:
             fetch.close()
@@ -367,7 +373,7 @@ class Growables:
                 g._mapping.drop(ahead)
                 self._loans.release(g.device, handles)
                 raise
-            took = bool(reply.get("took"))
+            took = bool(reply.took)
             if took:
                 self._loans.taken(g.pool, plan)
             if not took or handles is None:   # another process grew it first, or no import:
@@ -398,25 +404,25 @@ class Growables:
                 ptr = g._mapping.ptr
                 return Remap(False, False, ptr, g._mapping.size, ptr)
             reply, fds = self._control({"op": "grow_sync", "name": g.name, "first": g._chunks})
-            g._announce(reply["gen"], reply["size"], len(reply["chunks"]))
+            g._announce(reply.gen, reply.size, len(reply.chunks))
             return self._apply(g, reply, fds)
 
-    def _apply(self, g: GrowableBuffer, reply: dict, fds: list[int], moved: bool = False,
+    def _apply(self, g: GrowableBuffer, reply: GrowableState, fds: list[int], moved: bool = False,
                old_ptr: int | None = None) -> Remap:
         """Map what a grow or sync reply says the buffer now is (its FDs first, then any more it
         needs), and keep the reply's stamp. ``moved`` and ``old_ptr``: what a grow by loaned
         chunks, mapped before, did."""
-        if not fds and g._mapping.size >= reply["size"] and not g._mapping.follows:
+        if not fds and g._mapping.size >= reply.size and not g._mapping.follows:
             # Mapped already (a grow by loaned chunks, a sync that found nothing new): the
             # mapping, its FDs and _map_to's bookkeeping are skipped on every step.
-            g.generation = max(g.generation, reply["gen"])
+            g.generation = max(g.generation, reply.gen)
             g._stamped(reply)
             ptr = g._mapping.ptr
             old = ptr if old_ptr is None else old_ptr
             return Remap(old_ptr is not None, moved and old_ptr != 0, ptr, g._mapping.size, old)
-        fetch = _Fetch(self._channel, g.name, reply.get("batch", []), fds)
+        fetch = _Fetch(self._channel, g.name, reply.batch or (), fds)
         try:
-            remap = g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
+            remap = g._map_to(reply.gen, reply.size, len(reply.chunks), fetch)
         finally:
             fetch.close()
         g._stamped(reply)
@@ -436,8 +442,9 @@ class Growables:
 
     def on_grown(self, note: dict) -> None:
         """The broker's notice that another process grew a buffer: ``sync`` maps it later."""
-        g = self.attached.get(note.get("growable"))
-        fields = [note.get(k) for k in ("gen", "size", "chunks")]
+        grown = GrowNotice.decode(note)
+        g = self.attached.get(grown.growable)
+        fields = [grown.gen, grown.size, grown.chunks]
         if g is not None and all(isinstance(v, int) and not isinstance(v, bool) for v in fields):
             g._announce(*fields)
 

@@ -30,12 +30,13 @@ from .. import frames, protocol
 from .. import trace
 from ..shm import directory, fence
 from ..backend.base import ImportedMemory
-from ..errors import InvalidRequest, IpcPoolError, ObjectAborted, ProtocolError, WaitTimeout, error_from_wire
+from ..errors import InvalidRequest, IpcPoolError, ObjectAborted, ProtocolError, WaitTimeout
 from ..protocol import HANDLE_BYTES, MAX_ARENAS
+from ..replies import AbortNotice, Allocation, Arena, Carved, Lease, ReclaimNotice, SealNotice, credits_of
 from .arenas import Carving, ClientArena
 from .channel import Channel
 from .interop import Views
-from .pools import Pools, export_of
+from .pools import Pools
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class Handoff:
         self._inflight: dict[int, Any] = {}   # pipelined creates/allocates by request id
         self._sealing: dict[int, Any] = {}    # pipelined seals by request id
         self._credits: dict[str, collections.deque[bytes]] = {}   # the broker's events, per pool
-        self._notes: dict[int, dict | None] = {}   # pending leases watched: alloc -> its notice
+        self._notes: dict[int, SealNotice | AbortNotice | None] = {}   # pending leases watched: alloc -> its notice
         self._arena_views: dict[str, dict[int, ImportedMemory]] = {}   # pool -> arena -> its import
         self._releasing: dict[int, int] = {}   # directory leases' releases by request id -> slot
 
@@ -75,14 +76,15 @@ class Handoff:
         """A reclaim, or the seal or abort of an object a pending lease waits for; False: not ours."""
         kind = note.get("notify")
         if kind == "reclaim":
-            arena = self._by_arena.get(note.get("arena"))
-            if arena is not None and isinstance(note.get("offset"), int):
-                arena.reclaimed(note["offset"])
+            got = ReclaimNotice.decode(note)
+            arena = self._by_arena.get(got.arena)
+            if arena is not None and isinstance(got.offset, int):
+                arena.reclaimed(got.offset)
             return True
         if kind in ("sealed", "aborted") and "alloc" in note:
             self._keep_credits(note)
             if note["alloc"] in self._notes:
-                self._notes[note["alloc"]] = note
+                self._notes[note["alloc"]] = SealNotice.decode(note) if kind == "sealed" else AbortNotice.decode(note)
             return True
         return False
 
@@ -100,26 +102,23 @@ class Handoff:
         buf = self._inflight.pop(rid, None)
         if buf is not None:
             if reply.get("ok"):
-                buf.alloc_id = reply.get("alloc", 0)
+                buf.alloc_id = Carved.decode(reply).alloc
             else:
                 op = "allocate" if buf.name is None else "create"
-                self._refused(buf, _naming(error_from_wire(reply.get("code", 1), str(reply.get("error"))),
-                                           op, buf.name))
+                self._refused(buf, _naming(protocol.refusal(reply), op, buf.name))
             return True
         buf = self._sealing.pop(rid, None)
         if buf is not None:
             if not reply.get("ok") and buf.carving.error is None:   # (after a refused create: expected)
-                self._channel.refused(_naming(error_from_wire(reply.get("code", 1), str(reply.get("error"))),
-                                              "seal", buf.name))
+                self._channel.refused(_naming(protocol.refusal(reply), "seal", buf.name))
             return True
         return False
 
     def _keep_credits(self, msg: dict) -> None:
-        if "credit" in msg or "credits" in msg:
-            got = [msg.get("credit")] if "credit" in msg else list(msg.get("credits") or ())
-            if isinstance(msg.get("pool"), str):
-                self._credits.setdefault(msg["pool"], collections.deque()).extend(
-                    c for c in got if isinstance(c, bytes) and len(c) == HANDLE_BYTES)
+        got = credits_of(msg)
+        if got is not None:
+            self._credits.setdefault(got[0], collections.deque()).extend(
+                c for c in got[1] if isinstance(c, bytes) and len(c) == HANDLE_BYTES)
 
     def _refused(self, buf: Any, err: IpcPoolError) -> None:
         self.unprepare()   # (a writer whose create failed starts afresh: the arena as it was)
@@ -317,10 +316,11 @@ class Handoff:
             log.debug("no arena from pool %r: %s", pool, exc)   # and we ask again only a second later
             self._no_arena[pool] = time.monotonic() + 1.0
             return None
+        got = Arena.decode(reply)   # (its credits were kept as it arrived: ``on_reply``)
         client_pool = self._pools.get(pool)
-        words = reply.get("words")
-        memory = self._pools.import_allocation(reply["alloc"], pool, export_of(reply))   # (a VMM slab's FD too)
-        arena = ClientArena(reply["alloc"], client_pool, memory,
+        words = got.words
+        memory = self._pools.import_allocation(got.alloc, pool, got.export)   # (a VMM slab's FD too)
+        arena = ClientArena(got.alloc, client_pool, memory,
                             words if isinstance(words, int) and 0 <= words <= boards.WORDS - boards.BLOCK else None)
         self._by_arena[arena.aid] = arena
         return arena
@@ -417,8 +417,7 @@ class Handoff:
         """Import the arena ``entry`` lies in, once (``dir_export``); False where it cannot serve
         a reader without a request of its own each time (not an arena, or not a slab range)."""
         try:
-            reply = self._channel.call("dir_export", pool=pool, alloc=entry.alloc)
-            export = export_of(reply)
+            export = Allocation.decode(self._channel.call("dir_export", pool=pool, alloc=entry.alloc)).export
             client_pool = self._pools.get(pool)
             if client_pool.seal_event and not export.sub:
                 return False   # a pool allocation of its own: imported and released per lease
@@ -501,11 +500,11 @@ class Handoff:
         self._releasing[rid] = slot   # the slot is ours again once the broker has read this
 
     # -- reader: answered by the broker --------------------------------------------------------------
-    def await_seal(self, buf: Any, reply: dict, stream: Any, timeout: float | None) -> None:
+    def await_seal(self, buf: Any, lease: Lease, stream: Any, timeout: float | None) -> None:
         """A pending lease: wait until its object is sealed (the board word, else the broker's
         notice), then order ``stream`` after the seal. The lease is freed if that fails."""
         ch = self._channel
-        aid, word, seq, event = reply["alloc"], reply.get("word"), reply.get("seq"), reply.get("event", b"")
+        aid, word, seq, event = lease.alloc, lease.word, lease.seq, lease.export.ready_event
         board = self.boards.get(buf.pool)
         if board is None or not isinstance(word, int) or not isinstance(seq, int) or not isinstance(event, bytes):
             buf.free(stream)
@@ -518,10 +517,10 @@ class Handoff:
             while board.read(word) < seq:
                 note = self._notes[aid]
                 if note is not None:
-                    if note["notify"] == "aborted":
+                    if isinstance(note, AbortNotice):
                         raise ObjectAborted(f"object {buf.name!r} was abandoned before it was sealed "
                                             "(its writer went away or deleted it)")
-                    event = note.get("event", b"") if isinstance(note.get("event", b""), bytes) else b""
+                    event = note.event
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     raise WaitTimeout(f"object {buf.name!r} was not sealed within the timeout")
