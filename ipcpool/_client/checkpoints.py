@@ -144,15 +144,14 @@ class Checkpoints:
             channel.check_open()
             done, keep, kept = [], [], []
             for i, buf in enumerate(w._shards):
-                leases.buffers.pop(id(buf), None)
-                buf._freed = True
-                got = leases.handoff.keep(buf.pool, buf._memory, stream) if w._keep else None
+                leases.hand_over(buf)
+                got = leases.handoff.keep(buf.pool, buf.memory, stream) if w._keep else None
                 if got is None:   # released: on CUDA a VMM mapping waits for the work, then unmaps
-                    done.append(leases.handoff.release(buf.pool, buf._memory, stream))
+                    done.append(leases.handoff.release(buf.pool, buf.memory, stream))
                     continue
                 done.append(got[0])
                 keep.append(i)
-                kept.append((buf.alloc_id, _Kept(w.name, w.version, buf.pool, buf._memory, got[1])))
+                kept.append((buf.alloc_id, _Kept(w.name, w.version, buf.pool, buf.memory, got[1])))
             fields: dict[str, Any] = {"done_events": done} if any(done) else {}
             if keep:
                 fields["keep"] = keep

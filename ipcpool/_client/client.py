@@ -364,7 +364,7 @@ def _ready(leases: list[Buffer], stream: Any) -> list[Buffer]:
     its views wait for each slab as they reach it, and free all on a failure."""
     try:
         for lease in leases:
-            lease._memory.ready()
+            lease.memory.ready()
     except BaseException:
         for lease in leases:
             if not lease.freed:

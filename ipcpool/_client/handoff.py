@@ -195,7 +195,7 @@ class Handoff:
             cut = buf.carving
             buf.name, buf.owner, buf.meta = name, owner, meta or {}
             if meta:
-                buf._tensor = None   # (made as bytes: its dtype and shape are the usual call's)
+                buf.tensor_ahead = None   # (made as bytes: its dtype and shape are the usual call's)
         try:
             packed = protocol.pack(meta) if meta else b""
             cut.framed = name is not None and len(packed) <= frames.MAX_META
@@ -254,7 +254,7 @@ class Handoff:
         buf = self._keep(0, pool, cut.memory, True, None, None, False, enter=False)
         buf.carving = cut
         if self._views.asked:
-            buf._tensor = self._views.ahead(buf, cut.memory)
+            buf.tensor_ahead = self._views.ahead(buf, cut.memory)
         self._ahead = buf
 
     def _ahead_for(self, pool: str, nbytes: int, name: str | None) -> Any:
@@ -263,7 +263,7 @@ class Handoff:
         if buf is None:
             return None
         self._ahead = None
-        if name is not None and buf.pool == pool and buf._memory.size == nbytes:
+        if name is not None and buf.pool == pool and buf.memory.size == nbytes:
             return buf
         self.unprepare(buf)
         return None
@@ -349,7 +349,7 @@ class Handoff:
         if trace.hook is not None:
             trace.emit("client.seal_sent", name=name, rid=rid, framed=cut.framed)
         self._sealing[rid] = buf
-        self._prepare(buf.pool, buf._memory.size)
+        self._prepare(buf.pool, buf.memory.size)
 
     def free(self, buf: Any, stream: Any) -> bool:
         """Free a carved buffer without waiting; False where ``buf`` was not carved here."""
@@ -448,9 +448,9 @@ class Handoff:
         if entry.shape is not None:
             meta["shape"] = list(entry.shape)
         buf = self._keep(0, pool, memory, False, name, meta, True)
-        buf._dirlease = lease
+        buf.dirlease = lease
         if self._views.asked and state != directory.SEALED:   # its view made while the writer works
-            buf._tensor = self._views.ahead(buf, memory)
+            buf.tensor_ahead = self._views.ahead(buf, memory)
         try:
             event, kept = entry.event, entry.kept_event
             if state != directory.SEALED:
@@ -490,8 +490,8 @@ class Handoff:
 
     def end_lease(self, buf: Any, stream: Any) -> None:
         """Release a lease taken from a directory: the done event after the reader's work (R2)."""
-        done = self.release(buf.pool, buf._memory, stream)
-        self._end_lease(buf.pool, buf._dirlease, done)
+        done = self.release(buf.pool, buf.memory, stream)
+        self._end_lease(buf.pool, buf.dirlease, done)
 
     def _end_lease(self, pool: str, lease: tuple, done: bytes) -> None:
         pidx, index, gen, slot, nonce = lease

@@ -38,7 +38,7 @@ _INSTEAD = {
 }
 
 
-def _require(module: str) -> Any:
+def require(module: str) -> Any:
     """``module``, imported; where it is not installed, an error saying what to install instead
     of a bare ModuleNotFoundError."""
     import importlib
@@ -52,10 +52,10 @@ def _require(module: str) -> Any:
 
 
 def _module(kind: str) -> Any:
-    """``_require(kind)``, looked up once."""
+    """``require(kind)``, looked up once."""
     module = _MODULES.get(kind)
     if module is None:
-        module = _MODULES[kind] = _require(kind)
+        module = _MODULES[kind] = require(kind)
     return module
 
 
@@ -136,7 +136,7 @@ def put(client: Any, name: str, obj: Any, *, on_gpu: bool, pool: str, stream: An
                 torch.from_dlpack(buf).view(torch.uint8)[:nbytes].copy_(flat, non_blocking=True)
             buf.seal(stream=torch_stream)
         else:
-            cupy = _require("cupy")
+            cupy = require("cupy")
 
             cupy_stream = stream if stream is not None else cupy.cuda.get_current_stream()
             with cupy_stream:

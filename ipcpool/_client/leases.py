@@ -31,7 +31,7 @@ class Buffer:
         self._leases = leases
         self.alloc_id = alloc_id
         self.pool = pool
-        self._memory = memory
+        self.memory = memory   # the backend's import (``ImportedMemory``): what interop and views read
         self.owner = owner
         self.name = name
         self.meta = meta or {}
@@ -41,17 +41,17 @@ class Buffer:
         # (``arenas.Carving``), which ``handoff`` alone sets and changes.
         self.carving: Carving | None = None
         # Taken from a name directory without a request: (pool index, entry, gen, slot, nonce).
-        self._dirlease: tuple[int, int, int, int, int] | None = None
-        self._tensor: Any = None   # its tensor, made ahead off the hand-off's path (``handoff``)
+        self.dirlease: tuple[int, int, int, int, int] | None = None
+        self.tensor_ahead: Any = None   # its tensor, made ahead off the hand-off's path (``handoff``): tensor() takes it
 
     def _live(self) -> ImportedMemory:
         if self._freed:
             raise ClosedError("this buffer was freed")
-        return self._memory
+        return self.memory
 
     @property
     def size(self) -> int:
-        return self._memory.size
+        return self.memory.size
 
     @property
     def ptr(self) -> int:
@@ -59,7 +59,7 @@ class Buffer:
 
     @property
     def device(self) -> int | None:
-        return self._memory.device
+        return self.memory.device
 
     @property
     def view(self) -> memoryview:
@@ -97,11 +97,11 @@ class Buffer:
         ``torch.from_dlpack`` builds a fresh import each call. Work on it goes on torch's current
         stream: the one given to ``create``/``get`` (or ordered after it by the caller)."""
         self._live()
-        made = self._tensor
+        made = self.tensor_ahead
         if made is not None:   # the first call's, made ahead
-            self._tensor = None
+            self.tensor_ahead = None
             return made
-        return self._leases.views.tensor(self, self._memory)
+        return self._leases.views.tensor(self, self.memory)
 
     def share(self) -> bytes:
         """A token another session passes to ``Client.open`` to use this memory too. The broker
@@ -203,6 +203,12 @@ class Leases:
     def _enter(self, buf: Buffer) -> None:
         self.buffers[id(buf)] = buf
 
+    def hand_over(self, buf: Buffer) -> None:
+        """Out of the table and done with here, without a free: the caller's request gives its
+        memory back (a checkpoint's publish)."""
+        self.buffers.pop(id(buf), None)
+        buf._freed = True
+
     # -- anonymous allocations ----------------------------------------------------------------
     def allocate(self, nbytes: int, pool: str, stream: Any) -> Buffer:
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
@@ -256,7 +262,7 @@ class Leases:
                 self.handoff.seal(buf, stream)
                 return
             # Created with a round trip: the seal waits for its reply as well.
-            done = self.handoff.release(buf.pool, buf._memory, stream)
+            done = self.handoff.release(buf.pool, buf.memory, stream)
             self._channel.call("seal", name=buf.name, alloc=buf.alloc_id, **({"done_event": done} if done else {}))
 
     def get(self, name: str, stream: Any, timeout: float | None) -> Buffer:
@@ -391,7 +397,7 @@ class Leases:
     # -- as tensors and arrays ------------------------------------------------------------------
     def typed(self, lease: Buffer, kind: str) -> Any:
         """A lease as its dtype and shape (``interop.Views.typed``)."""
-        return self.views.typed(lease, lease._memory, kind)
+        return self.views.typed(lease, lease.memory, kind)
 
     def typed_many(self, leases: list[Buffer], kind: str) -> dict[str, Any]:
         """Leases as their dtypes and shapes, by name; on failure every one is freed. On CUDA,
@@ -400,7 +406,7 @@ class Leases:
         if trace.hook is not None:
             trace.emit("client.views", count=len(leases), kind=kind)
         try:
-            return self.views.typed_many(leases, [lease._memory for lease in leases], kind)
+            return self.views.typed_many(leases, [lease.memory for lease in leases], kind)
         except BaseException:
             for lease in (x for x in leases if not x.freed):
                 lease.free()
@@ -414,10 +420,10 @@ class Leases:
                 self._writing.discard(buf.name)
             if self._channel.closed or self.handoff.free(buf, stream):   # carved: freed by where it lies
                 return
-            if buf._dirlease is not None:   # taken from a directory: its release names its slot
+            if buf.dirlease is not None:   # taken from a directory: its release names its slot
                 self.handoff.end_lease(buf, stream)
                 return
-            done = self.handoff.release(buf.pool, buf._memory, stream)
+            done = self.handoff.release(buf.pool, buf.memory, stream)
             self._channel.send("free", alloc=buf.alloc_id, **({"done_event": done} if done else {}))
 
     def release_all(self, name: str, stream: Any) -> int:

@@ -11,7 +11,7 @@ import warnings
 from typing import Any
 
 from ..errors import InvalidRequest
-from .interop import _require
+from .interop import require
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -22,11 +22,11 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _raw(buf: Any, kind: str, writable: bool) -> Any:
+def raw_view(buf: Any, kind: str, writable: bool) -> Any:
     """A flat uint8 tensor or array over a whole shard."""
-    memory = buf._memory
+    memory = buf.memory
     if kind == "torch":
-        torch = _require("torch")
+        torch = require("torch")
         if memory.view is None:
             return torch.from_dlpack(buf).view(torch.uint8)
         import numpy
@@ -34,7 +34,7 @@ def _raw(buf: Any, kind: str, writable: bool) -> Any:
         with warnings.catch_warnings():   # read-only by contract, not by page bits
             warnings.simplefilter("ignore", UserWarning)
             return torch.from_numpy(numpy.frombuffer(memory.view, dtype=numpy.uint8))
-    xp = _require(kind)
+    xp = require(kind)
     if kind == "numpy":
         if memory.view is None:
             raise InvalidRequest("numpy arrays need host memory: use kind='torch' or 'cupy' on a GPU")
@@ -54,7 +54,7 @@ def _xp_dtype(xp: Any, name: str) -> Any:
 
 
 def _torch_dtype(name: str, dtype: str) -> Any:
-    torch = _require("torch")
+    torch = require("torch")
     found = getattr(torch, dtype, None)
     if not isinstance(found, torch.dtype):
         raise InvalidRequest(f"tensor {name!r}: torch has no dtype {dtype!r}")
@@ -63,13 +63,13 @@ def _torch_dtype(name: str, dtype: str) -> Any:
 
 def shard_views(bufs: list[Any], entries: list[Any], kind: str, *, writable: bool) -> dict[str, Any]:
     """Every entry (``name, dtype, shape, shard, offset, nbytes``) as a view of its shard.
-    (Modules are imported with ``_require``, not cached: a process that hides torch later sees it.)"""
+    (Modules are imported with ``require``, not cached: a process that hides torch later sees it.)"""
     if kind not in ("torch", "numpy", "cupy"):
         raise InvalidRequest(f"kind: 'torch', 'numpy' or 'cupy', not {kind!r}")
     raws: dict[int, Any] = {}
     wholes: dict[tuple[int, str], Any] = {}
     out: dict[str, Any] = {}
-    xp = _require(kind) if kind != "torch" else None
+    xp = require(kind) if kind != "torch" else None
     for e in entries:
         if not 0 <= e.shard < len(bufs) or e.offset + e.nbytes > bufs[e.shard].size:
             raise InvalidRequest(f"tensor {e.name!r} lies outside its shard")
@@ -77,7 +77,7 @@ def shard_views(bufs: list[Any], entries: list[Any], kind: str, *, writable: boo
         if whole is None:
             raw = raws.get(e.shard)
             if raw is None:
-                raw = raws[e.shard] = _raw(bufs[e.shard], kind, writable)
+                raw = raws[e.shard] = raw_view(bufs[e.shard], kind, writable)
             dtype = _torch_dtype(e.name, e.dtype) if kind == "torch" else _xp_dtype(xp, e.dtype)
             size = dtype.itemsize
             whole = wholes[(e.shard, e.dtype)] = raw[: raw.shape[0] // size * size].view(dtype)

@@ -326,7 +326,7 @@ class Handlers:
             if ckpt is not None and ckpt.current is not None and ckpt.current.number <= newer:
                 return {"same": True, "version": ckpt.current.number}
         v = table.attach(session, f["name"], f.get("version"))
-        # The shards as a batch of leases (``Leases._adopt_batch`` imports them): one event per
+        # The shards as a batch of leases (``Leases.adopt_batch`` imports them): one event per
         # pool after every shard's seal.
         shims = [_ShardLease(a) for a in v.shards]
         by_pool: dict = {}

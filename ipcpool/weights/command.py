@@ -16,7 +16,7 @@ def checkpoint_name(path: Path) -> str:
 
 def cmd_load(args) -> int:
     from .._client.client import connect
-    from .load import _layout, load_checkpoint
+    from .load import layout_of, load_checkpoint
     from .sources import read_source
 
     path = Path(args.file)
@@ -36,7 +36,7 @@ def cmd_load(args) -> int:
         print(f"loaded {len(names)} tensor(s) from {path} as sealed objects under {args.prefix or '(no prefix)'}")
         return 0
     sources = read_source(path)   # a missing or broken file is refused before the broker is asked
-    _layout(sources, 1 << 62)
+    layout_of(sources, 1 << 62)
     name = args.name or checkpoint_name(path)
     with connect(args.socket_dir) as client:
         version = load_checkpoint(client, name, path, pool=args.pool, progress=True)

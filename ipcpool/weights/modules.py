@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import trace
-from .._client.interop import _require
+from .._client.interop import require
 from ..errors import InvalidRequest
 from ..meta import dtype_name
 from .layout import DEFAULT_SHARD_BYTES, TensorSpec, plan
@@ -23,7 +23,7 @@ def publish_tensors(client: Any, name: str, tensors: Mapping[str, Any], *, pool:
     """A new version of ``name`` holding a copy of ``tensors`` (torch, on the client's kind of
     memory), made current once the copies on ``stream`` (torch's current one by default) are done.
     Returns its number."""
-    torch = _require("torch")
+    torch = require("torch")
     items = list(tensors.items())
     specs = [TensorSpec(k, dtype_name(t.dtype), tuple(t.shape)) for k, t in items]
     shards, entries = plan(specs, shard_bytes)
@@ -92,7 +92,7 @@ def bind_module(module: Any, tensors: Mapping[str, Any], *, copy: bool = False) 
     """Make ``module``'s parameters and persistent buffers ``tensors`` (a checkpoint's, by
     state-dict name): zero-copy views, or with ``copy=True`` copies into the module's own memory.
     Checked first (``check_module``); returns the module."""
-    torch = _require("torch")
+    torch = require("torch")
     source = check_module(module, tensors)
     if copy:
         with torch.no_grad():

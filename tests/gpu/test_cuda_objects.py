@@ -255,7 +255,7 @@ def _attach_across_slabs(socket_dir, names, out):
     stream = torch.cuda.Stream()
     with ipcpool.connect(socket_dir) as c:
         leases = c.get_many(names, stream=stream)
-        slabs = len({id(b._memory.slab()[0]) for b in leases if b._memory.slab() is not None})
+        slabs = len({id(b.memory.slab()[0]) for b in leases if b.memory.slab() is not None})
         with torch.cuda.stream(stream):
             sums = [int(torch.from_dlpack(b).view(torch.uint8).sum(dtype=torch.int64)) for b in leases]
         for b in leases:
