@@ -15,7 +15,7 @@ from typing import Any
 
 import msgpack
 
-from .errors import InvalidRequest, IpcPoolError, ProtocolError
+from .errors import InvalidRequest, IpcPoolError, ProtocolError, error_from_wire
 from .sizes import HANDLE_BYTES
 
 # 2: growables are created, attached, grown and synced on the control socket, whose replies carry
@@ -455,6 +455,11 @@ def error_reply(rid: int, exc: IpcPoolError) -> dict:
     if len(text) > MAX_ERROR:   # every reply stays decodable by the client (MAX_STR)
         text = text[: MAX_ERROR - 3] + "..."
     return {"id": rid, "ok": False, "code": exc.code, "error": text}
+
+
+def refusal(reply: dict) -> IpcPoolError:
+    """The error an error reply (``error_reply``) reports, rebuilt."""
+    return error_from_wire(reply.get("code", 1), str(reply.get("error", "unknown error")))
 
 
 _PLANS.update({id(schema): _plan(schema) for table in (REQUESTS, CONTROL) for schema in table.values()})

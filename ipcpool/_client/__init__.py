@@ -5,7 +5,7 @@ Imports run one way, from the facade down:
     client     Client and connect(): the public facade, delegating to the parts below
     leases     Buffer, and the lease table: import, release, create, seal, get, batch attach
     catalog    listing names page by page, and Subscription (seals announced under a prefix)
-    growable   GrowableBuffer, Remap, and the growable buffers this client has attached
+    growables  GrowableBuffer, Remap, and the table of the growable buffers this client has attached
     handoff    the hand-off without waiting: arenas and carving, credits, seal boards, pending leases
     interop    torch tensors, CuPy and numpy arrays over leases (the memory protocol only)
     pools      the pools this client imported, each with its seal board

@@ -30,8 +30,8 @@ import zmq
 from .. import fdpass, paths, protocol
 from .. import trace
 from ..shm import fence
-from ..errors import (BrokerGone, ClosedError, InvalidRequest, IpcPoolError, PeerRefused, ProtocolError,
-                      error_from_wire)
+from ..errors import BrokerGone, ClosedError, InvalidRequest, IpcPoolError, PeerRefused, ProtocolError
+from ..replies import AllocFds, ChunkFds, Hello, WatchNotice
 from .settings import Settings
 from .waitlog import SlowWait, describe
 
@@ -72,7 +72,7 @@ def _close_unclosed(pid: int, dealer: zmq.Socket, control: socket.socket,
                 if reply.get("id") == _BYE_ID:
                     break
                 if "notify" not in reply and not reply.get("ok"):
-                    unraised.append(error_from_wire(reply.get("code", 1), str(reply.get("error"))))
+                    unraised.append(protocol.refusal(reply))
     except (zmq.ZMQError, IpcPoolError, OSError):
         pass   # a broker that is gone has nothing to release
     finally:
@@ -129,22 +129,20 @@ class Channel:
         self._control.setblocking(False)
         try:
             hello = self._hello()
-            self.session: int = hello["session"]
-            self.backend_name: str = hello["backend"]
-            self.pool_names = tuple(hello["pools"])
-            devices = hello.get("devices")   # each pool's device (a growable's mapping is made ahead)
-            self.pool_devices: dict[str, int] = {k: v for k, v in (devices or {}).items() if isinstance(k, str)
-                                                 and isinstance(v, int) and not isinstance(v, bool)} if isinstance(devices, dict) else {}
+            self.session: int = hello.session
+            self.backend_name: str = hello.backend
+            self.pool_names = hello.pools
+            self.pool_devices = hello.devices   # each pool's device (a growable's mapping is made ahead)
             self._zctx = zmq.Context.instance()
             self._dealer = self._zctx.socket(zmq.DEALER)
-            self._dealer.setsockopt(zmq.IDENTITY, hello["token"])
+            self._dealer.setsockopt(zmq.IDENTITY, hello.token)
             self._dealer.setsockopt(zmq.LINGER, 1000)
             self._dealer.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REPLY)
             # Replies are never dropped on our side for their number (the broker bounds their bytes),
             # and a send waits for room no longer than our timeout.
             self._dealer.setsockopt(zmq.RCVHWM, 0)
             self._dealer.setsockopt(zmq.SNDTIMEO, max(1, int(self.timeout * 1000)))
-            self._dealer.connect(self._check_endpoint(hello["endpoint"]))
+            self._dealer.connect(self._check_endpoint(hello.endpoint))
             self._poller = zmq.Poller()
             self._poller.register(self._dealer, zmq.POLLIN)
             self._poller.register(self._control.fileno(), zmq.POLLIN)
@@ -199,14 +197,11 @@ class Channel:
                               f"{paths.why_denied(Path(path))}")
         return endpoint
 
-    def _hello(self) -> dict:
+    def _hello(self) -> Hello:
         reply, fds = self.control_call({"op": "hello", "version": protocol.PROTOCOL_VERSION, "pid": os.getpid()})
         for fd in fds:
             os.close(fd)
-        for key, kind in (("token", bytes), ("session", int), ("backend", str), ("endpoint", str), ("pools", list)):
-            if not isinstance(reply.get(key), kind):
-                raise ProtocolError(f"hello reply lacks {key!r}")
-        return reply
+        return Hello.decode(reply)
 
     # -- the control socket: FDs --------------------------------------------------------------
     @trace.phase("control")
@@ -239,7 +234,7 @@ class Channel:
         if not reply.get("ok"):
             for fd in fds:
                 os.close(fd)
-            raise error_from_wire(reply.get("code", 1), str(reply.get("error", "unknown error")))
+            raise protocol.refusal(reply)
         return reply, fds
 
     def _control_reply(self) -> tuple[dict, list[int]] | None:
@@ -287,7 +282,7 @@ class Channel:
         """One batch of chunk FDs over the control socket, of a growable buffer or a VMM-backed
         allocation, from chunk ``first``: (the sizes of the chunks they map, the FDs)."""
         reply, fds = self.control_call({"op": "chunk_fds", "first": first, **which})
-        return list(reply.get("chunks", [])), fds
+        return ChunkFds.decode(reply).chunks, fds
 
     def alloc_fds(self, aid: int, count: int) -> list[int]:
         """All ``count`` chunk FDs of a VMM-backed allocation, batch by batch."""
@@ -322,7 +317,7 @@ class Channel:
                 held += count
             for group in filter(None, groups):
                 reply, fds = self.control_call({"op": "alloc_fds", "allocs": group})
-                counts = reply.get("counts", [])
+                counts = AllocFds.decode(reply).counts
                 bad = len(counts) != len(group) or sum(counts) != len(fds)
                 for aid, n in zip(group, counts):
                     out[aid], fds = fds[:n], fds[n:]
@@ -487,7 +482,7 @@ class Channel:
             if reply["notify"] == "overflow":
                 self._overflowed(reply.get("dropped"))
                 raise _NotYet
-            obj = reply.get("object")
+            obj = WatchNotice.decode(reply).object
             if isinstance(obj, dict) and isinstance(obj.get("name"), str):
                 # One notice per session and seal: every watch of ours whose prefix matches takes it.
                 for wid, prefix in self.watch_prefixes.items():
@@ -500,9 +495,9 @@ class Channel:
         if reply.get("id") == rid:
             if reply.get("ok"):
                 return reply
-            raise error_from_wire(reply.get("code", 1), str(reply.get("error", "unknown error")))
+            raise protocol.refusal(reply)
         if not reply.get("ok"):   # the error of an earlier one-way request
-            err = error_from_wire(reply.get("code", 1), str(reply.get("error")))
+            err = protocol.refusal(reply)
             if isinstance(err, PeerRefused) and "session token" in str(err):
                 # A broker that no longer knows us (restarted): every later request would say so.
                 if self._gone is None:

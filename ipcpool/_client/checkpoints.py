@@ -2,7 +2,7 @@
 
 A version's tensors lie at offsets in a few shards (large allocations): a writer imports each
 shard once and writes every tensor through views of it; a reader imports the shards as one batch
-of leases (``Leases._adopt_batch``) and builds its views from the manifest. The broker publishes a
+of leases (``Leases.adopt_batch``) and builds its views from the manifest. The broker publishes a
 version whole (``ckpt_publish``) or drops it (abort, or the writer's session ending), so a reader
 never sees part of one.
 
@@ -31,6 +31,7 @@ from .. import protocol, trace
 from ..backend.base import ImportedMemory
 from ..errors import ClosedError, IpcPoolError, ObjectNotFound, OutOfMemory, QuotaExceeded, WaitTimeout
 from ..weights.layout import Entry
+from ..replies import Allocation, Batch
 from .channel import Channel
 from .leases import Buffer, Leases
 from .views import shard_views
@@ -90,17 +91,17 @@ class Checkpoints:
             number = reply["version"]
             bufs: list[Buffer] = []
             try:
-                for i, shard in enumerate(reply["shards"]):
+                for i, shard in enumerate(map(Allocation.decode, reply["shards"])):
                     label = f"{name}@{number}#{i}"
-                    kept = self._kept.pop(shard["alloc"], None)
-                    if kept is not None and kept.pool == shard["pool"] and kept.memory.size == shard["size"]:
+                    kept = self._kept.pop(shard.alloc, None)
+                    if kept is not None and kept.pool == shard.pool and kept.memory.size == shard.export.size:
                         # The spare, imported here since this writer published into it: no import.
-                        bufs.append(leases._keep(shard["alloc"], kept.pool, kept.memory, True, label, None, False))
+                        bufs.append(leases.keep(shard.alloc, kept.pool, kept.memory, True, label, None, False))
                         continue
                     if kept is not None:   # (never: an allocation keeps its pool and size)
                         self._unimport(kept)
-                        channel.send("ckpt_unkeep", allocs=[shard["alloc"]])
-                    bufs.append(leases._adopt(shard, stream, owner=True, name=label))
+                        channel.send("ckpt_unkeep", allocs=[shard.alloc])
+                    bufs.append(leases.adopt(shard, stream, owner=True, name=label))
                 # What this begin did not take will not come back: only the newest version's stays.
                 mine = [k.version for k in self._kept.values() if k.name == name]
                 if mine:
@@ -123,15 +124,14 @@ class Checkpoints:
             channel.check_open()
             done, keep, kept = [], [], []
             for i, buf in enumerate(w._shards):
-                leases.buffers.pop(id(buf), None)
-                buf._freed = True
-                got = leases.handoff.keep(buf.pool, buf._memory, stream) if w._keep else None
+                leases.hand_over(buf)
+                got = leases.handoff.keep(buf.pool, buf.memory, stream) if w._keep else None
                 if got is None:   # released: on CUDA a VMM mapping waits for the work, then unmaps
-                    done.append(leases.handoff.release(buf.pool, buf._memory, stream))
+                    done.append(leases.handoff.release(buf.pool, buf.memory, stream))
                     continue
                 done.append(got[0])
                 keep.append(i)
-                kept.append((buf.alloc_id, _Kept(w.name, w.version, buf.pool, buf._memory, got[1])))
+                kept.append((buf.alloc_id, _Kept(w.name, w.version, buf.pool, buf.memory, got[1])))
             fields: dict[str, Any] = {"done_events": done} if any(done) else {}
             if keep:
                 fields["keep"] = keep
@@ -207,9 +207,10 @@ class Checkpoints:
                 return None
             number = reply["version"]
             out: list[Buffer] = []
-            names = [f"{name}@{number}#{i}" for i in range(len(reply.get("alloc", ())))]
+            shards = Batch.decode(reply)
+            names = [f"{name}@{number}#{i}" for i in range(len(shards.alloc))]
             try:
-                leases._adopt_batch(reply, names, stream, out)
+                leases.adopt_batch(shards, names, stream, out)
                 raw = list(reply["entries"])
                 while reply.get("more"):   # a manifest of more than a page
                     reply = channel.call("ckpt_manifest", name=name, version=number, start=len(raw))

@@ -18,8 +18,7 @@ from . import gcpause, interop
 from .catalog import Subscription, list_all, subscribe
 from .channel import Channel
 from .checkpoints import Checkpoint, Checkpoints, VersionWriter, wait_attach
-from .growable import GrowableBuffer, Remap
-from .growables import Growables
+from .growables import GrowableBuffer, Growables, Remap
 from .leases import Buffer, Leases
 from .pools import Pools
 from .settings import Settings
@@ -365,7 +364,7 @@ def _ready(leases: list[Buffer], stream: Any) -> list[Buffer]:
     its views wait for each slab as they reach it, and free all on a failure."""
     try:
         for lease in leases:
-            lease._memory.ready()
+            lease.memory.ready()
     except BaseException:
         for lease in leases:
             if not lease.freed:

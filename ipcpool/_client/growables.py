@@ -1,5 +1,22 @@
-"""The growable buffers a client has attached, and the requests that make, grow and map them
-(``growable.GrowableBuffer`` is the caller's handle on one).
+"""The growable buffers a client has attached: ``GrowableBuffer``, the caller's handle on one,
+and ``Growables``, the table of them and the requests that make, grow and map them.
+
+Growth never copies. Where the address range right after the buffer is free the new chunks are
+mapped there and the pointer stays; otherwise every chunk is mapped again at a new range and the
+pointer moves. ``grow`` and ``sync`` return a ``Remap`` that says which happened. The old range
+stays mapped (same memory) until ``close``, so work already queued on the old pointer is safe.
+
+``sync()`` (also run by ``view`` and ``__cuda_array_interface__``) maps what other processes grew
+before the next use. It never depends on the broker's notice of a grow having arrived: the grower's
+reply comes on its control socket, the notice on ours, and the grower may tell this process to use
+the new bytes before the notice gets here. On the host the memfd this process holds is as long as
+the buffer, so sync reads its length. On CUDA sync reads the buffer's word on the growth board
+(``ipcpool.shm.growboard``: mapped read-only, stamped by the broker at every grow before it answers
+the grower): while it holds the stamp of this process's last mapping (from the last reply about
+the buffer) nothing grew and sync returns at once; else it asks the broker (one round trip, whose
+reply carries the FDs of the chunks this process lacks and the stamp to keep). A buffer without a
+word (the board was full) or a session without a board asks at every sync.
+Ordering of reads and writes across processes is the caller's, as for any shared buffer.
 
 Round trips: create, attach and grow are each one request on the control socket, whose reply
 carries the FDs of the chunks this process lacks (the session's first one also the growth board's).
@@ -16,14 +33,156 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from ..backend.base import ClientBackend, ClientGrowable
-from ..errors import InvalidRequest, IpcPoolError
+from .. import fdpass
+from ..errors import ClosedError, InvalidRequest, IpcPoolError, ProtocolError
+from ..replies import GrowableState, GrowNotice
 from ..shm.growboard import BoardView
 from ..sizes import round_up
 from .channel import Channel
-from .growable import GrowableBuffer, Remap
 from .loans import ChunkLoans
+
+
+@dataclass(frozen=True)
+class Remap:
+    """What a grow or sync did to this process's mapping."""
+
+    grown: bool     # new chunks were mapped
+    moved: bool     # the pointer changed: use ``ptr`` from now on (the old one stays valid until close)
+    ptr: int
+    size: int
+    old_ptr: int
+
+
+class GrowableBuffer:
+    def __init__(self, growables: Growables, state: GrowableState, mapping: ClientGrowable):
+        self._growables = growables
+        self._mapping = mapping
+        self.name: str = state.name
+        self.pool: str = str(state.pool or "")
+        info = state.info or {}
+        self.device: int = int(info.get("device", -1))
+        self.granularity: int = int(info.get("granularity", 0))
+        self.compression: bool = bool(info.get("compression"))   # what the memory actually has
+        self.compression_requested: bool = bool(state.compression_requested)
+        self.generation = -1     # of the chunks mapped here
+        self._announced = (state.gen, state.size, len(state.chunks))   # the newest we were told of
+        self._chunks = 0
+        self._closed = False
+        word = state.word   # on the growth board; -1: none (the board was full)
+        self._word = word if isinstance(word, int) and not isinstance(word, bool) else -1
+        self._stamp: int | None = None   # the word's stamp as of the last mapping from a reply
+
+    # -- state
+    @property
+    def ptr(self) -> int:
+        """The start of the mapping (as of the last grow or sync)."""
+        self._check()
+        return self._mapping.ptr
+
+    @property
+    def size(self) -> int:
+        return self._mapping.size
+
+    @property
+    def reserved(self) -> int:
+        """Address space reserved at ``ptr``: growth up to here never moves the pointer."""
+        return self._mapping.reserved
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check(self) -> None:
+        if self._closed:
+            raise ClosedError(f"growable buffer {self.name!r} is closed")
+
+    # -- following growth
+    def grow(self, nbytes: int) -> Remap:
+        """Grow to at least ``nbytes`` (rounded up to the granularity); a smaller size is a no-op."""
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
+            raise InvalidRequest(f"nbytes must be a positive int, got {nbytes!r}")
+        self._check()
+        return self._growables.grow(self, nbytes)
+
+    def sync(self) -> Remap:
+        """Map whatever other processes grew since the last call."""
+        self._check()
+        return self._growables.sync(self)
+
+    def _stamped(self, state: GrowableState) -> None:
+        """Mapped as of ``state``: its stamp is the one a later sync compares the word with."""
+        stamp = state.stamp
+        self._stamp = stamp if isinstance(stamp, int) and not isinstance(stamp, bool) else None
+
+    def _announce(self, gen: int, size: int, chunks: int) -> None:
+        if gen > self._announced[0]:
+            self._announced = (gen, size, chunks)
+
+    def _map_to(self, gen: int, size: int, nchunks: int, fetch: _Fetch) -> Remap:
+        """Map until ``size`` bytes (``nchunks`` chunks) are mapped: from what this process holds
+        where the backend can, else from the FDs ``fetch(first)`` gives with their chunks' sizes."""
+        old_ptr, old_size, moved = self._mapping.ptr, self._mapping.size, False
+        if self._mapping.size:
+            # The host maps its memfd as long as it is now: a grow another process was answered
+            # for is seen even before its notice arrives. (Its chunk count then only feeds the
+            # ``first`` of a later request, whose FDs the host does not need: it follows again.)
+            local = self._mapping.follow(size)
+            if local is not None:
+                moved, self._chunks = local, max(self._chunks, nchunks)
+        while self._mapping.size < size:
+            chunks, fds = fetch(self._chunks)
+            if not chunks:
+                for fd in fds:
+                    os.close(fd)
+                raise InvalidRequest(f"growable buffer {self.name!r}: the broker sent no chunks")
+            moved |= self._mapping.extend(chunks, fds)
+            self._chunks += len(chunks)
+        self.generation = max(self.generation, gen)
+        moved = moved and old_ptr != 0
+        return Remap(self._mapping.size > old_size, moved, self._mapping.ptr, self._mapping.size, old_ptr)
+
+    # -- access
+    def view(self) -> memoryview:
+        """The bytes, on the host backend (after a sync)."""
+        self.sync()
+        view = self._mapping.view()
+        if view is None:
+            raise InvalidRequest("view() is for host memory; on CUDA use ptr, CAI or DLPack")
+        return view
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        if self.device < 0:
+            raise AttributeError("host memory has no __cuda_array_interface__")
+        self.sync()
+        return {"version": 3, "shape": (self.size,), "typestr": "|u1", "data": (self.ptr, False),
+                "strides": None, "stream": None}
+
+    # -- lifetime
+    def close(self) -> None:
+        """Unmap (CUDA: after this device's work has finished) and detach."""
+        if self._closed:
+            return
+        self._closed = True
+        self._growables.detach(self)
+
+    def delete(self) -> None:
+        """Delete the name; the memory goes once every attached process has closed it."""
+        self._growables.delete(self.name)
+
+    def __enter__(self) -> GrowableBuffer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"ptr=0x{self._mapping.ptr:x} size={self.size}"
+        return f"<GrowableBuffer {self.name!r} {state} gen={self.generation}>"
 
 
 def _step(g: GrowableBuffer, nbytes: int) -> int:
@@ -122,24 +281,28 @@ class Growables:
     def delete(self, name: str) -> None:
         self._channel.call("grow_delete", name=name)
 
-    def _control(self, msg: dict) -> tuple[dict, list[int]]:
+    def _control(self, msg: dict) -> tuple[GrowableState, list[int]]:
         """A growable request on the control socket and its reply (see ``_reply``)."""
         self._channel.control_send(msg)
         return self._reply()
 
-    def _reply(self) -> tuple[dict, list[int]]:
+    def _reply(self) -> tuple[GrowableState, list[int]]:
         """A growable reply, less the FDs kept here: the growth board's, kept from the first reply
         that carries it (its first FD), and those of chunks lent (its last ones, ``lend``: added
         to the loans by ``_keep_lent`` where they are next used or ended, off this reply's path)."""
-        reply, fds = self._channel.control_recv()
-        lent = reply.get("lend")
+        msg, fds = self._channel.control_recv()
+        try:
+            reply = GrowableState.decode(msg)
+        except (KeyError, TypeError) as exc:
+            fdpass.close_all(fds)
+            raise ProtocolError(f"a growable reply without its state: {exc}") from None
+        lent = reply.lend
         if isinstance(lent, list) and lent and fds:
             n = min(len(lent), len(fds))
             fds, lent_fds = fds[: len(fds) - n], fds[len(fds) - n :]
-            info = reply.get("info") if isinstance(reply.get("info"), dict) else {}
-            device = info.get("device", -1)
-            self._lent.append((str(reply.get("pool", "")), device if isinstance(device, int) else -1, lent, lent_fds))
-        if reply.get("board") is True and fds:
+            device = (reply.info or {}).get("device", -1)
+            self._lent.append((str(reply.pool or ""), device if isinstance(device, int) else -1, lent, lent_fds))
+        if reply.board and fds:
             fd = fds.pop(0)
             if self._board is None and self._board_fd is None:
                 self._board_fd = fd   # mapped at the first sync (a process that only grows never reads it)
@@ -167,17 +330,17 @@ class Growables:
         if name in self.attached:
             raise InvalidRequest(f"this client is already attached to growable buffer {name!r}")
 
-    def _attach(self, reply: dict, fds: list[int], prepared: ClientGrowable | None = None) -> GrowableBuffer:
-        name = reply["name"]
-        fetch = _Fetch(self._channel, name, reply.get("batch", []), fds)
+    def _attach(self, reply: GrowableState, fds: list[int], prepared: ClientGrowable | None = None) -> GrowableBuffer:
+        name = reply.name
+        fetch = _Fetch(self._channel, name, reply.batch or (), fds)
         mapping = None
         try:
-            if prepared is not None and not prepared.matches(reply["info"]):
+            if prepared is not None and not prepared.matches(reply.info):
                 prepared.close()
                 prepared = None
-            mapping = prepared or self._backend.import_growable(reply["info"], self._span)
+            mapping = prepared or self._backend.import_growable(reply.info, self._span)
             g = GrowableBuffer(self, reply, mapping)
-            g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
+            g._map_to(reply.gen, reply.size, len(reply.chunks), fetch)
             g._stamped(reply)
         except BaseException:
             fetch.close()
@@ -210,7 +373,7 @@ class Growables:
                 g._mapping.drop(ahead)
                 self._loans.release(g.device, handles)
                 raise
-            took = bool(reply.get("took"))
+            took = bool(reply.took)
             if took:
                 self._loans.taken(g.pool, plan)
             if not took or handles is None:   # another process grew it first, or no import:
@@ -241,25 +404,25 @@ class Growables:
                 ptr = g._mapping.ptr
                 return Remap(False, False, ptr, g._mapping.size, ptr)
             reply, fds = self._control({"op": "grow_sync", "name": g.name, "first": g._chunks})
-            g._announce(reply["gen"], reply["size"], len(reply["chunks"]))
+            g._announce(reply.gen, reply.size, len(reply.chunks))
             return self._apply(g, reply, fds)
 
-    def _apply(self, g: GrowableBuffer, reply: dict, fds: list[int], moved: bool = False,
+    def _apply(self, g: GrowableBuffer, reply: GrowableState, fds: list[int], moved: bool = False,
                old_ptr: int | None = None) -> Remap:
         """Map what a grow or sync reply says the buffer now is (its FDs first, then any more it
         needs), and keep the reply's stamp. ``moved`` and ``old_ptr``: what a grow by loaned
         chunks, mapped before, did."""
-        if not fds and g._mapping.size >= reply["size"] and not g._mapping.follows:
+        if not fds and g._mapping.size >= reply.size and not g._mapping.follows:
             # Mapped already (a grow by loaned chunks, a sync that found nothing new): the
             # mapping, its FDs and _map_to's bookkeeping are skipped on every step.
-            g.generation = max(g.generation, reply["gen"])
+            g.generation = max(g.generation, reply.gen)
             g._stamped(reply)
             ptr = g._mapping.ptr
             old = ptr if old_ptr is None else old_ptr
             return Remap(old_ptr is not None, moved and old_ptr != 0, ptr, g._mapping.size, old)
-        fetch = _Fetch(self._channel, g.name, reply.get("batch", []), fds)
+        fetch = _Fetch(self._channel, g.name, reply.batch or (), fds)
         try:
-            remap = g._map_to(reply["gen"], reply["size"], len(reply["chunks"]), fetch)
+            remap = g._map_to(reply.gen, reply.size, len(reply.chunks), fetch)
         finally:
             fetch.close()
         g._stamped(reply)
@@ -279,8 +442,9 @@ class Growables:
 
     def on_grown(self, note: dict) -> None:
         """The broker's notice that another process grew a buffer: ``sync`` maps it later."""
-        g = self.attached.get(note.get("growable"))
-        fields = [note.get(k) for k in ("gen", "size", "chunks")]
+        grown = GrowNotice.decode(note)
+        g = self.attached.get(grown.growable)
+        fields = [grown.gen, grown.size, grown.chunks]
         if g is not None and all(isinstance(v, int) and not isinstance(v, bool) for v in fields):
             g._announce(*fields)
 

@@ -15,7 +15,7 @@
   and orders its work after the event by querying it on the host (``ClientPool.order_after``).
 
 The buffers here are ``leases.Buffer``s, made by the lease table's ``keep``; the hand-off owns
-their ``_carving`` record and reads only their public fields besides.
+their ``carving`` record and reads only their public fields besides.
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ from typing import Any
 from .. import frames, protocol
 from .. import trace
 from ..backend.base import ClientPool, ImportedMemory
-from ..errors import (InvalidRequest, IpcPoolError, ObjectAborted, OutOfMemory, ProtocolError, WaitTimeout,
-                      error_from_wire)
+from ..errors import InvalidRequest, IpcPoolError, ObjectAborted, OutOfMemory, ProtocolError, WaitTimeout
 from ..protocol import ARENA_ALIGN, MAX_ARENAS
 from ..ranges import RangeAllocator
+from ..replies import AbortNotice, Allocation, Arena, Carved, Lease, ReclaimNotice, SealNotice, credits_of
 from ..shm import directory, fence, sealboard
 from ..sizes import HANDLE_BYTES
 from .channel import Channel
 from .interop import Views
-from .pools import Pools, export_of
+from .pools import Pools
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class Handoff:
         self._inflight: dict[int, Any] = {}   # pipelined creates/allocates by request id
         self._sealing: dict[int, Any] = {}    # pipelined seals by request id
         self._credits: dict[str, collections.deque[bytes]] = {}   # the broker's events, per pool
-        self._notes: dict[int, dict | None] = {}   # pending leases watched: alloc -> its notice
+        self._notes: dict[int, SealNotice | AbortNotice | None] = {}   # pending leases watched: alloc -> its notice
         self._arena_views: dict[str, dict[int, ImportedMemory]] = {}   # pool -> arena -> its import
         self._releasing: dict[int, int] = {}   # directory leases' releases by request id -> slot
 
@@ -173,14 +173,15 @@ class Handoff:
         """A reclaim, or the seal or abort of an object a pending lease waits for; False: not ours."""
         kind = note.get("notify")
         if kind == "reclaim":
-            arena = self._by_arena.get(note.get("arena"))
-            if arena is not None and isinstance(note.get("offset"), int):
-                arena.reclaimed(note["offset"])
+            got = ReclaimNotice.decode(note)
+            arena = self._by_arena.get(got.arena)
+            if arena is not None and isinstance(got.offset, int):
+                arena.reclaimed(got.offset)
             return True
         if kind in ("sealed", "aborted") and "alloc" in note:
             self._keep_credits(note)
             if note["alloc"] in self._notes:
-                self._notes[note["alloc"]] = note
+                self._notes[note["alloc"]] = SealNotice.decode(note) if kind == "sealed" else AbortNotice.decode(note)
             return True
         return False
 
@@ -198,30 +199,27 @@ class Handoff:
         buf = self._inflight.pop(rid, None)
         if buf is not None:
             if reply.get("ok"):
-                buf.alloc_id = reply.get("alloc", 0)
+                buf.alloc_id = Carved.decode(reply).alloc
             else:
                 op = "allocate" if buf.name is None else "create"
-                self._refused(buf, _naming(error_from_wire(reply.get("code", 1), str(reply.get("error"))),
-                                           op, buf.name))
+                self._refused(buf, _naming(protocol.refusal(reply), op, buf.name))
             return True
         buf = self._sealing.pop(rid, None)
         if buf is not None:
-            if not reply.get("ok") and buf._carving.error is None:   # (after a refused create: expected)
-                self._channel.refused(_naming(error_from_wire(reply.get("code", 1), str(reply.get("error"))),
-                                              "seal", buf.name))
+            if not reply.get("ok") and buf.carving.error is None:   # (after a refused create: expected)
+                self._channel.refused(_naming(protocol.refusal(reply), "seal", buf.name))
             return True
         return False
 
     def _keep_credits(self, msg: dict) -> None:
-        if "credit" in msg or "credits" in msg:
-            got = [msg.get("credit")] if "credit" in msg else list(msg.get("credits") or ())
-            if isinstance(msg.get("pool"), str):
-                self._credits.setdefault(msg["pool"], collections.deque()).extend(
-                    c for c in got if isinstance(c, bytes) and len(c) == HANDLE_BYTES)
+        got = credits_of(msg)
+        if got is not None:
+            self._credits.setdefault(got[0], collections.deque()).extend(
+                c for c in got[1] if isinstance(c, bytes) and len(c) == HANDLE_BYTES)
 
     def _refused(self, buf: Any, err: IpcPoolError) -> None:
         self.unprepare()   # (a writer whose create failed starts afresh: the arena as it was)
-        cut = buf._carving
+        cut = buf.carving
         cut.error = err
         if cut.slot is not None:
             cut.arena.free_slot(cut.slot)
@@ -289,12 +287,12 @@ class Handoff:
             if cut is None:
                 return None
             buf = self._keep(0, pool, cut.memory, owner, name, meta, False, enter=False)
-            buf._carving = cut
+            buf.carving = cut
         else:   # made ready after the last seal: only its name and request are new
-            cut = buf._carving
+            cut = buf.carving
             buf.name, buf.owner, buf.meta = name, owner, meta or {}
             if meta:
-                buf._tensor = None   # (made as bytes: its dtype and shape are the usual call's)
+                buf.tensor_ahead = None   # (made as bytes: its dtype and shape are the usual call's)
         try:
             packed = protocol.pack(meta) if meta else b""
             cut.framed = name is not None and len(packed) <= frames.MAX_META
@@ -351,9 +349,9 @@ class Handoff:
         if cut is None:
             return
         buf = self._keep(0, pool, cut.memory, True, None, None, False, enter=False)
-        buf._carving = cut
+        buf.carving = cut
         if self._views.asked:
-            buf._tensor = self._views.ahead(buf, cut.memory)
+            buf.tensor_ahead = self._views.ahead(buf, cut.memory)
         self._ahead = buf
 
     def _ahead_for(self, pool: str, nbytes: int, name: str | None) -> Any:
@@ -362,7 +360,7 @@ class Handoff:
         if buf is None:
             return None
         self._ahead = None
-        if name is not None and buf.pool == pool and buf._memory.size == nbytes:
+        if name is not None and buf.pool == pool and buf.memory.size == nbytes:
             return buf
         self.unprepare(buf)
         return None
@@ -374,7 +372,7 @@ class Handoff:
             buf, self._ahead = self._ahead, None
             if buf is None:
                 return
-        cut = buf._carving
+        cut = buf.carving
         cut.arena.ranges.free(cut.offset)   # (never announced: the broker has nothing to undo)
         if cut.slot is not None:
             cut.arena.free_slot(cut.slot)
@@ -415,10 +413,11 @@ class Handoff:
             log.debug("no arena from pool %r: %s", pool, exc)   # and we ask again only a second later
             self._no_arena[pool] = time.monotonic() + 1.0
             return None
+        got = Arena.decode(reply)   # (its credits were kept as it arrived: ``on_reply``)
         client_pool = self._pools.get(pool)
-        words = reply.get("words")
-        memory = self._pools.import_allocation(reply["alloc"], pool, export_of(reply))   # (a VMM slab's FD too)
-        arena = ClientArena(reply["alloc"], client_pool, memory,
+        words = got.words
+        memory = self._pools.import_allocation(got.alloc, pool, got.export)   # (a VMM slab's FD too)
+        arena = ClientArena(got.alloc, client_pool, memory,
                             words if isinstance(words, int) and 0 <= words <= sealboard.WORDS - sealboard.BLOCK else None)
         self._by_arena[arena.aid] = arena
         return arena
@@ -426,7 +425,7 @@ class Handoff:
     def seal(self, buf: Any, stream: Any) -> None:
         """Seal a carved buffer: record, post the board word, send the seal. No wait (a refusal
         is raised later)."""
-        cut = buf._carving
+        cut = buf.carving
         cut.stream = stream
         # A refusal this client has taken in already is raised here; draining the channel to look
         # for one would cost the hand-off ~30 µs (H100), and close() or flush() raises a later one.
@@ -447,11 +446,11 @@ class Handoff:
         if trace.hook is not None:
             trace.emit("client.seal_sent", name=name, rid=rid, framed=cut.framed)
         self._sealing[rid] = buf
-        self._prepare(buf.pool, buf._memory.size)
+        self._prepare(buf.pool, buf.memory.size)
 
     def free(self, buf: Any, stream: Any) -> bool:
         """Free a carved buffer without waiting; False where ``buf`` was not carved here."""
-        cut = buf._carving
+        cut = buf.carving
         if cut is None:
             return False
         cut.stream = stream
@@ -468,7 +467,7 @@ class Handoff:
 
     def settle(self, buf: Any) -> None:
         """Wait for the reply to ``buf``'s pipelined create (usually here already); raise its refusal."""
-        cut = buf._carving
+        cut = buf.carving
         if cut is not None:
             if cut.rid in self._inflight:
                 ch = self._channel
@@ -515,8 +514,7 @@ class Handoff:
         """Import the arena ``entry`` lies in, once (``dir_export``); False where it cannot serve
         a reader without a request of its own each time (not an arena, or not a slab range)."""
         try:
-            reply = self._channel.call("dir_export", pool=pool, alloc=entry.alloc)
-            export = export_of(reply)
+            export = Allocation.decode(self._channel.call("dir_export", pool=pool, alloc=entry.alloc)).export
             client_pool = self._pools.get(pool)
             if client_pool.seal_event and not export.sub:
                 return False   # a pool allocation of its own: imported and released per lease
@@ -547,9 +545,9 @@ class Handoff:
         if entry.shape is not None:
             meta["shape"] = list(entry.shape)
         buf = self._keep(0, pool, memory, False, name, meta, True)
-        buf._dirlease = lease
+        buf.dirlease = lease
         if self._views.asked and state != directory.SEALED:   # its view made while the writer works
-            buf._tensor = self._views.ahead(buf, memory)
+            buf.tensor_ahead = self._views.ahead(buf, memory)
         try:
             event, kept = entry.event, entry.kept_event
             if state != directory.SEALED:
@@ -589,8 +587,8 @@ class Handoff:
 
     def end_lease(self, buf: Any, stream: Any) -> None:
         """Release a lease taken from a directory: the done event after the reader's work (R2)."""
-        done = self.release(buf.pool, buf._memory, stream)
-        self._end_lease(buf.pool, buf._dirlease, done)
+        done = self.release(buf.pool, buf.memory, stream)
+        self._end_lease(buf.pool, buf.dirlease, done)
 
     def _end_lease(self, pool: str, lease: tuple, done: bytes) -> None:
         pidx, index, gen, slot, nonce = lease
@@ -599,11 +597,11 @@ class Handoff:
         self._releasing[rid] = slot   # the slot is ours again once the broker has read this
 
     # -- reader: answered by the broker --------------------------------------------------------------
-    def await_seal(self, buf: Any, reply: dict, stream: Any, timeout: float | None) -> None:
+    def await_seal(self, buf: Any, lease: Lease, stream: Any, timeout: float | None) -> None:
         """A pending lease: wait until its object is sealed (the board word, else the broker's
         notice), then order ``stream`` after the seal. The lease is freed if that fails."""
         ch = self._channel
-        aid, word, seq, event = reply["alloc"], reply.get("word"), reply.get("seq"), reply.get("event", b"")
+        aid, word, seq, event = lease.alloc, lease.word, lease.seq, lease.export.ready_event
         board = self.boards.get(buf.pool)
         if board is None or not isinstance(word, int) or not isinstance(seq, int) or not isinstance(event, bytes):
             buf.free(stream)
@@ -616,10 +614,10 @@ class Handoff:
             while board.read(word) < seq:
                 note = self._notes[aid]
                 if note is not None:
-                    if note["notify"] == "aborted":
+                    if isinstance(note, AbortNotice):
                         raise ObjectAborted(f"object {buf.name!r} was abandoned before it was sealed "
                                             "(its writer went away or deleted it)")
-                    event = note.get("event", b"") if isinstance(note.get("event", b""), bytes) else b""
+                    event = note.event
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     raise WaitTimeout(f"object {buf.name!r} was not sealed within the timeout")

@@ -15,13 +15,11 @@ from .. import trace
 from ..backend.base import ClientBackend, Export, ImportedMemory
 from ..errors import BrokerGone, ClosedError, InvalidRequest, IpcPoolError, ObjectExists, ProtocolError
 from ..meta import wire_meta
+from ..replies import Allocation, Batch, Lease, Shared
 from .channel import Channel
 from .handoff import Carving, Handoff
 from .interop import Views
-from .pools import Pools, export_of
-
-# The columns of a get_many reply, one entry per object (``broker.replies.batch_fields``).
-_COLUMNS = ("alloc", "pool", "size", "offset", "data", "sub", "chunks", "meta")
+from .pools import Pools
 
 
 class Buffer:
@@ -32,26 +30,27 @@ class Buffer:
         self._leases = leases
         self.alloc_id = alloc_id
         self.pool = pool
-        self._memory = memory
+        self.memory = memory   # the backend's import (``ImportedMemory``): what interop and views read
         self.owner = owner
         self.name = name
         self.meta = meta or {}
         self.readonly = readonly
         self._freed = False
-        # Carved from this client's arena and requested without waiting (the hand-off's record).
-        self._carving: Carving | None = None
+        # Carved from this client's arena and requested without waiting: the hand-off's record
+        # (``handoff.Carving``), which ``handoff`` alone sets and changes.
+        self.carving: Carving | None = None
         # Taken from a name directory without a request: (pool index, entry, gen, slot, nonce).
-        self._dirlease: tuple[int, int, int, int, int] | None = None
-        self._tensor: Any = None   # its tensor, made ahead off the hand-off's path (``handoff``)
+        self.dirlease: tuple[int, int, int, int, int] | None = None
+        self.tensor_ahead: Any = None   # its tensor, made ahead off the hand-off's path (``handoff``): tensor() takes it
 
     def _live(self) -> ImportedMemory:
         if self._freed:
             raise ClosedError("this buffer was freed")
-        return self._memory
+        return self.memory
 
     @property
     def size(self) -> int:
-        return self._memory.size
+        return self.memory.size
 
     @property
     def ptr(self) -> int:
@@ -59,7 +58,7 @@ class Buffer:
 
     @property
     def device(self) -> int | None:
-        return self._memory.device
+        return self.memory.device
 
     @property
     def view(self) -> memoryview:
@@ -97,11 +96,11 @@ class Buffer:
         ``torch.from_dlpack`` builds a fresh import each call. Work on it goes on torch's current
         stream: the one given to ``create``/``get`` (or ordered after it by the caller)."""
         self._live()
-        made = self._tensor
+        made = self.tensor_ahead
         if made is not None:   # the first call's, made ahead
-            self._tensor = None
+            self.tensor_ahead = None
             return made
-        return self._leases.views.tensor(self, self._memory)
+        return self._leases.views.tensor(self, self.memory)
 
     def share(self) -> bytes:
         """A token another session passes to ``Client.open`` to use this memory too. The broker
@@ -146,13 +145,13 @@ class Buffer:
         """The broker's refusal of this buffer's create or allocate, once it is known (it arrives
         after ``create()`` returned for an object carved without a round trip; ``client.flush()``
         waits for it); None while it is accepted or not yet answered."""
-        return None if self._carving is None else self._carving.error
+        return None if self.carving is None else self.carving.error
 
     @property
     def carved_at(self) -> tuple[int, int] | None:
         """(arena id, offset) for an object carved from this client's arena (created without a
         round trip), else None."""
-        return None if self._carving is None else (self._carving.arena.aid, self._carving.offset)
+        return None if self.carving is None else (self.carving.arena.aid, self.carving.offset)
 
     def __enter__(self) -> Buffer:
         return self
@@ -174,15 +173,16 @@ class Leases:
         self._pools = pools
         self.backend = backend
         self.views = Views(backend.on_gpu)
-        self.handoff = Handoff(channel, pools, arena_bytes, self._keep, self._enter, self.views)
+        self.handoff = Handoff(channel, pools, arena_bytes, self.keep, self._enter, self.views)
         self.buffers: dict[int, Buffer] = {}
         self._writing: set[str] = set()   # names of objects this client is writing
 
     # -- importing ----------------------------------------------------------------------------
-    def _adopt(self, reply: dict, stream: Any, owner: bool, *, name: str | None = None,
-               readonly: bool = False) -> Buffer:
-        memory = self._import(reply["alloc"], reply["pool"], export_of(reply), stream)
-        return self._keep(reply["alloc"], reply["pool"], memory, owner, name, reply.get("meta"), readonly)
+    def adopt(self, got: Allocation | Lease, stream: Any, owner: bool, *, name: str | None = None,
+              meta: dict | None = None, readonly: bool = False, export: Export | None = None) -> Buffer:
+        """The memory a reply handed out, imported (from ``export`` where given) and kept."""
+        memory = self._import(got.alloc, got.pool, export or got.export, stream)
+        return self.keep(got.alloc, got.pool, memory, owner, name, meta, readonly)
 
     def _import(self, aid: int, pool: str, export: Export, stream: Any, fds: list[int] | None = None) -> ImportedMemory:
         """One allocation imported (a VMM-backed one from its chunk FDs: ``fds``, else fetched); given back on failure."""
@@ -192,7 +192,7 @@ class Leases:
             self._channel.send("free", alloc=aid)   # give it back; nothing was imported
             raise
 
-    def _keep(self, aid: int, pool: str, memory: ImportedMemory, owner: bool, name: str | None,
+    def keep(self, aid: int, pool: str, memory: ImportedMemory, owner: bool, name: str | None,
               meta: dict | None, readonly: bool, enter: bool = True) -> Buffer:
         buf = Buffer(self, aid, pool, memory, owner, name=name, meta=meta, readonly=readonly)
         if enter:
@@ -201,6 +201,12 @@ class Leases:
 
     def _enter(self, buf: Buffer) -> None:
         self.buffers[id(buf)] = buf
+
+    def hand_over(self, buf: Buffer) -> None:
+        """Out of the table and done with here, without a free: the caller's request gives its
+        memory back (a checkpoint's publish)."""
+        self.buffers.pop(id(buf), None)
+        buf._freed = True
 
     # -- anonymous allocations ----------------------------------------------------------------
     def allocate(self, nbytes: int, pool: str, stream: Any) -> Buffer:
@@ -212,17 +218,17 @@ class Leases:
             if buf is not None:   # carved from an arena, no round trip
                 return buf
             reply = self._channel.call("allocate", nbytes=nbytes, pool=pool)
-            return self._adopt(reply, stream, owner=True)
+            return self.adopt(Allocation.decode(reply), stream, owner=True)
 
     def open(self, token: bytes, stream: Any) -> Buffer:
         with self._lock:
             reply = self._channel.call("open", token=bytes(token))
-            return self._adopt(reply, stream, owner=False)
+            return self.adopt(Allocation.decode(reply), stream, owner=False)
 
     def share(self, buf: Buffer) -> bytes:
         with self._lock:
             self.handoff.settle(buf)
-            return self._channel.call("share", alloc=buf.alloc_id)["token"]
+            return Shared.decode(self._channel.call("share", alloc=buf.alloc_id)).token
 
     # -- named objects --------------------------------------------------------------------------
     def create(self, name: str, nbytes: int, pool: str, meta: dict | None, stream: Any) -> Buffer:
@@ -242,8 +248,7 @@ class Leases:
             buf = self.handoff.carve("create", fields, name=name)
             if buf is None:
                 reply = self._channel.call("create", **fields)
-                reply["meta"] = fields.get("meta", {})
-                buf = self._adopt(reply, stream, owner=True, name=name)
+                buf = self.adopt(Allocation.decode(reply), stream, owner=True, name=name, meta=fields.get("meta", {}))
             self._writing.add(name)
             return buf
 
@@ -252,11 +257,11 @@ class Leases:
             self._channel.check_open()
             self.buffers.pop(id(buf), None)
             self._writing.discard(buf.name)
-            if buf._carving is not None:
+            if buf.carving is not None:
                 self.handoff.seal(buf, stream)
                 return
             # Created with a round trip: the seal waits for its reply as well.
-            done = self.handoff.release(buf.pool, buf._memory, stream)
+            done = self.handoff.release(buf.pool, buf.memory, stream)
             self._channel.call("seal", name=buf.name, alloc=buf.alloc_id, **({"done_event": done} if done else {}))
 
     def get(self, name: str, stream: Any, timeout: float | None) -> Buffer:
@@ -272,12 +277,15 @@ class Leases:
             buf = self.handoff.look(name, stream, timeout)   # from a directory: no request at all
             if buf is not None:
                 return buf
-            reply = self._channel.call("get", _wait=timeout, **fields)
-            if not reply.get("pending"):
-                return self._adopt(reply, stream, owner=False, name=name, readonly=True)
-            # Answered before the seal: the memory now, the seal from the board (handoff).
-            buf = self._adopt({**reply, "event": b""}, stream, owner=False, name=name, readonly=True)
-            self.handoff.await_seal(buf, reply, stream, timeout)
+            lease = Lease.decode(self._channel.call("get", _wait=timeout, **fields))
+            if not lease.pending:
+                return self.adopt(lease, stream, owner=False, name=name, meta=lease.meta, readonly=True)
+            # Answered before the seal: the memory now (nothing to wait for in its import), the
+            # seal from the board (handoff).
+            e = lease.export
+            buf = self.adopt(lease, stream, owner=False, name=name, meta=lease.meta, readonly=True,
+                             export=Export(e.size, e.offset, e.data, b"", e.sub, e.chunks))
+            self.handoff.await_seal(buf, lease, stream, timeout)
             return buf
 
     def get_many(self, names: list[str], stream: Any) -> list[Buffer]:
@@ -290,20 +298,19 @@ class Leases:
             channel.check_open()
             # One batch ahead where a reply names no event (one lives until our next message, R4):
             # the broker builds the next reply while this one is imported. It is asked for once
-            # this one's pools and FDs are here (``_adopt_batch``): the broker answers the control
+            # this one's pools and FDs are here (``adopt_batch``): the broker answers the control
             # socket only after the requests queued ahead.
             rids = [channel.send("get_many", names=batches[0])]
             answered = 0
             try:
                 for k, batch in enumerate(batches):
                     answered += 1   # (a refusal is this reply too)
-                    reply = channel.wait_reply(rids[k], channel.timeout)
+                    got = Batch.decode(channel.wait_reply(rids[k], channel.timeout))
                     more = k + 1 < len(batches)
                     def ask_next() -> None:   # (called within this turn of the loop)
                         rids.append(channel.send("get_many", names=batches[k + 1]))
                     # After a reply that names an event, the next batch only once this one is imported.
-                    self._adopt_batch(reply, batch, stream, out,
-                                      ask_next if more and not any(reply.get("events", ())) else None)
+                    self.adopt_batch(got, batch, stream, out, ask_next if more and not any(got.events) else None)
                     if more and len(rids) == k + 1:
                         ask_next()
             except BaseException as exc:
@@ -324,22 +331,22 @@ class Leases:
                 return
             except IpcPoolError:   # refused: nothing held
                 continue
-            for aid in reply.get("alloc", ()):
+            for aid in Batch.decode(reply).alloc:
                 self._channel.send("free", alloc=aid)
 
-    def _adopt_batch(self, r: dict, names: list[str], stream: Any, out: list[Buffer],
-                     ahead: Callable[[], None] | None = None) -> None:
-        """Import a batch of leases (columns, see ``batch_fields``) pool by pool: each pool's
+    def adopt_batch(self, r: Batch, names: list[str], stream: Any, out: list[Buffer],
+                    ahead: Callable[[], None] | None = None) -> None:
+        """Import a batch of leases (columns, see ``replies.Batch``) pool by pool: each pool's
         set-up and its one shared event once. VMM-backed ones are mapped from their own FDs, all
         of the batch's in one round trip. ``ahead`` (asking for the next batch) is called once the
         pools and FDs are here: the broker answers the control socket only after the requests
         queued before it, so the next batch asked for earlier would hold up this one's FDs."""
         n = len(names)
-        cols = [r.get(k, ()) for k in _COLUMNS]
+        cols = r.columns()
         if any(len(c) != n for c in cols):
             raise ProtocolError("get_many reply: columns do not match the names asked for")
         aids, pool_col, sizes, offsets, data_col, subs, chunks, metas = cols
-        pools, events, datas = r["pools"], r["events"], r["datas"]
+        pools, events, datas = r.pools, r.events, r.datas
         if n and pool_col.count(pool_col[0]) == n:   # the usual batch: one pool
             by_pool: dict[int, Any] = {pool_col[0]: range(n)}
         else:
@@ -389,7 +396,7 @@ class Leases:
     # -- as tensors and arrays ------------------------------------------------------------------
     def typed(self, lease: Buffer, kind: str) -> Any:
         """A lease as its dtype and shape (``interop.Views.typed``)."""
-        return self.views.typed(lease, lease._memory, kind)
+        return self.views.typed(lease, lease.memory, kind)
 
     def typed_many(self, leases: list[Buffer], kind: str) -> dict[str, Any]:
         """Leases as their dtypes and shapes, by name; on failure every one is freed. On CUDA,
@@ -398,7 +405,7 @@ class Leases:
         if trace.hook is not None:
             trace.emit("client.views", count=len(leases), kind=kind)
         try:
-            return self.views.typed_many(leases, [lease._memory for lease in leases], kind)
+            return self.views.typed_many(leases, [lease.memory for lease in leases], kind)
         except BaseException:
             for lease in (x for x in leases if not x.freed):
                 lease.free()
@@ -412,10 +419,10 @@ class Leases:
                 self._writing.discard(buf.name)
             if self._channel.closed or self.handoff.free(buf, stream):   # carved: freed by where it lies
                 return
-            if buf._dirlease is not None:   # taken from a directory: its release names its slot
+            if buf.dirlease is not None:   # taken from a directory: its release names its slot
                 self.handoff.end_lease(buf, stream)
                 return
-            done = self.handoff.release(buf.pool, buf._memory, stream)
+            done = self.handoff.release(buf.pool, buf.memory, stream)
             self._channel.send("free", alloc=buf.alloc_id, **({"done_event": done} if done else {}))
 
     def release_all(self, name: str, stream: Any) -> int:

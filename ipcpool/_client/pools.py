@@ -1,6 +1,5 @@
-"""The pools a client imported, each on first use with its seal board, the export a reply
-carries (what a pool imports an allocation from), and importing one (its chunk FDs fetched where
-the pool needs them)."""
+"""The pools a client imported, each on first use with its seal board, and importing an
+allocation into one (its chunk FDs fetched where the pool needs them)."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ from .. import fdpass, trace
 from ..backend.base import ClientBackend, ClientPool, Export, ImportedMemory
 from ..shm.sealboard import Board
 from ..errors import ProtocolError
+from ..replies import PoolFds
 from ..shm.directory import DirectoryView
 from ..shm.leases import ClientLeasePage
 from .channel import Channel
@@ -37,8 +37,8 @@ class Pools:
             if trace.hook is not None:
                 trace.emit("client.pool_import", pool=name)
             reply, fds = self._channel.control_call({"op": "pool_fd", "pool": name})
-            want = 2 + isinstance(reply.get("directory"), int) + bool(reply.get("lease_page"))
-            if len(fds) != want or not isinstance(reply.get("info"), dict):
+            sent = PoolFds.decode(reply)
+            if len(fds) != sent.fds or not isinstance(sent.info, dict):
                 for fd in fds:
                     os.close(fd)
                 raise ProtocolError(f"pool {name!r}: expected its FD, its seal board's and its info, got {len(fds)} FD(s)")
@@ -48,26 +48,26 @@ class Pools:
                 fdpass.close_all([fds[0], *fds[2:]])
                 raise
             try:
-                pool = self.imported[name] = self._backend.import_pool(reply["info"], fds[0])
+                pool = self.imported[name] = self._backend.import_pool(sent.info, fds[0])
             except BaseException:
                 board.close()
                 fdpass.close_all(fds[2:])
                 raise
             self.boards[name] = board
-            self._directory(name, reply, fds[2:])
+            self._directory(name, sent, fds[2:])
             if trace.hook is not None:
                 trace.emit("client.pool_imported", pool=name)
         return pool
 
-    def _directory(self, name: str, reply: dict, fds: list[int]) -> None:
+    def _directory(self, name: str, sent: PoolFds, fds: list[int]) -> None:
         """Map the pool's name directory (and the session's lease page, with the first one). A
         kernel without membarrier, or a bad file, leaves the pool without: its readers ask."""
         try:
             if len(fds) == 2:
                 self.lease_page = ClientLeasePage(fds.pop())
             if fds:
-                view = DirectoryView(fds.pop(), reply["directory"])
-                index = reply.get("pool_index")
+                view = DirectoryView(fds.pop(), sent.directory)
+                index = sent.pool_index
                 if self.lease_page is not None and isinstance(index, int):
                     self.directories[name] = (view, index)
                 else:
@@ -99,10 +99,3 @@ class Pools:
         for board in self.boards.values():
             board.close()
         self.boards.clear()
-
-
-def export_of(reply: dict) -> Export:
-    """An allocation's export as a reply carries it."""
-    return Export(size=reply["size"], offset=reply["offset"], data=reply["data"],
-                  ready_event=reply["event"], sub=bool(reply.get("sub")),
-                  chunks=tuple(reply.get("chunks") or ()))

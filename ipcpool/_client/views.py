@@ -22,9 +22,9 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _raw(buf: Any, kind: str, writable: bool) -> Any:
+def raw_view(buf: Any, kind: str, writable: bool) -> Any:
     """A flat uint8 tensor or array over a whole shard."""
-    memory = buf._memory
+    memory = buf.memory
     if kind == "torch":
         torch = require("torch")
         if memory.view is None:
@@ -77,7 +77,7 @@ def shard_views(bufs: list[Any], entries: list[Any], kind: str, *, writable: boo
         if whole is None:
             raw = raws.get(e.shard)
             if raw is None:
-                raw = raws[e.shard] = _raw(bufs[e.shard], kind, writable)
+                raw = raws[e.shard] = raw_view(bufs[e.shard], kind, writable)
             dtype = _torch_dtype(e.name, e.dtype) if kind == "torch" else _xp_dtype(xp, e.dtype)
             size = dtype.itemsize
             whole = wholes[(e.shard, e.dtype)] = raw[: raw.shape[0] // size * size].view(dtype)

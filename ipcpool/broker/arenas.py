@@ -26,6 +26,7 @@ from ..ranges import TakenRanges
 from ..errors import InvalidRequest, IpcPoolError
 from ..protocol import ARENA_ALIGN, MAX_ARENAS
 from ..shm import sealboard
+from ..replies import ReclaimNotice
 from .registry import Allocation, Registry
 from .session import Session
 
@@ -142,7 +143,7 @@ class Handoffs:
             arena.ranges.free(offset)
             arena.carved.pop(offset, None)
             if not arena.closed:
-                self._notify(arena.session, {"notify": "reclaim", "arena": arena.aid, "offset": offset})
+                self._notify(arena.session, ReclaimNotice(arena.aid, offset).encode())
                 continue
             arena.alloc.pool.free_part(arena.alloc.handle, offset)
             if not arena.ranges.used:

@@ -30,6 +30,7 @@ from ..errors import (
     ProtocolError,
     QuotaExceeded,
 )
+from ..replies import AllocFds, ChunkFds, GrowableState, Hello, PoolFds
 from .access import PoolAccess
 from .fdguard import FdGuard
 from .handlers import Handlers
@@ -158,11 +159,9 @@ class ControlChannel:
         session.groups = groups
         self.guard.session_opened()
         pools = self.access.allowed_pools(cred.uid, cred.gid, groups)   # only those it may use
-        self.send(session, protocol.ok_reply(
-            0, token=session.token, session=session.sid, backend=self.backend_name,
-            endpoint=self.endpoint, version=protocol.PROTOCOL_VERSION, pools=pools,
-            devices={name: self.tables.registry.pools[name].spec.device for name in pools},
-        ))
+        self.send(session, protocol.ok_reply(0, **Hello(
+            session.token, session.sid, self.backend_name, self.endpoint, protocol.PROTOCOL_VERSION, tuple(pools),
+            {name: self.tables.registry.pools[name].spec.device for name in pools}).encode()))
 
     def _admit(self, conn: socket.socket, cred: fdpass.PeerCred) -> tuple[int, ...]:
         """Refuse a peer whose uid and groups are not allowed, whose uid has its cap of sessions,
@@ -248,23 +247,22 @@ class ControlChannel:
                 pool = self.tables.registry.pool(fields["pool"])
                 self.access.check(session, pool.spec.name)
                 board = self.tables.handoffs.board(pool.spec.name)
-                fds, extra = [pool.fd, board.fd], {}
+                fds, sent = [pool.fd, board.fd], PoolFds(pool.pool_info())
                 directories = self.tables.directories
                 directory = directories.of(pool.spec.name)
                 if directory is not None:
                     fds.append(directory.fd)
-                    extra = {"directory": directory.capacity, "pool_index": directories.pool_index[pool.spec.name]}
                     page = directories.page(session, pool.spec.name)
                     if page is not None:   # once per session
                         fds.append(page.fd)
-                        extra["lease_page"] = True
-                self.send(session, protocol.ok_reply(rid, info=pool.pool_info(), **extra), tuple(fds))
+                    sent = PoolFds(sent.info, directory.capacity, directories.pool_index[pool.spec.name], page is not None)
+                self.send(session, protocol.ok_reply(rid, **sent.encode()), tuple(fds))
             elif op == "chunk_fds":
-                reply, fds = self._chunk_fds(session, fields)
-                self.send(session, protocol.ok_reply(rid, **reply), tuple(fds))
+                chunks, fds = self._chunk_fds(session, fields)
+                self.send(session, protocol.ok_reply(rid, **chunks.encode()), tuple(fds))
             elif op == "alloc_fds":
-                reply, fds = self._alloc_fds(session, fields["allocs"])
-                self.send(session, protocol.ok_reply(rid, **reply), tuple(fds))
+                counts, fds = self._alloc_fds(session, fields["allocs"])
+                self.send(session, protocol.ok_reply(rid, **counts.encode()), tuple(fds))
             elif op in protocol.GROWABLE_CONTROL:
                 reply = self.handlers.handle(session, op, fields, rid)
                 self._growable_reply(session, op, fields, rid, reply)
@@ -276,29 +274,30 @@ class ControlChannel:
             err = unexpected(self.sessions.backend, exc, f"session {session.sid} (control)")
             self.send(session, protocol.error_reply(rid, err))
 
-    def _growable_reply(self, session: Session, op: str, f: dict, rid: int, reply: dict) -> None:
+    def _growable_reply(self, session: Session, op: str, f: dict, rid: int, reply: GrowableState) -> None:
         """A growable op's answer with its FDs: the growth board's (the session's first such
         reply: ``board``), the chunks' from the client's ``first`` on (those it did not just take
         from its loan: ``batch``), then chunks lent to it after a create or grow (``lend``)."""
         g = self.tables.growables.attached(session, f["name"])
-        first = f.get("first", 0) + (len(f["loan"]) if reply.get("took") else 0)
+        first = f.get("first", 0) + (len(f["loan"]) if reply.took else 0)
         chunks = g.memory.chunks
         fds = g.memory.fds(first) if first < len(chunks) else []
         board = self.tables.growables.board
         head: tuple[int, ...] = ()
         if board is not None and not session.has_growth_board:
-            head, reply["board"] = (board.fd,), True
+            head = (board.fd,)
             session.has_growth_board = True
         batch, fds = _fd_batch(chunks, g.memory.one_file, first, fds, protocol.FD_BATCH - len(head))
-        lent = []
+        lent, lend, pool, info = [], None, None, None
         if op in ("grow_create", "grow") and len(head) + len(fds) + LEND_FDS <= protocol.FD_BATCH:
             lent = self.tables.growables.lend(session, g, LEND_FDS)
-            reply["lend"] = [[lid, c.size] for lid, c in lent]
-            if lent and "info" not in reply:   # a grow's reply: the loan's pool and device
-                reply.update(pool=g.pool, info=g.memory.info())
-        self.send(session, protocol.ok_reply(rid, **reply, batch=batch), (*head, *fds, *(c.fd for _, c in lent)))
+            lend = [[lid, c.size] for lid, c in lent]
+            if lent and reply.info is None:   # a grow's reply: the loan's pool and device
+                pool, info = g.pool, g.memory.info()
+        sent = reply.as_sent(bool(head), batch, lend, pool, info)
+        self.send(session, protocol.ok_reply(rid, **sent.encode()), (*head, *fds, *(c.fd for _, c in lent)))
 
-    def _chunk_fds(self, session: Session, f: dict) -> tuple[dict, list[int]]:
+    def _chunk_fds(self, session: Session, f: dict) -> tuple[ChunkFds, list[int]]:
         """At most FD_BATCH chunk FDs from chunk ``first``, with the sizes of the chunks they map."""
         first = f["first"]
         if "growable" in f:
@@ -314,10 +313,10 @@ class ControlChannel:
         else:
             raise InvalidRequest("chunk_fds names a growable buffer or an allocation")
         batch, fds = _fd_batch(chunks, one_file, first, fds)
-        return {"chunks": batch}, fds
+        return ChunkFds(batch), fds
 
 
-    def _alloc_fds(self, session: Session, aids: list[int]) -> tuple[dict, list[int]]:
+    def _alloc_fds(self, session: Session, aids: list[int]) -> tuple[AllocFds, list[int]]:
         """Every chunk FD of each allocation in ``aids``, in order, and how many each has."""
         counts, fds = [], []
         for aid in aids:
@@ -329,7 +328,7 @@ class ControlChannel:
         if len(fds) > protocol.FD_BATCH:
             raise InvalidRequest(f"those allocations have {len(fds)} chunk FDs; one reply carries at most "
                                  f"{protocol.FD_BATCH} (ask for fewer at once, or use chunk_fds)")
-        return {"counts": counts}, fds
+        return AllocFds(counts), fds
 
     def _held(self, session: Session, aid: int):
         # An arena is held by the arena, not the session: its slab's FD is the session's too.

@@ -34,6 +34,7 @@ from typing import Any
 from ..backend.base import BrokerGrowable
 from ..backend.stock import ChunkStock
 from ..errors import AllocationTooLarge, InvalidRequest, IpcPoolError, ObjectExists, ObjectNotFound, OutOfMemory
+from ..replies import GrowableState
 from ..shm.growboard import SLOTS, GrowthBoard
 from ..sizes import round_up
 from .loans import Loans
@@ -63,16 +64,17 @@ class Growable:
     word: int = -1    # on the growth board (-1: none, the board was full)
     stamp: int = 0    # what the broker last stored in that word
 
-    def fields(self) -> dict:
+    def fields(self) -> GrowableState:
         """What a client needs to map it (besides the FDs)."""
-        return {**self.state(), "pool": self.pool, "info": self.memory.info(),
-                "compression_requested": self.compression_requested}
+        m = self.memory
+        return GrowableState(self.name, m.size, list(m.chunks), self.gen, self.word, self.stamp, self.pool, m.info(),
+                             self.compression_requested)
 
-    def state(self) -> dict:
+    def state(self, took: bool | None = None) -> GrowableState:
         """What a grow's reply says (the rest of ``fields`` the client has): size, chunks, and
-        its word on the growth board with the stamp it holds."""
-        return {"name": self.name, "size": self.memory.size, "chunks": list(self.memory.chunks), "gen": self.gen,
-                "word": self.word, "stamp": self.stamp}
+        its word on the growth board with the stamp it holds; whether it ``took`` the loan."""
+        m = self.memory
+        return GrowableState(self.name, m.size, list(m.chunks), self.gen, self.word, self.stamp, took=took)
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": "growable", "pool": self.pool, "size": self.memory.size,

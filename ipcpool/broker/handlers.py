@@ -15,7 +15,8 @@ from .._version import __version__
 from ..errors import InvalidRequest
 from .checkpoints import Checkpoint
 from .notices import Notices
-from .replies import batch_fields, credit, export_fields, lease_fields, page, pending_fields
+from ..replies import Arena, Carved, GrowableState, Released, Shared
+from .replies import allocation, batch, credit, lease, page, pending
 from .session import Session
 from .tables import Tables
 
@@ -32,7 +33,7 @@ class Handlers:
         self.backend_name = backend_name
         self.started = started   # when the broker started (time.time())
 
-    def handle(self, session: Session, op: str, fields: dict, rid: int) -> dict | None:
+    def handle(self, session: Session, op: str, fields: dict, rid: int) -> dict | GrowableState | None:
         # validate() admits only known ops, and each has a method here (tests/unit checks both).
         return getattr(self, f"op_{op}")(session, fields, rid)
 
@@ -42,9 +43,9 @@ class Handlers:
             if "arena" not in f or "offset" not in f:
                 raise InvalidRequest("allocate: arena and offset go together")
             alloc = self.tables.handoffs.carve(session, f["arena"], f["offset"], f["nbytes"])
-            return {"alloc": alloc.aid, "pool": f["pool"], **credit(alloc.pool, session)}
+            return Carved(alloc.aid, f["pool"], credit(alloc.pool, session)).encode()
         alloc = self.tables.registry.allocate(session, f["nbytes"], f["pool"])
-        return {**export_fields(alloc), **credit(alloc.pool, session)}
+        return allocation(alloc, credit=credit(alloc.pool, session)).encode()
 
     def op_free(self, session: Session, f: dict, rid: int) -> dict:
         if ("arena" in f) != ("offset" in f) or ("alloc" in f) == ("arena" in f):
@@ -54,12 +55,12 @@ class Handlers:
         return {}
 
     def op_share(self, session: Session, f: dict, rid: int) -> dict:
-        return {"token": self.tables.registry.share(session, f["alloc"])}
+        return Shared(self.tables.registry.share(session, f["alloc"])).encode()
 
     def op_open(self, session: Session, f: dict, rid: int) -> dict:
         alloc = self.tables.registry.open(session, f["token"])
         # A fresh ready event on the opener's stream: the one made at allocation may be recycled.
-        return export_fields(alloc, alloc.pool.reexport(alloc.handle, alloc.export, session.backend))
+        return allocation(alloc, alloc.pool.reexport(alloc.handle, alloc.export, session.backend)).encode()
 
     # -- pools and the session --------------------------------------------------------------------
     def op_stats(self, session: Session, f: dict, rid: int) -> dict:
@@ -121,8 +122,8 @@ class Handlers:
         if board is not None:   # readers already waiting watch the board from now on
             self.notices.pending(obj)
         if carve is not None:   # the client has the memory already
-            return {"alloc": obj.alloc.aid, "pool": f["pool"], **credit(obj.alloc.pool, session)}
-        return {**export_fields(obj.alloc), **credit(obj.alloc.pool, session)}
+            return Carved(obj.alloc.aid, f["pool"], credit(obj.alloc.pool, session)).encode()
+        return allocation(obj.alloc, credit=credit(obj.alloc.pool, session)).encode()
 
     def op_arena(self, session: Session, f: dict, rid: int) -> dict:
         arena = self.tables.handoffs.open(session, f["pool"], f["nbytes"])
@@ -130,7 +131,8 @@ class Handlers:
         # from now on each of its requests here first takes in the frames it sent before.
         session.framed = True
         credits = [arena.alloc.pool.credit(session.backend) for _ in range(ARENA_CREDITS)]
-        return {**export_fields(arena.alloc), "credits": [c for c in credits if c], "words": arena.words}
+        a = arena.alloc
+        return Arena(a.aid, a.pool.spec.name, a.export, tuple(c for c in credits if c), arena.words).encode()
 
     def op_seal(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.tables.objects.seal(session, f["name"], f.get("alloc"), f.get("done_event", b""))
@@ -145,12 +147,12 @@ class Handlers:
     def op_get(self, session: Session, f: dict, rid: int) -> dict | None:
         obj = self.tables.objects.lease(session, f["name"])
         if obj is not None:
-            return {**lease_fields(obj), **credit(obj.alloc.pool, session)}
+            return lease(obj, credit(obj.alloc.pool, session)).encode()
         timeout = f.get("timeout_ms")
         if timeout != 0:
             obj = self.tables.objects.lease_pending(session, f["name"])
             if obj is not None:
-                return pending_fields(obj, session)
+                return pending(obj).encode()
         self.tables.objects.wait(session, f["name"], rid, None if timeout is None else timeout / 1000)
         return None
 
@@ -166,7 +168,7 @@ class Handlers:
                 by_pool.setdefault(a.pool, []).append(a.handle)
         # One event per pool after all the seals, instead of one per object to open and wait on.
         joined = {pool: pool.join_seals(handles, session.backend) for pool, handles in by_pool.items()}
-        return batch_fields(objs, allocs, joined)
+        return batch(objs, allocs, joined).encode()
 
     def op_delete(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.tables.objects.delete(session, f["name"])
@@ -199,24 +201,26 @@ class Handlers:
         return {}
 
     # -- growable buffers --------------------------------------------------------------------------
-    def op_grow_create(self, session: Session, f: dict, rid: int) -> dict:
+    # The four answered on the control socket (``broker.control``) give the state, which the
+    # control socket sends with its FDs.
+    def op_grow_create(self, session: Session, f: dict, rid: int) -> GrowableState:
         g = self.tables.growables.create(session, f["name"], f["nbytes"], f["pool"], f.get("compression", False))
         self.tables.durable.record_growable(g)
         return g.fields()
 
-    def op_grow_attach(self, session: Session, f: dict, rid: int) -> dict:
+    def op_grow_attach(self, session: Session, f: dict, rid: int) -> GrowableState:
         return self.tables.growables.attach(session, f["name"]).fields()
 
-    def op_grow(self, session: Session, f: dict, rid: int) -> dict:
+    def op_grow(self, session: Session, f: dict, rid: int) -> GrowableState:
         g = self.tables.growables.attached(session, f["name"])
         gen = g.gen
         g, others, took = self.tables.growables.grow(session, f["name"], f["nbytes"], f.get("loan"), f.get("first"))
         if g.gen != gen:   # a grow to no more than the size changes nothing: nothing to record
             self.tables.durable.record_growable(g)   # only chunks not stored yet
             self.notices.grown(g, others)
-        return {**g.state(), "took": took}
+        return g.state(took)
 
-    def op_grow_sync(self, session: Session, f: dict, rid: int) -> dict:
+    def op_grow_sync(self, session: Session, f: dict, rid: int) -> GrowableState:
         """Control socket only: the buffer as it is now (the reply carries the FDs it lacks)."""
         return self.tables.growables.attached(session, f["name"]).fields()
 
@@ -238,10 +242,10 @@ class Handlers:
         pool = self.tables.directories.release(session, f)
         # A credit for the reader's next release: recorded there instead of an IPC event made,
         # exported and opened per lease (and waited on by a stream of ours: R1's slow path).
-        return {"pool": pool.spec.name, **credit(pool, session)}
+        return Released(pool.spec.name, credit(pool, session)).encode()
 
     def op_dir_export(self, session: Session, f: dict, rid: int) -> dict:
-        return export_fields(self.tables.directories.export_of(session, f["pool"], f["alloc"]))
+        return allocation(self.tables.directories.export_of(session, f["pool"], f["alloc"])).encode()
 
     # -- who is connected --------------------------------------------------------------------------
     def op_sessions(self, session: Session, f: dict, rid: int) -> dict:
@@ -286,7 +290,7 @@ class Handlers:
         if isinstance(made, Checkpoint):   # elected elsewhere: attach, or wait for the loader
             cur = made.current
             return {"busy": True, "current": cur.number if cur else None}
-        shards = [export_fields(a) for a in made.shards]
+        shards = [allocation(a).encode() for a in made.shards]
         # A credit per shard for the writer's done events at publish (where the pool has them): the
         # seal then is the writer's own record of the broker's event, which readers wait on (one
         # GPU hop), not a wait of ours on the writer's event (~270 us on an H100) and a record after it.
@@ -322,7 +326,7 @@ class Handlers:
             if ckpt is not None and ckpt.current is not None and ckpt.current.number <= newer:
                 return {"same": True, "version": ckpt.current.number}
         v = table.attach(session, f["name"], f.get("version"))
-        # The shards as a batch of leases (``Leases._adopt_batch`` imports them): one event per
+        # The shards as a batch of leases (``Leases.adopt_batch`` imports them): one event per
         # pool after every shard's seal.
         shims = [_ShardLease(a) for a in v.shards]
         by_pool: dict = {}
@@ -331,7 +335,7 @@ class Handlers:
         joined = {pool: pool.join_seals(handles, session.backend) for pool, handles in by_pool.items()}
         entries, more = _manifest_page(v.entries, 0)
         return {"version": v.number, "count": len(v.entries), "entries": entries, "more": more,
-                "user": v.user, **batch_fields(shims, list(v.shards), joined)}
+                "user": v.user, **batch(shims, list(v.shards), joined).encode()}
 
     def op_ckpt_manifest(self, session: Session, f: dict, rid: int) -> dict:
         v = self.tables.checkpoints.held(session, f["name"], f["version"])
@@ -351,7 +355,7 @@ class Handlers:
 
 
 class _ShardLease:
-    """What ``batch_fields`` reads of an object, for a shard (its metadata: none)."""
+    """What ``replies.batch`` reads of an object, for a shard (its metadata: none)."""
 
     __slots__ = ("alloc", "meta")
 

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from .. import protocol
 from ..errors import WaitTimeout
 from .objects import NamedObject, ObjectTable, abort_error
-from .replies import credit, lease_fields, pending_fields, ready_event
+from ..replies import AbortNotice, GrowNotice, SealNotice, WatchNotice
+from .replies import credit, lease, pending, ready_event
 from .session import Session
 
 # A message to the session of a token, on the message channel (the server's ROUTER).
@@ -38,28 +39,28 @@ class Notices:
         for w in self.objects.take_waiters(obj.name):
             if w.session.token in self.sessions:
                 self.objects.lease_pending(w.session, obj.name)
-                self.send(w.session.token, protocol.ok_reply(w.rid, **pending_fields(obj, w.session)))
+                self.send(w.session.token, protocol.ok_reply(w.rid, **pending(obj).encode()))
 
     def sealed(self, obj: NamedObject) -> None:
         """A seal settles the gets waiting for it, tells pending readers (who may have seen it on
         the board already) and the watchers of its prefix."""
         if obj.pending:   # each with a credit for the free of its lease, kept off the pending answer's path
-            note = {"notify": "sealed", "alloc": obj.alloc.aid, "event": ready_event(obj), "pool": obj.alloc.pool.spec.name}
+            aid, event, pool = obj.alloc.aid, ready_event(obj), obj.alloc.pool
             for reader in obj.pending:
                 if reader.token in self.sessions:
-                    self.send(reader.token, {**note, **credit(obj.alloc.pool, reader)})
+                    self.send(reader.token, SealNotice(aid, event, pool.spec.name, credit(pool, reader)).encode())
             obj.pending = []
         for w in self.objects.take_waiters(obj.name):
             if w.session.token in self.sessions:
                 self.objects.lease(w.session, obj.name)
-                fields = {**lease_fields(obj), **credit(obj.alloc.pool, w.session)}
+                fields = lease(obj, credit(obj.alloc.pool, w.session)).encode()
                 self.send(w.session.token, protocol.ok_reply(w.rid, **fields))
         # One notice per watching session, however many of its watches match (its client gives
         # it to each): a session with thousands of watches costs a seal no more than one with one.
         info = None
         for session, wid in self.objects.watching_sessions(obj.name).items():
             info = info or obj.info()
-            self.send(session.token, {"notify": "sealed", "watch": wid, "object": info})
+            self.send(session.token, WatchNotice(wid, info).encode())
 
     def aborted(self, obj: NamedObject, waiters: list) -> None:
         """An object that will never be sealed: its waiting gets fail, its pending readers are told
@@ -68,14 +69,13 @@ class Notices:
             self.send(w.session.token, protocol.error_reply(w.rid, abort_error(obj.name)))
         for reader in obj.pending:
             if reader.token in self.sessions:
-                self.send(reader.token, {"notify": "aborted", "alloc": obj.alloc.aid, "name": obj.name})
+                self.send(reader.token, AbortNotice(obj.alloc.aid, obj.name).encode())
         obj.pending = []
 
     def grown(self, g, others: list[Session]) -> None:
         """A growable buffer grew: its other holders map the new chunks."""
         if others:
-            note = {"notify": "grown", "growable": g.name, "gen": g.gen, "size": g.memory.size,
-                    "chunks": len(g.memory.chunks)}
+            note = GrowNotice(g.name, g.gen, g.memory.size, len(g.memory.chunks)).encode()
             for other in others:
                 if other.heard:
                     self.send(other.token, note)

@@ -1,5 +1,6 @@
-"""The fields of the broker's replies and notices that hand out memory: exports, leases, credits,
-batches of leases, and pages of listings; and what an unexpected failure becomes in a reply."""
+"""The broker's replies that hand out memory, made from its objects (``ipcpool.replies`` has their
+fields): exports, leases, credits, batches of leases; pages of listings; and what an unexpected
+failure becomes in a reply."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 from .. import protocol
 from ..backend.base import BrokerBackend, Export
 from ..errors import InternalError, IpcPoolError
+from ..replies import Allocation, Batch, Lease
 from .objects import NamedObject
 from .session import Session
 
@@ -43,22 +45,17 @@ def page(table: dict, prefix: str, after: str, limit: int, describe) -> tuple[li
     return out, len(out) < len(names), out[-1]["name"] if out else after
 
 
-def credit(pool, session: Session) -> dict:
+def credit(pool, session: Session) -> bytes:
     """An event of the broker's for the client's next done event on ``pool`` (see
     ``BrokerPool.credit``): a reply that hands out memory brings one for the free that ends it."""
-    handle = pool.credit(session.backend)
-    return {"credit": handle} if handle else {}
+    return pool.credit(session.backend) or b""
 
 
-def export_fields(alloc, export: Export | None = None) -> dict:
-    e = export or alloc.export
-    return {
-        "alloc": alloc.aid, "pool": alloc.pool.spec.name, "size": e.size, "offset": e.offset,
-        "data": e.data, "event": e.ready_event, "sub": e.sub, "chunks": list(e.chunks),
-    }
+def allocation(alloc, export: Export | None = None, credit: bytes = b"") -> Allocation:
+    return Allocation(alloc.aid, alloc.pool.spec.name, export or alloc.export, credit)
 
 
-def batch_fields(objs: list[NamedObject], allocs: list, joined: dict) -> dict:
+def batch(objs: list[NamedObject], allocs: list, joined: dict) -> Batch:
     """A batch of leases as columns (one entry per object, in order; ``allocs`` their
     allocations), each pool, event and export data sent once: a thousand leases pack and unpack
     several times faster than a thousand maps. A column is one pass over the batch."""
@@ -71,12 +68,12 @@ def batch_fields(objs: list[NamedObject], allocs: list, joined: dict) -> dict:
         pool_col = [pool_index[a.pool] for a in allocs]
     datas: dict[bytes, int] = {}
     index = datas.setdefault
-    return {"pools": [p.spec.name for p in pools], "events": [joined[p] for p in pools],
-            "alloc": [a.aid for a in allocs], "pool": pool_col,
-            "size": [e.size for e in exports], "offset": [e.offset for e in exports],
-            "data": [index(e.data, len(datas)) for e in exports], "datas": list(datas),
-            "sub": [e.sub for e in exports], "chunks": [e.chunks for e in exports],   # (tuples pack as arrays)
-            "meta": [o.meta for o in objs]}
+    return Batch(pools=[p.spec.name for p in pools], events=[joined[p] for p in pools],
+                 alloc=[a.aid for a in allocs], pool=pool_col,
+                 size=[e.size for e in exports], offset=[e.offset for e in exports],
+                 data=[index(e.data, len(datas)) for e in exports], datas=list(datas),
+                 sub=[e.sub for e in exports], chunks=[e.chunks for e in exports],   # (tuples pack as arrays)
+                 meta=[o.meta for o in objs])
 
 
 def ready_event(obj: NamedObject) -> bytes:
@@ -85,16 +82,18 @@ def ready_event(obj: NamedObject) -> bytes:
     return b"" if obj.alloc.pool.seal_done(obj.alloc.handle) else obj.seal_event
 
 
-def lease_fields(obj: NamedObject, event: bytes | None = None) -> dict:
-    """A lease: the object's export with the event readers wait on (its seal, or a batch's)."""
+def lease(obj: NamedObject, credit: bytes = b"") -> Lease:
+    """A lease on a sealed object: its export with the event readers wait on."""
     e = obj.alloc.export
-    ready = ready_event(obj) if event is None else event
-    lease = Export(size=e.size, offset=e.offset, data=e.data, ready_event=ready, sub=e.sub, chunks=e.chunks)
-    return {**export_fields(obj.alloc, lease), "name": obj.name, "meta": obj.meta}
+    export = Export(size=e.size, offset=e.offset, data=e.data, ready_event=ready_event(obj), sub=e.sub, chunks=e.chunks)
+    return Lease(obj.alloc.aid, obj.alloc.pool.spec.name, export, obj.name, obj.meta, credit)
 
 
-def pending_fields(obj: NamedObject, session: Session) -> dict:
+def pending(obj: NamedObject) -> Lease:
     """A lease on an object still being written: the reader watches board word ``word`` until it
     holds ``seq``, then orders its work after the promised event. (Its credit comes with the seal's
     notice: making an IPC event here would delay the answer the reader is waiting for.)"""
-    return {**lease_fields(obj, obj.promised), "pending": True, "word": obj.word, "seq": obj.seq}
+    e = obj.alloc.export
+    export = Export(size=e.size, offset=e.offset, data=e.data, ready_event=obj.promised, sub=e.sub, chunks=e.chunks)
+    return Lease(obj.alloc.aid, obj.alloc.pool.spec.name, export, obj.name, obj.meta,
+                 pending=True, word=obj.word, seq=obj.seq)

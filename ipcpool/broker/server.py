@@ -29,6 +29,7 @@ from ..backend import Choice, broker_backend
 from ..backend.base import BrokerBackend
 from ..config import Config
 from ..errors import AlreadyRunning, IpcPoolError, PeerRefused, ProtocolError, QuotaExceeded
+from ..replies import GrowableState
 from .access import PoolAccess
 from .arenas import Handoffs
 from .checkpoints import CheckpointTable
@@ -411,9 +412,11 @@ class Broker:
         self.control.send(session, protocol.error_reply(0, QuotaExceeded(f"the broker ended this session: {why}")))
         self.session_table.orphan(session)
 
-    def _reply(self, session: Session, op: str, rid: int, reply: dict) -> None:
+    def _reply(self, session: Session, op: str, rid: int, reply: dict | GrowableState) -> None:
         """An answer, unless the client could not take it (too large) or its session has no room
         for it: then an error naming the limit, and what the answer would have lent is let go."""
+        if isinstance(reply, GrowableState):   # a growable op asked here: no FDs go with it
+            reply = reply.encode()
         if trace.hook is not None:
             trace.emit("broker.reply", op=op, rid=rid, reply=reply, sid=session.sid)
         data = protocol.pack(protocol.ok_reply(rid, **reply))

@@ -17,7 +17,7 @@ from ..errors import InvalidRequest, IpcPoolError
 from ..progress import Progress
 from ..sizes import format_size
 from ..weights.header import HeaderEntry, read_header
-from ..weights.load import _layout, load_checkpoint
+from ..weights.load import layout_of, load_checkpoint
 from ..weights.sources import read_source
 
 CHUNK = 16 << 20
@@ -44,7 +44,7 @@ def cmd_load(args) -> int:
         print(f"loaded {len(names)} tensor(s) from {path} as sealed objects under {args.prefix or '(no prefix)'}")
         return 0
     sources = read_source(path)   # a missing or broken file is refused before the broker is asked
-    _layout(sources, 1 << 62)
+    layout_of(sources, 1 << 62)
     name = args.name or checkpoint_name(path)
     with connect(args.socket_dir) as client:
         version = load_checkpoint(client, name, path, pool=args.pool, progress=True)

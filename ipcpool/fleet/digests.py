@@ -8,7 +8,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .._client.views import _raw
+from .._client.views import raw_view
 from .wire import HASH
 
 PIECE = 64 << 20   # of a GPU tensor copied to the host at a time
@@ -17,8 +17,8 @@ THREADS = 8
 
 def tensor_digest(shard: Any, offset: int, nbytes: int, piece: int = PIECE) -> bytes:
     """SHA-256 of one tensor's bytes (``wire.digest`` of them), read ``piece`` bytes at a time."""
-    view = shard._memory.view
-    gpu = _raw(shard, "torch", False) if view is None else None
+    view = shard.memory.view
+    gpu = raw_view(shard, "torch", False) if view is None else None
     h = HASH()
     for at in range(offset, offset + nbytes, piece):
         end = min(at + piece, offset + nbytes)

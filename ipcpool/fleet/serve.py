@@ -189,11 +189,11 @@ def _flip_byte(shards: list[Any], entries: list[Entry], tensor: str) -> None:
     for e in entries:
         if e.name == tensor and e.nbytes:
             shard = shards[e.shard]
-            view = shard._memory.view
+            view = shard.memory.view
             if view is not None:
                 view[e.offset] ^= 0xFF
             else:
-                from .._client.views import _raw
+                from .._client.views import raw_view
 
-                _raw(shard, "torch", False)[e.offset].bitwise_xor_(0xFF)
+                raw_view(shard, "torch", False)[e.offset].bitwise_xor_(0xFF)
             log.warning("test hook %s: flipped the first byte of %r in the served copy", FLIP_ENV, tensor)

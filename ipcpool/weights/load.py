@@ -19,7 +19,7 @@ from .layout import DEFAULT_SHARD_BYTES, plan
 from .sources import SourceTensor, read_source
 
 
-def _layout(sources: list[SourceTensor], shard_bytes: int) -> tuple[list[int], list]:
+def layout_of(sources: list[SourceTensor], shard_bytes: int) -> tuple[list[int], list]:
     for s in sources:
         if s.spec.nbytes != s.end - s.start:
             raise InvalidRequest(f"{s.path.name}: tensor {s.spec.name!r} is {s.spec.dtype} {list(s.spec.shape)} "
@@ -39,7 +39,7 @@ def _fill(client: Any, w: Any, sources: list[SourceTensor], label: str, progress
             if s.path not in fds:
                 fds[s.path] = os.open(s.path, os.O_RDONLY)
                 stack.callback(os.close, fds[s.path])
-        memories = [b._memory for b in w.shards]
+        memories = [b.memory for b in w.shards]
         jobs = [(fds[s.path], s.start, memories[e.shard], e.offset, e.nbytes) for s, e in zip(sources, w.entries)]
         client._backend.read_files(jobs, stream, bar.update if bar is not None else None)
         return w.publish(stream)
@@ -51,7 +51,7 @@ def load_checkpoint(client: Any, name: str, path: str | os.PathLike, *, pool: st
     """Publish a new version of ``name`` from a safetensors file or a sharded directory; returns
     its number."""
     sources = read_source(path)
-    shards, entries = _layout(sources, shard_bytes)
+    shards, entries = layout_of(sources, shard_bytes)
     # (keep=False: a loader publishes once; nothing of its version comes back to it as a spare)
     with client._checkpoints.begin(name, shards, entries, pool=pool, user=user, exclusive=False, stream=stream,
                                    keep=False) as w:
@@ -64,7 +64,7 @@ def load_or_attach(client: Any, name: str, path: str | os.PathLike, *, pool: str
     """Attach ``name``; where it has no version yet, the first caller loads it from ``path`` and
     the others wait for its publish. A loader that dies is replaced by the next caller to ask."""
     sources = read_source(path)
-    shards, entries = _layout(sources, shard_bytes)
+    shards, entries = layout_of(sources, shard_bytes)
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = 0.002
     while True:

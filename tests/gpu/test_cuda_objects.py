@@ -26,7 +26,7 @@ def _slow_writer(socket_dir, seconds, size, out):
     stream = cupy.cuda.Stream(non_blocking=True)
     with ipcpool.connect(socket_dir) as c:
         buf = c.create("slow/obj", size, stream=stream)
-        credit = buf.carved_at is not None and bool(buf._carving.promise)   # its seal's event, promised
+        credit = buf.carved_at is not None and bool(buf.carving.promise)   # its seal's event, promised
         t0 = time.perf_counter()
         spin_fill(buf.ptr, buf.size, seconds, 0x5A, stream)
         buf.seal(stream=stream)
@@ -72,7 +72,7 @@ def test_a_carved_range_comes_back_only_after_the_writers_kernel(start_broker):
         buf = c.create("slow/carved", 4 * MiB, stream=stream)
         aid, offset = buf.carved_at
         arena = c._handoff._by_arena[aid]
-        assert buf._carving.promise   # the seal goes on a credit of the broker's
+        assert buf.carving.promise   # the seal goes on a credit of the broker's
         spin_fill(buf.ptr, buf.size, 1.0, 0x11, stream)
         t0 = time.monotonic()
         buf.seal(stream=stream)
@@ -255,7 +255,7 @@ def _attach_across_slabs(socket_dir, names, out):
     stream = torch.cuda.Stream()
     with ipcpool.connect(socket_dir) as c:
         leases = c.get_many(names, stream=stream)
-        slabs = len({id(b._memory.slab()[0]) for b in leases if b._memory.slab() is not None})
+        slabs = len({id(b.memory.slab()[0]) for b in leases if b.memory.slab() is not None})
         with torch.cuda.stream(stream):
             sums = [int(torch.from_dlpack(b).view(torch.uint8).sum(dtype=torch.int64)) for b in leases]
         for b in leases:

@@ -265,11 +265,11 @@ def test_a_sharded_directory_loads_as_one_checkpoint(broker, tmp_path):
 def _elected_then_killed(socket_dir, path, q):
     """Load like load_or_attach, but die once elected, before publishing."""
     from ipcpool._client.checkpoints import VersionWriter
-    from ipcpool.weights.load import _layout
+    from ipcpool.weights.load import layout_of
     from ipcpool.weights.sources import read_source
 
     c = ipcpool.connect(socket_dir)
-    shards, entries = _layout(read_source(path), 1 << 30)
+    shards, entries = layout_of(read_source(path), 1 << 30)
     got = c._checkpoints.begin("shared", shards, entries, pool="default", user=None, exclusive=True, stream=None)
     q.put(isinstance(got, VersionWriter))
     time.sleep(60)

@@ -48,7 +48,7 @@ def test_a_reader_before_the_create_and_one_after_the_seal_send_no_request(broke
         w.flush()
         late = r.get("h/late", timeout=0)
         assert bytes(got["early"].view[:5]) == b"first" and bytes(late.view[:4]) == b"late"
-        assert got["early"]._dirlease is not None and late._dirlease is not None
+        assert got["early"].dirlease is not None and late.dirlease is not None
         assert sum(v for k, v in sent.items() if k != "release") == 0, dict(sent)   # no request
         got["early"].release()
         late.release()
@@ -63,7 +63,7 @@ def test_an_object_deleted_while_a_directory_reader_holds_it_is_not_reused(broke
         buf.seal()
         w.flush()
         lease = r.get("kept", timeout=0)
-        assert lease._dirlease is not None
+        assert lease.dirlease is not None
         w.delete("kept")                                  # deleted while the reader holds it
         assert [o["name"] for o in w.list()] == []
         for i in range(200):                              # the writer re-carves as fast as it can
@@ -189,7 +189,7 @@ def test_a_seal_on_the_board_is_the_brokers_before_its_message_arrives(broker):
             buf = w.create(name, 4 * KiB)
             buf.view[:3] = b"abc"
             w.flush()
-            cut = buf._carving                            # the seal's board post alone, its message held back
+            cut = buf.carving                            # the seal's board post alone, its message held back
             w._handoff.boards["default"].post(cut.arena.words + cut.slot, cut.seq)
             held.append(buf)
         assert {o["state"] for o in r.list()} == {"sealed"}

@@ -84,7 +84,7 @@ def test_a_tensor_read_piece_by_piece_has_the_digest_of_its_bytes(offset, nbytes
     from ipcpool.fleet.digests import digests, tensor_digest
 
     data = bytes(range(256)) * 4
-    shard = SimpleNamespace(_memory=SimpleNamespace(view=memoryview(data)))   # host memory, as a shard has it
+    shard = SimpleNamespace(memory=SimpleNamespace(view=memoryview(data)))   # host memory, as a shard has it
     assert tensor_digest(shard, offset, nbytes, piece) == wire.digest(data[offset:offset + nbytes])
     entries = [SimpleNamespace(shard=0, offset=o, nbytes=n) for o, n in ((0, 10), (offset, nbytes), (5, 1))]
     assert digests([shard], entries) == [wire.digest(data[e.offset:e.offset + e.nbytes]) for e in entries]
