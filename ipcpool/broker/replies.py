@@ -45,8 +45,8 @@ def page(table: dict, prefix: str, after: str, limit: int, describe) -> tuple[li
 
 def credit(pool, session: Session) -> dict:
     """An event of the broker's for the client's next done event on ``pool`` (see
-    ``BrokerPool.credit``): a reply that hands out memory brings one for the free that ends it."""
-    handle = pool.credit(session.backend)
+    ``Ordering.credit``): a reply that hands out memory brings one for the free that ends it."""
+    handle = pool.ordering.credit(session.backend)
     return {"credit": handle} if handle else {}
 
 
@@ -82,7 +82,7 @@ def batch_fields(objs: list[NamedObject], allocs: list, joined: dict) -> dict:
 def ready_event(obj: NamedObject) -> bytes:
     """The event a reader of a sealed object orders its work after; empty once the broker has
     seen it complete (the reader then opens nothing, R1)."""
-    return b"" if obj.alloc.pool.seal_done(obj.alloc.handle) else obj.seal_event
+    return b"" if obj.alloc.pool.ordering.seal_done(obj.alloc.handle) else obj.seal_event
 
 
 def lease_fields(obj: NamedObject, event: bytes | None = None) -> dict:

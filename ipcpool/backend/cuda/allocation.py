@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuda.core import Buffer
 
 from ...errors import InvalidRequest
 from . import vmm
-from .ordering import DoneWait
 from .slabs import Slab
+
+if TYPE_CHECKING:   # (ordering reads these records: it imports this module)
+    from .ordering import DoneWait
 
 
 class Allocation:

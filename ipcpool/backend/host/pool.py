@@ -13,7 +13,7 @@ from typing import Any
 
 from ...errors import InvalidRequest
 from ..allocator import RangeAllocator
-from ..base import BrokerPool, Export, PoolSpec, PoolStats, SessionContext
+from ..base import Arenas, BrokerPool, Export, PoolSpec, PoolStats, SessionContext, Usage
 
 DEFAULT_MAX_SIZE = 8 << 30
 ALIGNMENT = 256
@@ -42,7 +42,9 @@ class _Carved:
         self.on_idle = on_idle
 
 
-class HostPool(BrokerPool):
+class HostPool(Arenas, Usage, BrokerPool):
+    """A memfd pool; it serves its arenas and usage itself, and orders nothing (``NULL_ORDERING``)."""
+
     def __init__(self, spec: PoolSpec, fd: int | None = None):
         """A new pool, or (``fd``) the memfd of one a previous broker left in systemd's store (restored)."""
         self.spec = spec
