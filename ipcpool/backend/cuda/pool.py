@@ -20,7 +20,7 @@ from . import vmm
 from .allocation import Allocation, as_alloc
 from .context import OnDevice, check_device, make_current
 from .descriptors import export_pointer
-from .errors import is_cuda_error, translate
+from .errors import cuda_errors
 from .events import record_ipc, wait_for
 from .limits import IMPORT_LIMIT, VMM_CHUNK
 from .ordering import CudaOrdering, DoneWait, OrderingServices
@@ -59,14 +59,10 @@ class CudaPool(Arenas, Usage, BrokerPool):
                     f"(cuDeviceCanAccessPeer says no); remove it from peer_access"
                 )
         make_current(self.device)
-        try:
+        with cuda_errors("creating pool %r on device %s", spec.name, self.device):
             self._mr = DeviceMemoryResource(
                 self.device, DeviceMemoryResourceOptions(ipc_enabled=True, max_size=spec.max_size)
             )
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            raise translate(exc, f"creating pool {spec.name!r} on device {self.device}") from exc
         try:  # roll back the pool if any property cannot be set
             self._pool = drv.pool_handle(self._mr)
             threshold = drv.UINT64_MAX if spec.release_threshold is None else spec.release_threshold
@@ -128,12 +124,8 @@ class CudaPool(Arenas, Usage, BrokerPool):
         if nbytes <= self.slab_item_max:
             return self._carve(nbytes)
         stream = sess.stream(self.device)
-        try:
+        with cuda_errors("pool %r cannot allocate %s bytes", self.spec.name, nbytes):
             buf = self._mr.allocate(nbytes, stream=stream)
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            raise translate(exc, f"pool {self.spec.name!r} cannot allocate {nbytes} bytes") from exc
         try:
             data = export_pointer(buf)  # exported once, here
             ready, ready_handle = record_ipc(stream)
