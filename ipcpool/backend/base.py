@@ -18,11 +18,11 @@ the *done* event handle the broker must wait on before it frees (rule R2).
 from __future__ import annotations
 
 import ctypes
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
+from .. import fdpass
 from ..errors import BackendUnavailable, InvalidRequest, IpcPoolError
 from .records import REUSE_POLICIES, Export, PoolSpec, PoolStats
 from .growables import BrokerGrowable, ClientGrowable
@@ -176,8 +176,7 @@ class BrokerPool(ABC):
     def restore(self, row: dict[str, Any], fds: list[int]) -> tuple[object, Export]:
         """Restore an allocation that lived in this pool before a broker restart: ``row`` has the
         export's fields as ``durable`` stored them, ``fds`` its chunk FDs (owned; closed on error)."""
-        for fd in fds:
-            os.close(fd)
+        fdpass.close_all(fds)
         raise BackendUnavailable(f"pool {self.spec.name!r}: this backend cannot re-adopt allocations")
 
     @abstractmethod

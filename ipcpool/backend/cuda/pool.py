@@ -7,12 +7,12 @@ every importer's done event without blocking the host (R2): the backend runs the
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from cuda.core import DeviceMemoryResource, DeviceMemoryResourceOptions
 
+from ... import fdpass
 from ...errors import BackendUnavailable, ClosedError, InvalidRequest, OutOfMemory
 from ..base import REUSE_POLICIES, Arenas, BrokerPool, Export, PoolSpec, PoolStats, SessionContext, Usage
 from . import driver as drv
@@ -183,8 +183,7 @@ class CudaPool(Arenas, Usage, BrokerPool):
         ours again (and freed like any). Pool memory is restored by ``RestoredCudaPool`` instead."""
         sizes = [int(n) for n in row.get("chunks") or ()]
         if not sizes:
-            for fd in fds:
-                os.close(fd)
+            fdpass.close_all(fds)
             raise InvalidRequest(f"pool {self.spec.name!r} restores VMM chunks only")
         with OnDevice(self.device):
             chunks = vmm.restore_chunks(fds, sizes)

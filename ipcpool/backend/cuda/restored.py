@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ... import fdpass
 from ...errors import ClosedError, InvalidRequest
 from ...protocol import HANDLE_BYTES
 from ..base import BrokerPool, Export, PoolSpec, PoolStats, SessionContext, Usage
@@ -47,8 +48,7 @@ class RestoredCudaPool(Usage, BrokerPool):
                              "it cannot allocate (use the configured pool)")
 
     def restore(self, row: dict[str, Any], fds: list[int]) -> tuple[object, Export]:
-        for fd in fds:
-            os.close(fd)
+        fdpass.close_all(fds)
         data = bytes(row["data"])
         if len(data) != HANDLE_BYTES or (row.get("sub") and not self.slab_size):
             raise InvalidRequest(f"pool {self.spec.name!r}: a stored object lacks its export data")
