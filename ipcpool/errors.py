@@ -82,7 +82,7 @@ class InvalidRequest(IpcPoolError, ValueError):
 
 
 class AllocationTooLarge(InvalidRequest):
-    """A single allocation above what an importer can safely map."""
+    """A growable buffer asked for above the largest size one may have (``MAX_GROWABLE``)."""
 
     code = 11
 

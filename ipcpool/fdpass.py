@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from . import protocol
 from .errors import ProtocolError
+from .fds import close_all  # noqa: F401  (here too: the FD-passing code's callers close what they were sent)
 
 _UCRED = struct.Struct("3i")
 # Linux >= 6.5: a pidfd for the peer, taken at connect time (no pid-reuse race).
@@ -32,12 +33,6 @@ NGROUPS_MAX = 65536
 # machinery (microseconds on every message of a hot path).
 _CTRUNC, _TRUNC = int(socket.MSG_CTRUNC), int(socket.MSG_TRUNC)
 _FD_SIZE = array.array("i").itemsize
-
-
-def close_all(fds) -> None:
-    """Close every FD in ``fds`` (an iterable of them)."""
-    for fd in fds:
-        os.close(fd)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,10 @@ The broker and the client only ever talk to these classes; only the CUDA backend
 Broker side: a ``BrokerBackend`` creates ``BrokerPool``s (one exportable pool each) and one
 ``SessionContext`` per client session (a CUDA stream, so waits on one client's events never stall
 another: rule R3). A pool allocates and returns an ``Export``: everything a client needs to import
-that allocation, as plain bytes and ints that travel in msgpack.
+that allocation, as plain bytes and ints that travel in msgpack. A pool is memory only; its other
+concepts are seams of their own that the broker reaches through it: ``pool.ordering`` (events,
+credits, done waits: ``ordering.Ordering``, a null one where there is no asynchronous work),
+``pool.arenas`` (carving) and ``pool.usage`` (stats, limit, trim).
 
 Client side: a ``ClientBackend`` imports a pool from its FD (received over the control socket) and
 the ``pool_info`` map, then imports allocations from their ``Export``s. Releasing an import yields
@@ -15,161 +18,90 @@ the *done* event handle the broker must wait on before it frees (rule R2).
 from __future__ import annotations
 
 import ctypes
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
+from ..fds import close_all
 from ..errors import BackendUnavailable, InvalidRequest, IpcPoolError
-from .records import REUSE_POLICIES, Export, PoolSpec, PoolStats
+from .records import REUSE_POLICIES, Export, PoolSpec, PoolStats, SessionContext
 from .growables import BrokerGrowable, ClientGrowable
+from .ordering import NULL_ORDERING, NullOrdering, Ordering
 from .stock import ChunkStock
 
 __all__ = [
-    "REUSE_POLICIES", "BrokerBackend", "BrokerGrowable", "BrokerPool", "ClientBackend", "ClientGrowable",
-    "ClientPool", "Export", "ImportedMemory", "PoolSpec", "PoolStats", "SessionContext",
+    "NO_ARENAS", "NULL_ORDERING", "REUSE_POLICIES", "Arenas", "BrokerBackend", "BrokerGrowable", "BrokerPool",
+    "ClientBackend", "ClientGrowable", "ClientPool", "Export", "ImportedMemory", "NoArenas", "NullOrdering",
+    "Ordering", "PoolSpec", "PoolStats", "SessionContext", "Usage",
 ]
 
-class SessionContext:
-    """Per-session broker state of the backend (a CUDA stream and the events opened for it). A
-    backend with no per-session state (the host) uses this class as it is."""
+class Arenas(ABC):
+    """Carving: a pool's allocations that a client carves objects from itself (arenas). A pool
+    that carves its own allocations implements it too, listed before ``BrokerPool``: it is then its
+    own ``arenas``."""
 
-    def peer_progressed(self) -> None:
-        """A new message from this session arrived, so the client has acted on every earlier
-        reply (it waits on a ready event before it sends again): events named in those replies may
-        be recycled (R4)."""
-
-    def peer_gone(self) -> None:
-        """The session's process has exited (pidfd), so its GPU work is over: events it named but
-        never completed must no longer hold frees back. Call before releasing its memory."""
-
-    def close(self) -> None:
-        """Release what the session holds; idempotent."""
-
-
-class BrokerPool(ABC):
-    spec: PoolSpec
-    # A restored pool that keeps the memory restored objects live in but cannot allocate (CUDA: an
-    # imported pool). The registry then creates a fresh pool of the same spec for new memory.
-    read_only = False
+    @property
+    def arenas(self) -> Arenas:
+        return self
 
     @property
     @abstractmethod
-    def fd(self) -> int:
-        """The pool's exportable FD. Owned by the pool; sent as-is (SCM_RIGHTS duplicates it)."""
-
-    @abstractmethod
-    def pool_info(self) -> dict[str, Any]:
-        """What a client needs besides the FD to import this pool (msgpack-able)."""
-
-    @property
-    def byte_limit(self) -> int:
-        """The bytes this pool may hold, growable buffers included: its max_size; 0 where only the
-        device's memory limits it."""
-        return self.spec.max_size
-
-    @property
-    def max_allocation(self) -> int | None:
-        """The largest single allocation a client may be handed, or None for no limit."""
-        return None
-
-    @abstractmethod
-    def allocate(self, nbytes: int, session: SessionContext) -> tuple[object, Export]:
-        """Allocate on the session's stream; return an opaque handle and its export."""
-
-    @property
     def arena_limit(self) -> int:
         """The largest arena (an allocation a client carves objects from itself) this pool hands
         out; 0 where its allocations cannot be carved."""
-        return 0
 
+    @abstractmethod
     def carve(self, handle: object, export: Export, offset: int, nbytes: int,
               on_idle: Callable[[], None]) -> tuple[object, Export]:
         """The range [``offset``, +``nbytes``) of arena ``handle`` as an allocation of its own. It
         is freed like any other (after every importer's done event, R2), except that its memory
         stays the arena's: ``on_idle()`` is called then instead. The range is idle on the device
         whenever it is handed to its arena's client, so it needs no ready event."""
-        raise InvalidRequest(f"pool {self.spec.name!r} cannot carve its allocations")
 
     @abstractmethod
-    def free(self, handle: object, session: SessionContext, done_event: bytes = b"") -> None:
-        """Free after ``done_event`` (if any) and every event given to ``add_release`` for this
-        handle have completed, without blocking the host (R2)."""
-
-    def reexport(self, handle: object, export: Export, session: SessionContext) -> Export:
-        """The export for another session opening ``handle``: the cached data, with a ready event
-        newly recorded on ``session``'s stream where the backend has events."""
-        return export
-
-    def seal(self, handle: object, session: SessionContext, done_event: bytes) -> bytes:
-        """The writer of a named object finished (its writes and the release of its import are
-        done at ``done_event``). Order the eventual free after it, as ``add_release`` does, and
-        return a handle of an event of the broker's own that completes after ``done_event``: readers
-        wait on it. It is recorded once, never again, and lives until the handle is freed (R1, R4).
-        Empty where the backend has no events."""
-        if done_event:
-            self.add_release(handle, session, done_event)
-        return b""
-
-    def credit(self, session: SessionContext) -> bytes:
-        """The handle of an event of the broker's that ``session``'s client may record as its next
-        done event on this pool's device (at a seal or a release), instead of exporting one of its
-        own: the broker keeps it alive, queries it without enqueuing a wait, and readers of a seal
-        wait on it directly. Empty where there are no events, or the session holds enough."""
-        return b""
-
-    def check_promise(self, session: SessionContext, handle: bytes) -> None:
-        """A writer promises to record its seal on ``handle`` (a credit this session holds, unused)
-        so that readers can be told of it before the seal; refuse anything else. Where the backend
-        has no events there is nothing to promise."""
-        if handle:
-            raise InvalidRequest(f"pool {self.spec.name!r} has no events: a create names no seal_credit")
-
-    def seal_done(self, handle: object) -> bool:
-        """True once the seal of named object ``handle`` has certainly completed (readers then need
-        no event at all). Never blocks."""
-        return True
-
     def shrink(self, handle: object, keep: list[tuple[int, int]]) -> int:
         """An arena (``handle``) whose session is gone keeps only ``keep``, the (offset, size) of
         each object still in it; give the rest back to the pool and return how many bytes. Each
         kept part is then freed alone by ``free_part``, and ``free`` frees no more. 0: not done
         (the arena is freed whole with its last object)."""
-        return 0
 
+    @abstractmethod
     def free_part(self, handle: object, offset: int) -> None:
         """The kept part at ``offset`` of a shrunk arena is idle: give it back to the pool."""
 
-    def join_seals(self, handles: list[object], session: SessionContext) -> bytes:
-        """One event on ``session``'s stream that completes after the seal of every one of
-        ``handles`` (sealed objects of this pool): a batch of leases waits on it once, not once per
-        object. Kept alive until the session's next message. Empty where there is nothing to wait on."""
-        return b""
 
-    def add_release(self, handle: object, session: SessionContext, done_event: bytes) -> None:
-        """Another importer (a session that opened a shared allocation) released its import: order
-        the eventual ``free`` after ``done_event``. The wait must be enqueued now, on ``session``'s
-        stream, since the client may recycle the event once its message was read (R4)."""
+class NoArenas(Arenas):
+    """A pool whose allocations cannot be carved (the broker asks ``arena_limit`` first)."""
 
-    def renew(self, handle: object) -> bool:
-        """An allocation no one holds any more, kept (a checkpoint's spare) to be handed to a new
-        writer instead of freed: True, and its seal forgotten, once it is idle (every importer's
-        done event completed, as a free would wait for); False, with nothing changed that matters,
-        while not. Never blocks and never waits on another session's event (R3). The host has no
-        asynchronous work: always idle."""
-        return True
+    arena_limit = 0
 
-    def chunk_fds(self, handle: object) -> list[int]:
-        """The FDs of a VMM-backed allocation's chunks (``Export.chunks``), owned by the pool and
-        sent as-is; empty for memory that needs none beyond the pool's own FD."""
-        return []
+    def carve(self, handle: object, export: Export, offset: int, nbytes: int,
+              on_idle: Callable[[], None]) -> tuple[object, Export]:
+        raise InvalidRequest("this pool cannot carve its allocations")
 
-    def restore(self, row: dict[str, Any], fds: list[int]) -> tuple[object, Export]:
-        """Restore an allocation that lived in this pool before a broker restart: ``row`` has the
-        export's fields as ``durable`` stored them, ``fds`` its chunk FDs (owned; closed on error)."""
-        for fd in fds:
-            os.close(fd)
-        raise BackendUnavailable(f"pool {self.spec.name!r}: this backend cannot re-adopt allocations")
+    def shrink(self, handle: object, keep: list[tuple[int, int]]) -> int:
+        return 0
+
+    def free_part(self, handle: object, offset: int) -> None:
+        pass
+
+
+NO_ARENAS = NoArenas()
+
+
+class Usage(ABC):
+    """What a pool holds and how much it keeps reserved: its statistics, its limit, trimming. A
+    pool implements it too, listed before ``BrokerPool``: it is then its own ``usage``."""
+
+    @property
+    def usage(self) -> Usage:
+        return self
+
+    @property
+    @abstractmethod
+    def byte_limit(self) -> int:
+        """The bytes this pool may hold, growable buffers included: its max_size; 0 where only the
+        device's memory limits it."""
 
     @abstractmethod
     def stats(self) -> PoolStats: ...
@@ -183,6 +115,52 @@ class BrokerPool(ABC):
 
     @abstractmethod
     def set_release_threshold(self, nbytes: int) -> None: ...
+
+
+class BrokerPool(ABC):
+    """One exportable pool: memory only. Its other concepts are seams of their own, reached
+    through it: ``ordering`` (events and done waits; none on the host), ``arenas`` (carving) and
+    ``usage`` (stats, limit, trim)."""
+
+    spec: PoolSpec
+    # A restored pool that keeps the memory restored objects live in but cannot allocate (CUDA: an
+    # imported pool). The registry then creates a fresh pool of the same spec for new memory.
+    read_only = False
+    ordering: Ordering = NULL_ORDERING
+    arenas: Arenas = NO_ARENAS
+
+    @property
+    @abstractmethod
+    def usage(self) -> Usage: ...
+
+    @property
+    @abstractmethod
+    def fd(self) -> int:
+        """The pool's exportable FD. Owned by the pool; sent as-is (SCM_RIGHTS duplicates it)."""
+
+    @abstractmethod
+    def pool_info(self) -> dict[str, Any]:
+        """What a client needs besides the FD to import this pool (msgpack-able)."""
+
+    @abstractmethod
+    def allocate(self, nbytes: int, session: SessionContext) -> tuple[object, Export]:
+        """Allocate on the session's stream; return an opaque handle and its export."""
+
+    @abstractmethod
+    def free(self, handle: object, session: SessionContext, done_event: bytes = b"") -> None:
+        """Free after ``done_event`` (if any) and every event given to ``ordering.add_release``
+        for this handle have completed, without blocking the host (R2)."""
+
+    def chunk_fds(self, handle: object) -> list[int]:
+        """The FDs of a VMM-backed allocation's chunks (``Export.chunks``), owned by the pool and
+        sent as-is; empty for memory that needs none beyond the pool's own FD."""
+        return []
+
+    def restore(self, row: dict[str, Any], fds: list[int]) -> tuple[object, Export]:
+        """Restore an allocation that lived in this pool before a broker restart: ``row`` has the
+        export's fields as ``durable`` stored them, ``fds`` its chunk FDs (owned; closed on error)."""
+        close_all(fds)
+        raise BackendUnavailable(f"pool {self.spec.name!r}: this backend cannot re-adopt allocations")
 
     @abstractmethod
     def close(self) -> None: ...
@@ -314,7 +292,7 @@ class ClientPool(ABC):
     @abstractmethod
     def release(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> bytes:
         """Drop the import (on ``stream``); return the done-event handle for the broker (R2): the
-        broker's event ``credit`` (see ``BrokerPool.credit``) recorded, where one is given and
+        broker's event ``credit`` (see ``Ordering.credit``) recorded, where one is given and
         an event is needed, else one of our own."""
 
     def keep(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> tuple[bytes, Any] | None:
@@ -329,7 +307,7 @@ class ClientPool(ABC):
         """Drop an import ``keep`` kept, once the work queued on it before ``keep`` has finished."""
 
     def carved(self, arena: ImportedMemory, offset: int, nbytes: int) -> ImportedMemory:
-        """A range of an imported arena (see ``BrokerPool.carve``), released like any import."""
+        """A range of an imported arena (see ``Arenas.carve``), released like any import."""
         raise InvalidRequest("this pool's memory cannot be carved")
 
     def idle_marker(self, stream: Any = None) -> Any:

@@ -1,4 +1,5 @@
-"""The plain data that crosses the backend seam: a pool's spec and stats, an allocation's export."""
+"""The plain data that crosses the backend seam: a pool's spec and stats, an allocation's export,
+and the per-session state a backend keeps (``SessionContext``, the host's as it is)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,20 @@ class Export:
     sub: bool = False
     chunks: tuple[int, ...] = ()   # CUDA VMM: the sizes of the physical chunks whose FDs the
                                    # client fetches over the control socket and maps in order
+
+
+class SessionContext:
+    """Per-session broker state of the backend (a CUDA stream and the events opened for it). A
+    backend with no per-session state (the host) uses this class as it is."""
+
+    def peer_progressed(self) -> None:
+        """A new message from this session arrived, so the client has acted on every earlier
+        reply (it waits on a ready event before it sends again): events named in those replies may
+        be recycled (R4)."""
+
+    def peer_gone(self) -> None:
+        """The session's process has exited (pidfd), so its GPU work is over: events it named but
+        never completed must no longer hold frees back. Call before releasing its memory."""
+
+    def close(self) -> None:
+        """Release what the session holds; idempotent."""

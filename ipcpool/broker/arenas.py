@@ -66,7 +66,7 @@ class Handoffs:
 
     def open(self, session: Session, pool_name: str, nbytes: int) -> Arena:
         pool = self.registry.pool(pool_name)
-        limit = pool.arena_limit
+        limit = pool.arenas.arena_limit
         if not limit:
             raise InvalidRequest(f"pool {pool_name!r} hands out no arenas; create objects one by one")
         mine = sum(1 for a in self.arenas.values() if a.session is session and a.alloc.pool is pool)
@@ -145,7 +145,7 @@ class Handoffs:
             if not arena.closed:
                 self._notify(arena.session, ReclaimNotice(arena.aid, offset).encode())
                 continue
-            arena.alloc.pool.free_part(arena.alloc.handle, offset)
+            arena.alloc.pool.arenas.free_part(arena.alloc.handle, offset)
             if not arena.ranges.used:
                 self._retire(arena)
 
@@ -169,7 +169,7 @@ class Handoffs:
                 continue
             keep = [(off, arena.ranges.size_of(off)) for off in arena.ranges.offsets()]
             alloc = arena.alloc
-            given = alloc.pool.shrink(alloc.handle, keep)
+            given = alloc.pool.arenas.shrink(alloc.handle, keep)
             if given:
                 alloc.export = dataclasses.replace(alloc.export, size=alloc.export.size - given)
                 if alloc.charged:

@@ -167,7 +167,7 @@ class CheckpointTable:
         _check_disjoint(v)
         kept = set(keep)
         for i, (a, done) in enumerate(zip(v.shards, done_events or [b""] * len(v.shards))):
-            a.pool.seal(a.handle, session.backend, done)   # readers order after it (join_seals)
+            a.pool.ordering.seal(a.handle, session.backend, done)   # readers order after it (join_seals)
             if i in kept:
                 self.spares.keep_mapped(session, a)        # (before the writer's own hold goes)
             self.registry.free(session, a.aid)             # the writer's import (its done event ordered)

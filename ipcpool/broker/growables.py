@@ -106,9 +106,9 @@ class GrowableTable:
         if nbytes > MAX_GROWABLE:
             raise AllocationTooLarge(f"a growable buffer of {nbytes} bytes is too large (at most {MAX_GROWABLE})")
         pool = self.registry.pool(pool_name)
-        limit = pool.byte_limit
+        limit = pool.usage.byte_limit
         if limit:
-            held = pool.stats().used + self.bytes_by_pool[pool_name]
+            held = pool.usage.stats().used + self.bytes_by_pool[pool_name]
             if held + more > limit:
                 raise OutOfMemory(
                     f"pool {pool_name!r} holds {held} bytes (allocations and growable buffers); {more} "
@@ -133,10 +133,10 @@ class GrowableTable:
     def _room(self, pool_name: str) -> int:
         """Bytes the stock of a pool may hold: its max_size less what its buffers and allocations
         hold (no limit: the stock's own target bounds it)."""
-        limit = self.registry.pool(pool_name).byte_limit
+        limit = self.registry.pool(pool_name).usage.byte_limit
         if not limit:
             return MAX_GROWABLE
-        return max(0, limit - self.registry.pool(pool_name).stats().used - self.bytes_by_pool[pool_name])
+        return max(0, limit - self.registry.pool(pool_name).usage.stats().used - self.bytes_by_pool[pool_name])
 
     def stock_wanted(self) -> bool:
         """Is there a chunk to make (the broker's idle pass then calls ``refill_stock``)?"""

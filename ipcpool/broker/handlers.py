@@ -60,7 +60,7 @@ class Handlers:
     def op_open(self, session: Session, f: dict, rid: int) -> dict:
         alloc = self.tables.registry.open(session, f["token"])
         # A fresh ready event on the opener's stream: the one made at allocation may be recycled.
-        return allocation(alloc, alloc.pool.reexport(alloc.handle, alloc.export, session.backend)).encode()
+        return allocation(alloc, alloc.pool.ordering.reexport(alloc.handle, alloc.export, session.backend)).encode()
 
     # -- pools and the session --------------------------------------------------------------------
     def op_stats(self, session: Session, f: dict, rid: int) -> dict:
@@ -80,15 +80,15 @@ class Handlers:
     def op_reset_high(self, session: Session, f: dict, rid: int) -> dict:
         reg = self.tables.registry
         for pool in [reg.pool(f["pool"])] if "pool" in f else reg.pools.values():
-            pool.reset_high()
+            pool.usage.reset_high()
         return {}
 
     def op_trim(self, session: Session, f: dict, rid: int) -> dict:
-        self.tables.registry.pool(f["pool"]).trim(f["keep"])
+        self.tables.registry.pool(f["pool"]).usage.trim(f["keep"])
         return {}
 
     def op_set_release_threshold(self, session: Session, f: dict, rid: int) -> dict:
-        self.tables.registry.pool(f["pool"]).set_release_threshold(f["bytes"])
+        self.tables.registry.pool(f["pool"]).usage.set_release_threshold(f["bytes"])
         return {}
 
     def op_bye(self, session: Session, f: dict, rid: int) -> dict:
@@ -114,7 +114,7 @@ class Handlers:
                 raise InvalidRequest("create: slot and a seq of at least 1 go with an arena range")
             word = self.tables.handoffs.word(session, arena, slot)
             promised = f.get("seal_credit", b"")
-            self.tables.registry.pool(f["pool"]).check_promise(session.backend, promised)
+            self.tables.registry.pool(f["pool"]).ordering.check_promise(session.backend, promised)
             board = (word, seq, promised)
         elif "seal_credit" in f:
             raise InvalidRequest("create: seal_credit goes with a seal-board slot")
@@ -130,7 +130,7 @@ class Handlers:
         # A session carves from an arena with frames on its control socket (``ipcpool.frames``):
         # from now on each of its requests here first takes in the frames it sent before.
         session.framed = True
-        credits = [arena.alloc.pool.credit(session.backend) for _ in range(ARENA_CREDITS)]
+        credits = [arena.alloc.pool.ordering.credit(session.backend) for _ in range(ARENA_CREDITS)]
         a = arena.alloc
         return Arena(a.aid, a.pool.spec.name, a.export, tuple(c for c in credits if c), arena.words).encode()
 
@@ -167,7 +167,7 @@ class Handlers:
             for a in allocs:
                 by_pool.setdefault(a.pool, []).append(a.handle)
         # One event per pool after all the seals, instead of one per object to open and wait on.
-        joined = {pool: pool.join_seals(handles, session.backend) for pool, handles in by_pool.items()}
+        joined = {pool: pool.ordering.join_seals(handles, session.backend) for pool, handles in by_pool.items()}
         return batch(objs, allocs, joined).encode()
 
     def op_delete(self, session: Session, f: dict, rid: int) -> dict:
@@ -295,7 +295,7 @@ class Handlers:
         # seal then is the writer's own record of the broker's event, which readers wait on (one
         # GPU hop), not a wait of ours on the writer's event (~270 us on an H100) and a record after it.
         pool = made.shards[0].pool
-        credits = [h for h in (pool.credit(session.backend) for _ in made.shards) if h]
+        credits = [h for h in (pool.ordering.credit(session.backend) for _ in made.shards) if h]
         return {"version": made.number, "shards": shards,
                 **({"pool": pool.spec.name, "credits": credits} if credits else {})}
 
@@ -332,7 +332,7 @@ class Handlers:
         by_pool: dict = {}
         for a in v.shards:
             by_pool.setdefault(a.pool, []).append(a.handle)
-        joined = {pool: pool.join_seals(handles, session.backend) for pool, handles in by_pool.items()}
+        joined = {pool: pool.ordering.join_seals(handles, session.backend) for pool, handles in by_pool.items()}
         entries, more = _manifest_page(v.entries, 0)
         return {"version": v.number, "count": len(v.entries), "entries": entries, "more": more,
                 "user": v.user, **batch(shims, list(v.shards), joined).encode()}

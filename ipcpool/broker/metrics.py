@@ -99,7 +99,7 @@ class Metrics:
                 self.pool_bytes.labels(name, kind).set(stats[kind])
             for kind in PART_KINDS:
                 self.pool_bytes.labels(name, kind).set(parts.get(kind, 0))
-            self.pool_bytes.labels(name, "max_size").set(reg.pools[name].byte_limit)
+            self.pool_bytes.labels(name, "max_size").set(reg.pools[name].usage.byte_limit)
             self.growables.labels(name).set(parts.get("growables", 0))
             self.arenas.labels(name).set(counts.get(name, 0))
         for name in self._pools - set(pools):   # a restored generation released

@@ -179,7 +179,7 @@ class ObjectTable:
         if obj is None or obj.writer is not session or aid not in (None, obj.alloc.aid):
             raise InvalidRequest(f"{name!r} is not an object this session is writing")
         alloc = obj.alloc
-        obj.seal_event = alloc.pool.seal(alloc.handle, session.backend, done_event)
+        obj.seal_event = alloc.pool.ordering.seal(alloc.handle, session.backend, done_event)
         obj.sealed = True
         obj.writer = None
         if self.directory is not None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from ..backend.base import BrokerBackend, BrokerPool, Export
 from ..config import Config
-from ..errors import AllocationTooLarge, InvalidRequest, OutOfMemory, QuotaExceeded, UnknownPool
+from ..errors import InvalidRequest, OutOfMemory, QuotaExceeded, UnknownPool
 from .session import Session
 
 log = logging.getLogger(__name__)
@@ -121,12 +121,6 @@ class Registry:
         pool = self.pool(pool_name)
         if nbytes <= 0:
             raise InvalidRequest(f"allocation size must be positive, got {nbytes}")
-        limit = pool.max_allocation
-        if limit is not None and nbytes > limit:
-            raise AllocationTooLarge(
-                f"{nbytes} bytes is more than one pool allocation may hold ({limit} bytes): "
-                "importing a larger one crashes the importer; split it into smaller allocations"
-            )
         uid = session.cred.uid
         try:
             self.check_quota(uid, nbytes)
@@ -147,7 +141,7 @@ class Registry:
     def carve(self, session: Session, arena: Allocation, offset: int, nbytes: int, on_idle) -> Allocation:
         """A range of ``arena`` as an allocation of its own, held once by ``session``; its bytes are
         the arena's, already counted."""
-        handle, export = arena.pool.carve(arena.handle, arena.export, offset, nbytes, on_idle)
+        handle, export = arena.pool.arenas.carve(arena.handle, arena.export, offset, nbytes, on_idle)
         alloc = Allocation(self._next_aid, arena.pool, handle, export, arena.uid, charged=False)
         self._next_aid += 1
         self.allocations[alloc.aid] = alloc
@@ -214,7 +208,7 @@ class Registry:
         ctx = via.backend if via is not None else None
         if alloc.holders:
             if done_event and ctx is not None:
-                alloc.pool.add_release(alloc.handle, ctx, done_event)
+                alloc.pool.ordering.add_release(alloc.handle, ctx, done_event)
             return
         del self.allocations[alloc.aid]
         self.count_by_pool[alloc.pool.spec.name] -= 1
@@ -252,7 +246,7 @@ class Registry:
         return count
 
     def stats(self) -> dict[str, dict]:
-        return {name: {**pool.stats().as_dict(), "allocations": self.count_by_pool[name]}
+        return {name: {**pool.usage.stats().as_dict(), "allocations": self.count_by_pool[name]}
                 for name, pool in self.pools.items()}
 
     def close(self) -> None:

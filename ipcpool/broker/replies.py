@@ -47,8 +47,8 @@ def page(table: dict, prefix: str, after: str, limit: int, describe) -> tuple[li
 
 def credit(pool, session: Session) -> bytes:
     """An event of the broker's for the client's next done event on ``pool`` (see
-    ``BrokerPool.credit``): a reply that hands out memory brings one for the free that ends it."""
-    return pool.credit(session.backend) or b""
+    ``Ordering.credit``): a reply that hands out memory brings one for the free that ends it."""
+    return pool.ordering.credit(session.backend) or b""
 
 
 def allocation(alloc, export: Export | None = None, credit: bytes = b"") -> Allocation:
@@ -79,7 +79,7 @@ def batch(objs: list[NamedObject], allocs: list, joined: dict) -> Batch:
 def ready_event(obj: NamedObject) -> bytes:
     """The event a reader of a sealed object orders its work after; empty once the broker has
     seen it complete (the reader then opens nothing, R1)."""
-    return b"" if obj.alloc.pool.seal_done(obj.alloc.handle) else obj.seal_event
+    return b"" if obj.alloc.pool.ordering.seal_done(obj.alloc.handle) else obj.seal_event
 
 
 def lease(obj: NamedObject, credit: bytes = b"") -> Lease:

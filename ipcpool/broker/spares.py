@@ -96,7 +96,7 @@ class Spares:
             self.drop(name)
             return None
         # (A shard made ready while another is not yet stays a spare: nothing of it changed that matters.)
-        if not spare.idle() or not all(a.pool.renew(a.handle) for a in spare.shards):
+        if not spare.idle() or not all(a.pool.ordering.renew(a.handle) for a in spare.shards):
             return None   # a reader still on it: fresh memory this time
         del self.by_name[name]
         keeper = self.keepers.get(session)

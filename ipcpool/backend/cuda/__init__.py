@@ -7,8 +7,9 @@ below are its internals, one job each:
 - ``errors``: the one map from CUDA failures to ipcpool errors
 - ``driver``, ``events``, ``vmm``, ``caps``, ``descriptors``: what cuda.core lacks, through
   cuda.bindings; IPC events and their lifetimes (R4); VMM chunks; capabilities; wire bytes
-- broker side: ``broker`` (the backend), ``session`` (streams and credits), ``ordering`` (done
-  waits, deferred frees, seals), ``pool`` (a pool: allocation, seals, stats), ``slabs``,
+- broker side: ``broker`` (the backend), ``session`` (streams and credits), ``ordering`` (a
+  pool's ordering: seals, credits, done waits, deferred frees), ``pool`` (a pool: allocation,
+  arenas, stats), ``slabs``,
   ``allocation`` (the record the broker holds), ``restored`` (pools from systemd's FD store),
   ``growable``, ``limits``
 - client side: ``client`` (the backend, streams, done events), ``client_pool`` (imports, R1/R2),

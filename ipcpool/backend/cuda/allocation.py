@@ -9,9 +9,7 @@ from cuda.core import Buffer
 
 from ...errors import InvalidRequest
 from . import vmm
-from .ordering import DoneWait
 from .slabs import Slab
-
 
 class Allocation:
     """One allocation of a ``CudaPool``, the opaque handle the broker holds. One record serves the
@@ -42,7 +40,7 @@ class Allocation:
         self.size = size
         self.ready = ready          # the ready IPC event (None for a slab range): alive until the free has run (R4)
         self.extra: list[Any] = []  # ready/seal events recorded for other sessions, likewise
-        self.waits: list[DoneWait] = []  # importers' done events the free must follow (R2)
+        self.waits: list = []  # ordering.DoneWait: importers' done events the free must follow (R2)
         self.freed = False
         self.on_idle: Callable[[], None] | None = None   # a range carved from an arena: its memory stays the arena's
         self.parts: dict[int, int] | None = None   # a shrunk arena: the slab ranges it still keeps

@@ -18,7 +18,7 @@ from . import driver as drv
 from . import vmm
 from .client_pool import CudaClientPool
 from .context import OnDevice, check_device
-from .errors import is_cuda_error, translate, usable
+from .errors import cuda_errors, usable
 
 
 def growable_access(device: int, peers: list[int]) -> tuple[int, ...]:
@@ -239,22 +239,14 @@ class CudaClientBackend(ClientBackend):
             if stager is None:
                 stager = self._stagers[device] = PinnedStager(device)
             s = self.stream(stream, device)
-            try:
+            with cuda_errors("loading file bytes to the GPU"):
                 stager.run(pieces, int(s.handle), on_bytes)
-            except Exception as exc:
-                if not is_cuda_error(exc):
-                    raise
-                raise translate(exc, "loading file bytes to the GPU") from exc
 
     def plain_device_memory(self, device: int, nbytes: int) -> PlainDeviceMemory:
         check_device(device)
-        try:
+        with cuda_errors("allocating %s bytes of device %s's memory", nbytes, device):
             with OnDevice(device):
                 return PlainDeviceMemory(drv.alloc(nbytes), nbytes, device)
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            raise translate(exc, f"allocating {nbytes} bytes of device {device}'s memory") from exc
 
     def copy_memory(self, pieces: list[tuple[int, int, int]], device: int | None) -> None:
         """On the legacy default stream, which waited on the ready and seal events of what was
@@ -262,16 +254,12 @@ class CudaClientBackend(ClientBackend):
         if device is None:
             super().copy_memory(pieces, device)
             return
-        try:
+        with cuda_errors("copying device memory"):
             with OnDevice(device):
                 s = self.stream(None, device)
                 for dst, src, nbytes in pieces:
                     drv.copy(dst, src, nbytes, int(s.handle))
                 s.sync()
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            raise translate(exc, "copying device memory") from exc
 
     def close(self) -> None:
         if self._closed:

@@ -26,7 +26,7 @@ from . import driver as drv
 from . import vmm
 from .context import OnDevice, OnStream, check_device
 from .descriptors import import_pointer
-from .errors import is_cuda_error, translate
+from .errors import cuda_errors
 from .events import DriverEvent, open_ipc, record_into, record_ipc, record_marker, wait_for
 from .memory import CudaMemory, PendingSlab, StreamSource
 
@@ -83,13 +83,8 @@ class CudaClientPool(ClientPool):
             self.device = int(info["device"])
             peers = [int(p) for p in info.get("peer_access", ())]
             check_device(self.device)
-            try:
-                with OnDevice(self.device):
-                    self._mr = DeviceMemoryResource.from_allocation_handle(self.device, fd)
-            except Exception as exc:
-                if not is_cuda_error(exc):
-                    raise
-                raise BackendUnavailable(f"cannot import pool {self.name!r}: {exc}") from exc
+            with cuda_errors("cannot import pool %r", self.name, error=BackendUnavailable), OnDevice(self.device):
+                self._mr = DeviceMemoryResource.from_allocation_handle(self.device, fd)
         finally:
             os.close(fd)  # the imported pool holds its own reference
         try:
@@ -116,31 +111,28 @@ class CudaClientPool(ClientPool):
     def import_allocation(self, export: Export, stream: Any = None, fds: list[int] = ()) -> ImportedMemory:
         fds = list(fds)
         try:
-            if self._closed:
-                raise ClosedError(f"pool {self.name!r} is closed")
-            if export.chunks and not export.sub:
-                fds, given = [], fds
-                return self._map_chunks(export, stream, given)
-            if export.sub and export.offset + export.size > self.slab_size:
-                raise InvalidRequest("a slab range lies outside its slab")
-            if export.sub and not export.ready_event and export.data in self._slabs:
-                return self._range(export)   # its slab is here, nothing to wait for: no driver call at all
-            if len(export.data) != HANDLE_BYTES:
-                raise InvalidRequest(f"pointer export data is {HANDLE_BYTES} bytes, got {len(export.data)}")
-            with OnDevice(self.device):
-                s = self._backend.stream(stream, self.device)
-                if export.ready_event:   # R1: before any use of the memory on s
-                    order_after_event(s, export.ready_event, self._backend.event_spin_s)
-                if export.sub:
-                    if export.chunks and export.data not in self._slabs:
-                        fds, given = [], fds
-                        self._map_slab(export, given)
-                    return self._range(export)
-                buf = import_pointer(self._mr, export.data, export.size)
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            raise translate(exc, f"importing {export.size} bytes from pool {self.name!r}") from exc
+            with cuda_errors("importing %s bytes from pool %r", export.size, self.name):
+                if self._closed:
+                    raise ClosedError(f"pool {self.name!r} is closed")
+                if export.chunks and not export.sub:
+                    fds, given = [], fds
+                    return self._map_chunks(export, stream, given)
+                if export.sub and export.offset + export.size > self.slab_size:
+                    raise InvalidRequest("a slab range lies outside its slab")
+                if export.sub and not export.ready_event and export.data in self._slabs:
+                    return self._range(export)   # its slab is here, nothing to wait for: no driver call at all
+                if len(export.data) != HANDLE_BYTES:
+                    raise InvalidRequest(f"pointer export data is {HANDLE_BYTES} bytes, got {len(export.data)}")
+                with OnDevice(self.device):
+                    s = self._backend.stream(stream, self.device)
+                    if export.ready_event:   # R1: before any use of the memory on s
+                        order_after_event(s, export.ready_event, self._backend.event_spin_s)
+                    if export.sub:
+                        if export.chunks and export.data not in self._slabs:
+                            fds, given = [], fds
+                            self._map_slab(export, given)
+                        return self._range(export)
+                    buf = import_pointer(self._mr, export.data, export.size)
         finally:
             for fd in fds:   # those not handed on (a slab mapped already needs none)
                 os.close(fd)
@@ -155,26 +147,22 @@ class CudaClientPool(ClientPool):
             if e.sub and e.offset + e.size > self.slab_size:
                 raise InvalidRequest("a slab range lies outside its slab")
         out: list[ImportedMemory] = []
-        try:
-            with OnDevice(self.device):
-                s = self._backend.stream(stream, self.device)
-                for handle in dict.fromkeys(e.ready_event for e in exports if e.ready_event):
-                    order_after_event(s, handle, self._backend.event_spin_s)   # R1, once per distinct event
-                # Pool slabs on the worker, in the order the ranges come: the leases need none yet.
-                # (A VMM slab is mapped from its FD, in import_allocation.)
-                for data in [d for d in dict.fromkeys(e.data for e in exports if e.sub and not e.chunks)
-                             if d not in self._slabs]:
-                    self._pending(data, self._import_slab, data)
-                for e in exports:
-                    if e.sub:
-                        out.append(self._range(e))
-                    else:
-                        out.append(CudaMemory(import_pointer(self._mr, e.data, e.size), e.size, self.device))
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            self._undo(out, stream)   # nothing half-imported stays behind
-            raise translate(exc, f"importing {len(exports)} allocations from pool {self.name!r}") from exc
+        # On a driver failure nothing half-imported stays behind (``undo``).
+        with cuda_errors("importing %s allocations from pool %r", len(exports), self.name,
+                         undo=lambda: self._undo(out, stream)), OnDevice(self.device):
+            s = self._backend.stream(stream, self.device)
+            for handle in dict.fromkeys(e.ready_event for e in exports if e.ready_event):
+                order_after_event(s, handle, self._backend.event_spin_s)   # R1, once per distinct event
+            # Pool slabs on the worker, in the order the ranges come: the leases need none yet.
+            # (A VMM slab is mapped from its FD, in import_allocation.)
+            for data in [d for d in dict.fromkeys(e.data for e in exports if e.sub and not e.chunks)
+                         if d not in self._slabs]:
+                self._pending(data, self._import_slab, data)
+            for e in exports:
+                if e.sub:
+                    out.append(self._range(e))
+                else:
+                    out.append(CudaMemory(import_pointer(self._mr, e.data, e.size), e.size, self.device))
         return out
 
     def _undo(self, imported: list[ImportedMemory], stream: Any) -> None:
@@ -205,7 +193,7 @@ class CudaClientPool(ClientPool):
         also on a failure), as a Buffer of ``nbytes``; ``then`` runs once they are mapped. Here,
         or on the worker thread for a VMM slab."""
         try:
-            with OnDevice(self.device):
+            with cuda_errors("mapping %s of pool %r", what, self.name), OnDevice(self.device):
                 mapping = vmm.Mapping(self.device, vmm.granularity(self.device), peers=self._peers)
                 given, fds = fds, []
                 mapping.extend(sizes, given)   # (closes them, also when it fails)
@@ -215,10 +203,6 @@ class CudaClientPool(ClientPool):
                 except BaseException:
                     mapping.close()
                     raise
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            raise translate(exc, f"mapping {what} of pool {self.name!r}") from exc
         finally:
             for fd in fds:
                 os.close(fd)
@@ -226,17 +210,13 @@ class CudaClientPool(ClientPool):
     def order_after(self, event: bytes, stream: Any = None, credit: bool = False) -> None:
         if not event:
             return
-        try:
+        with cuda_errors("ordering after a seal of pool %r", self.name):
             s = self._backend.stream(stream, self.device)
             if credit:   # kept open: no context switch, one query on the usual path
                 order_after_event(s, event, self._backend.event_spin_s, self._opened(event))
                 return
             with OnDevice(self.device):
                 order_after_event(s, event, self._backend.event_spin_s)
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            raise translate(exc, f"ordering after a seal of pool {self.name!r}") from exc
 
     def _opened(self, handle: bytes) -> DriverEvent:
         """The broker's credit ``handle``, opened in this pool's device context once."""
@@ -276,13 +256,9 @@ class CudaClientPool(ClientPool):
 
     def _import_slab(self, data: bytes) -> tuple[Buffer, None]:
         """A slab's pool pointer imported (here or on the worker thread)."""
-        try:
+        with cuda_errors("importing a slab of pool %r", self.name):
             with OnDevice(self.device):
                 return import_pointer(self._mr, data, self.slab_size), None
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            raise translate(exc, f"importing a slab of pool {self.name!r}") from exc
 
     def _map_slab(self, export: Export, fds: list[int]) -> None:
         """A VMM slab mapped from its chunk's FD (owned; closed by the worker), kept as long as the pool."""
@@ -307,7 +283,7 @@ class CudaClientPool(ClientPool):
                 self._backend.stream(stream, self.device).sync()
                 memory.mapping.close()
             return b""
-        try:
+        with cuda_errors("releasing memory of pool %r", self.name):
             s = self._backend.stream(stream, self.device)
             if credit and not memory.whole:   # a range: nothing to free; record on the credit, kept open
                 (err,) = cuEventRecord(self._opened(credit).handle, s.handle)
@@ -321,10 +297,6 @@ class CudaClientPool(ClientPool):
                     record_into(s, credit)
                     return credit
                 event, handle = record_ipc(s)   # R2: the broker frees (or reuses) after this
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            raise translate(exc, f"releasing memory of pool {self.name!r}") from exc
         self._backend.keep_done(event)
         return handle
 
@@ -337,7 +309,7 @@ class CudaClientPool(ClientPool):
         after it: ``drop_kept`` waits on that before it unmaps. Other memory: None (release it)."""
         if not isinstance(memory, CudaMemory) or memory.mapping is None or memory.released:
             return None
-        try:
+        with cuda_errors("keeping memory of pool %r mapped", self.name):
             with OnDevice(self.device):
                 s = self._backend.stream(stream, self.device)
                 if credit:
@@ -349,10 +321,6 @@ class CudaClientPool(ClientPool):
                     event, done = record_ipc(s)
                     self._backend.keep_done(event)
                 marker = record_marker(s)
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            raise translate(exc, f"keeping memory of pool {self.name!r} mapped") from exc
         return done, marker
 
     def drop_kept(self, memory: ImportedMemory, token: Any) -> None:
@@ -360,17 +328,13 @@ class CudaClientPool(ClientPool):
         the usual path, where the version was published a swap or more ago)."""
         if not isinstance(memory, CudaMemory) or memory.mapping is None or memory.released:
             return
-        try:
+        with cuda_errors("unmapping kept memory of pool %r", self.name):
             with OnDevice(self.device):
                 if token is not None:
                     token.sync()
                     token.close()
                 memory.detach()
                 memory.mapping.close()
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            raise translate(exc, f"unmapping kept memory of pool {self.name!r}") from exc
 
     def close(self) -> None:
         if self._closed:

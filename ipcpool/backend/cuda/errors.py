@@ -3,12 +3,13 @@
 Two kinds of failure reach us: a ``(CUresult, ...)`` tuple from cuda.bindings (``check`` looks the
 code up) and the ``CUDAError`` that cuda.core raises, which carries no code, only a message that
 names the error (``translate`` finds the name there). Both go through ``_CLASSES``; anything not in
-it is the root ``IpcPoolError``. The message keeps the driver's name for the error.
+it is the root ``IpcPoolError``. The message keeps the driver's name for the error. Code around
+driver calls says what it was doing with ``cuda_errors`` and leaves the rest to this module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -43,6 +44,36 @@ def translate(exc: Exception, what: str) -> IpcPoolError:
     text = str(exc)
     cls = next((c for name, c in _BY_NAME.items() if name in text), IpcPoolError)
     return cls(f"{what}: {text}")
+
+
+class cuda_errors:  # noqa: N801 (a context manager, named like contextlib's)
+    """A driver call that fails in the block is raised as an ipcpool error (``translate``, ``raise
+    ... from``), the way httpcore's ``map_exceptions`` translates at the boundary::
+
+        with cuda_errors("importing a slab of pool %r", name):
+            ...
+
+    Anything else passes unchanged. The message is ``what % args`` followed by the driver's, made
+    only on a failure (these blocks sit on the hand-off's path, where even a format costs). ``error``
+    raises that class instead of the one the driver's code maps to; ``undo`` runs first, to roll
+    back what the block did before the failure."""
+
+    __slots__ = ("_args", "_error", "_undo", "_what")
+
+    def __init__(self, what: str, *args: Any, error: type[IpcPoolError] | None = None,
+                 undo: Callable[[], None] | None = None) -> None:
+        self._what, self._args, self._error, self._undo = what, args, error, undo
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, cls: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        if not isinstance(exc, Exception) or not is_cuda_error(exc):
+            return False   # no failure, or not the driver's: it passes unchanged
+        if self._undo is not None:
+            self._undo()
+        what = self._what % self._args if self._args else self._what
+        raise (translate(exc, what) if self._error is None else self._error(f"{what}: {exc}")) from exc
 
 
 @contextmanager

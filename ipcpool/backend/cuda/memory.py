@@ -14,7 +14,7 @@ from ..base import ImportedMemory
 from . import driver as drv
 from . import vmm
 from .context import OnDevice
-from .errors import is_cuda_error, translate
+from .errors import cuda_errors
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +106,8 @@ class CudaMemory(ImportedMemory):
         self._live()
         with OnDevice(self.device):
             s = backend.stream(stream, self.device)
-            try:
+            with cuda_errors("copying host bytes to the GPU"):
                 drv.copy_from_host(self.ptr + offset, src, int(s.handle))
-            except Exception as exc:
-                if not is_cuda_error(exc):
-                    raise   # not a driver failure: passes unchanged
-                raise translate(exc, "copying host bytes to the GPU") from exc
 
     def detach(self) -> Buffer | None:
         """Mark the memory released and hand over its Buffer (None for a slab range): the pool

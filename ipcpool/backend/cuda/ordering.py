@@ -1,5 +1,6 @@
-"""Ordering on the broker without blocking: a client's done event turned into a local marker (R2,
-R4), the frees waiting on such markers, and the seals not yet seen complete."""
+"""Ordering on the broker without blocking: a pool's ordering hooks (``CudaOrdering``, the CUDA side
+of the ordering seam), a client's done event turned into a local marker (R2, R4), the frees
+waiting on such markers, and the seals not yet seen complete."""
 
 from __future__ import annotations
 
@@ -8,10 +9,16 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from cuda.core import Stream
+
+from ...errors import InvalidRequest
+from ..base import Export, SessionContext
+from ..ordering import Ordering
+from .allocation import as_alloc
 from .context import make_current
 from .errors import is_cuda_error
-from .events import open_ipc, record_marker, wait_for
-from .session import CudaSession
+from .events import open_ipc, record_ipc, record_marker, wait_for
+from .session import CudaSession, as_session
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +35,126 @@ class Sealed(Protocol):
     sealed: Any
     seal_done: bool
     freed: bool
+
+
+class OrderingServices(Protocol):
+    """What a pool's ordering needs of the broker backend."""
+
+    def sweep(self) -> None: ...
+
+    def reaper(self, device: int) -> Stream:
+        """The backend's own stream on ``device`` (frees run there; it never waits on a client)."""
+
+    def retire(self, stream: Stream, *events: Any) -> None:
+        """Close ``events`` once ``stream`` has passed this point (R4)."""
+
+    def watch_seal(self, alloc: Any) -> None:
+        """Note when the seal of ``alloc`` completes, off any request."""
+
+
+class CudaOrdering(Ordering):
+    """The ordering of one ``CudaPool``'s allocations (``allocation.Allocation`` handles) on
+    ``device``: ready events for other sessions, seals, credits and the waits frees follow."""
+
+    def __init__(self, backend: OrderingServices, device: int):
+        self._backend = backend
+        self.device = device
+
+    def reexport(self, handle: object, export: Export, session: SessionContext) -> Export:
+        """Another session opens this allocation: its stream follows the allocation (the first
+        ready event, a local wait here), then a fresh ready event is recorded there for it."""
+        alloc = as_alloc(handle)
+        if alloc.freed:
+            raise InvalidRequest("allocation was freed")
+        if alloc.slab is not None or alloc.chunks is not None:
+            return export   # idle on the GPU when handed out (a slab range; new VMM chunks)
+        stream = as_session(session).stream(self.device)
+        wait_for(stream, alloc.ready)
+        event, ready_handle = record_ipc(stream)
+        alloc.extra.append(event)  # alive until the free has run, like the first ready event
+        return Export(size=export.size, offset=export.offset, data=export.data, ready_event=ready_handle)
+
+    def add_release(self, handle: object, session: SessionContext, done_event: bytes) -> None:
+        alloc = as_alloc(handle)
+        if done_event:
+            alloc.waits.append(DoneWait(done_event, as_session(session), self.device))  # now (R4)
+        self._backend.sweep()
+
+    def seal(self, handle: object, session: SessionContext, done_event: bytes) -> bytes:
+        """The writer is done at ``done_event``: the free follows it, and readers get a broker event
+        recorded once, after a wait on it on the writer's session stream (its own stream: R3)."""
+        alloc = as_alloc(handle)
+        sess = as_session(session)
+        credit = sess.credits.get(done_event) if done_event else None
+        if credit is not None and alloc.ready is None:
+            # Recorded by the writer on one of our events: readers wait on that very event (one
+            # GPU hop), and so does the free. Kept until the free has run, like any seal event.
+            alloc.waits.append(DoneWait(done_event, sess, self.device, keep=True))
+            alloc.extra.append(credit)
+            alloc.sealed = credit
+            self._backend.watch_seal(alloc)
+            return done_event
+        stream = sess.stream(self.device)
+        if alloc.ready is not None:
+            wait_for(stream, alloc.ready)
+        if credit is not None:
+            wait_for(stream, credit)   # our own event: a local wait (the DoneWait below only queries it)
+        if done_event:
+            alloc.waits.append(DoneWait(done_event, sess, self.device))  # the wait, on stream
+        event, sealed = record_ipc(stream)
+        alloc.extra.append(event)
+        alloc.sealed = event
+        self._backend.watch_seal(alloc)   # its completion is noted later, off any request
+        return sealed
+
+    def credit(self, session: SessionContext) -> bytes:
+        return as_session(session).issue_credit(self.device)
+
+    def check_promise(self, session: SessionContext, handle: bytes) -> None:
+        if handle not in as_session(session).credits:
+            raise InvalidRequest("create: seal_credit is not an unused credit of this session")
+
+    def seal_done(self, handle: object) -> bool:
+        alloc = as_alloc(handle)
+        if not alloc.seal_done and alloc.sealed is not None and not alloc.freed and alloc.sealed.is_done:
+            alloc.seal_done = True   # one query (~1 µs); then never again
+        return alloc.seal_done or alloc.sealed is None
+
+    def renew(self, handle: object) -> bool:
+        """Idle once every done wait has settled (the queries a free makes, nothing enqueued: a
+        wait on a reader's event, then a stream wait of the writer's on that, would tie the writer
+        to a reader that may die, R3). The old seal and the events kept for it (no importer can
+        open them now: none holds the memory) go once the reaper stream passes; the next seal then
+        counts afresh. VMM memory is idle as soon as its last reader unmapped (after a sync)."""
+        alloc = as_alloc(handle)
+        if alloc.freed:
+            return False
+        alloc.waits = [w for w in alloc.waits if not w.settle()]
+        if alloc.waits:
+            return False
+        if alloc.extra:
+            self._backend.retire(self._backend.reaper(self.device), *alloc.extra)
+        alloc.extra = []
+        alloc.sealed, alloc.seal_done = None, False
+        return True
+
+    def join_seals(self, handles: list[object], session: SessionContext) -> bytes:
+        sess = as_session(session)
+        stream = sess.stream(self.device)
+        waited = False
+        for handle in handles:
+            alloc = as_alloc(handle)
+            if alloc.sealed is not None and not alloc.seal_done:
+                if alloc.sealed.is_done:
+                    alloc.seal_done = True      # never waited on again (a thousand-object attach)
+                else:
+                    wait_for(stream, alloc.sealed)   # our own events: a local wait, nothing to open
+                    waited = True
+        if not waited:   # every seal complete, as a single get answers: no event to open or keep alive
+            return b""
+        event, joined = record_ipc(stream)
+        sess.hand_out(stream, event)
+        return joined
 
 
 class DoneWait:

@@ -7,52 +7,45 @@ every importer's done event without blocking the host (R2): the backend runs the
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from cuda.core import DeviceMemoryResource, DeviceMemoryResourceOptions, Stream
+from cuda.core import DeviceMemoryResource, DeviceMemoryResourceOptions
 
+from ...fds import close_all
 from ...errors import BackendUnavailable, ClosedError, InvalidRequest, OutOfMemory
-from ..base import REUSE_POLICIES, BrokerPool, Export, PoolSpec, PoolStats, SessionContext
+from ..base import REUSE_POLICIES, Arenas, BrokerPool, Export, PoolSpec, PoolStats, SessionContext, Usage
 from . import driver as drv
 from . import vmm
 from .allocation import Allocation, as_alloc
 from .context import OnDevice, check_device, make_current
 from .descriptors import export_pointer
-from .errors import is_cuda_error, translate
+from .errors import cuda_errors
 from .events import record_ipc, wait_for
 from .limits import IMPORT_LIMIT, VMM_CHUNK
-from .ordering import DoneWait
+from .ordering import CudaOrdering, DoneWait, OrderingServices
 from .session import as_session
 from .slabs import Slabs
 
 
-class PoolServices(Protocol):
-    """What a pool needs of the broker backend: its streams, its free queue and its sweeps."""
-
-    def sweep(self) -> None: ...
-
-    def reaper(self, device: int) -> Stream:
-        """The backend's own stream on ``device`` (frees run there; it never waits on a client)."""
-
-    def retire(self, stream: Stream, *events: Any) -> None:
-        """Close ``events`` once ``stream`` has passed this point (R4)."""
+class PoolServices(OrderingServices, Protocol):
+    """What a pool needs of the broker backend: its streams, its free queue and its sweeps (its
+    ordering's among them)."""
 
     def defer_free(self, alloc: Allocation, free_now: Callable[[Allocation], None], owner: str) -> None:
         """Call ``free_now(alloc)`` once every done event of ``alloc`` has settled (R2)."""
 
-    def watch_seal(self, alloc: Allocation) -> None:
-        """Note when the seal of ``alloc`` completes, off any request."""
-
     def query_streams(self) -> None: ...
 
 
-class CudaPool(BrokerPool):
+class CudaPool(Arenas, Usage, BrokerPool):
+    """Serves its arenas (slab ranges) and usage itself; its ordering is a ``CudaOrdering``."""
+
     def __init__(self, backend: PoolServices, spec: PoolSpec):
         self.spec = spec
         self._backend = backend
         self.device = spec.device
+        self.ordering = CudaOrdering(backend, self.device)
         unknown = set(spec.reuse) - set(REUSE_POLICIES)
         if unknown:
             raise InvalidRequest(f"pool {spec.name!r}: unknown reuse policies {sorted(unknown)}")
@@ -66,14 +59,10 @@ class CudaPool(BrokerPool):
                     f"(cuDeviceCanAccessPeer says no); remove it from peer_access"
                 )
         make_current(self.device)
-        try:
+        with cuda_errors("creating pool %r on device %s", spec.name, self.device):
             self._mr = DeviceMemoryResource(
                 self.device, DeviceMemoryResourceOptions(ipc_enabled=True, max_size=spec.max_size)
             )
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            raise translate(exc, f"creating pool {spec.name!r} on device {self.device}") from exc
         try:  # roll back the pool if any property cannot be set
             self._pool = drv.pool_handle(self._mr)
             threshold = drv.UINT64_MAX if spec.release_threshold is None else spec.release_threshold
@@ -118,6 +107,10 @@ class CudaPool(BrokerPool):
             "slab_memory": self.spec.slab_memory,
         }
 
+    @property
+    def byte_limit(self) -> int:
+        return self.spec.max_size
+
     # -- allocation
     def allocate(self, nbytes: int, session: SessionContext) -> tuple[object, Export]:
         if self._closed:
@@ -131,12 +124,8 @@ class CudaPool(BrokerPool):
         if nbytes <= self.slab_item_max:
             return self._carve(nbytes)
         stream = sess.stream(self.device)
-        try:
+        with cuda_errors("pool %r cannot allocate %s bytes", self.spec.name, nbytes):
             buf = self._mr.allocate(nbytes, stream=stream)
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            raise translate(exc, f"pool {self.spec.name!r} cannot allocate {nbytes} bytes") from exc
         try:
             data = export_pointer(buf)  # exported once, here
             ready, ready_handle = record_ipc(stream)
@@ -194,8 +183,7 @@ class CudaPool(BrokerPool):
         ours again (and freed like any). Pool memory is restored by ``RestoredCudaPool`` instead."""
         sizes = [int(n) for n in row.get("chunks") or ()]
         if not sizes:
-            for fd in fds:
-                os.close(fd)
+            close_all(fds)
             raise InvalidRequest(f"pool {self.spec.name!r} restores VMM chunks only")
         with OnDevice(self.device):
             chunks = vmm.restore_chunks(fds, sizes)
@@ -216,66 +204,6 @@ class CudaPool(BrokerPool):
         """Bytes handed out: the driver's count, with each slab counted by its ranges in use."""
         return drv.get_u64(self._pool, "used") - self._slabs.pool_reserved + self._slabs.used + self._vmm_bytes
 
-    def reexport(self, handle: object, export: Export, session: SessionContext) -> Export:
-        """Another session opens this allocation: its stream follows the allocation (the first
-        ready event, a local wait here), then a fresh ready event is recorded there for it."""
-        alloc = as_alloc(handle)
-        if alloc.freed:
-            raise InvalidRequest("allocation was freed")
-        if alloc.slab is not None or alloc.chunks is not None:
-            return export   # idle on the GPU when handed out (a slab range; new VMM chunks)
-        stream = as_session(session).stream(self.device)
-        wait_for(stream, alloc.ready)
-        event, ready_handle = record_ipc(stream)
-        alloc.extra.append(event)  # alive until the free has run, like the first ready event
-        return Export(size=export.size, offset=export.offset, data=export.data, ready_event=ready_handle)
-
-    def add_release(self, handle: object, session: SessionContext, done_event: bytes) -> None:
-        alloc = as_alloc(handle)
-        if done_event:
-            alloc.waits.append(DoneWait(done_event, as_session(session), self.device))  # now (R4)
-        self._backend.sweep()
-
-    def seal(self, handle: object, session: SessionContext, done_event: bytes) -> bytes:
-        """The writer is done at ``done_event``: the free follows it, and readers get a broker event
-        recorded once, after a wait on it on the writer's session stream (its own stream: R3)."""
-        alloc = as_alloc(handle)
-        sess = as_session(session)
-        credit = sess.credits.get(done_event) if done_event else None
-        if credit is not None and alloc.ready is None:
-            # Recorded by the writer on one of our events: readers wait on that very event (one
-            # GPU hop), and so does the free. Kept until the free has run, like any seal event.
-            alloc.waits.append(DoneWait(done_event, sess, self.device, keep=True))
-            alloc.extra.append(credit)
-            alloc.sealed = credit
-            self._backend.watch_seal(alloc)
-            return done_event
-        stream = sess.stream(self.device)
-        if alloc.ready is not None:
-            wait_for(stream, alloc.ready)
-        if credit is not None:
-            wait_for(stream, credit)   # our own event: a local wait (the DoneWait below only queries it)
-        if done_event:
-            alloc.waits.append(DoneWait(done_event, sess, self.device))  # the wait, on stream
-        event, sealed = record_ipc(stream)
-        alloc.extra.append(event)
-        alloc.sealed = event
-        self._backend.watch_seal(alloc)   # its completion is noted later, off any request
-        return sealed
-
-    def credit(self, session: SessionContext) -> bytes:
-        return as_session(session).issue_credit(self.device)
-
-    def check_promise(self, session: SessionContext, handle: bytes) -> None:
-        if handle not in as_session(session).credits:
-            raise InvalidRequest("create: seal_credit is not an unused credit of this session")
-
-    def seal_done(self, handle: object) -> bool:
-        alloc = as_alloc(handle)
-        if not alloc.seal_done and alloc.sealed is not None and not alloc.freed and alloc.sealed.is_done:
-            alloc.seal_done = True   # one query (~1 µs); then never again
-        return alloc.seal_done or alloc.sealed is None
-
     def shrink(self, handle: object, keep: list[tuple[int, int]]) -> int:
         alloc = as_alloc(handle)
         if alloc.slab is None or alloc.freed or alloc.on_idle is not None or alloc.parts is not None:
@@ -293,42 +221,6 @@ class CudaPool(BrokerPool):
         if size is not None:   # idle: every importer's done event completed (R2)
             alloc.slab.ranges.free(alloc.offset + offset)
             self._slabs.used -= size
-
-    def renew(self, handle: object) -> bool:
-        """Idle once every done wait has settled (the queries a free makes, nothing enqueued: a
-        wait on a reader's event, then a stream wait of the writer's on that, would tie the writer
-        to a reader that may die, R3). The old seal and the events kept for it (no importer can
-        open them now: none holds the memory) go once the reaper stream passes; the next seal then
-        counts afresh. VMM memory is idle as soon as its last reader unmapped (after a sync)."""
-        alloc = as_alloc(handle)
-        if alloc.freed:
-            return False
-        alloc.waits = [w for w in alloc.waits if not w.settle()]
-        if alloc.waits:
-            return False
-        if alloc.extra:
-            self._backend.retire(self._backend.reaper(self.device), *alloc.extra)
-        alloc.extra = []
-        alloc.sealed, alloc.seal_done = None, False
-        return True
-
-    def join_seals(self, handles: list[object], session: SessionContext) -> bytes:
-        sess = as_session(session)
-        stream = sess.stream(self.device)
-        waited = False
-        for handle in handles:
-            alloc = as_alloc(handle)
-            if alloc.sealed is not None and not alloc.seal_done:
-                if alloc.sealed.is_done:
-                    alloc.seal_done = True      # never waited on again (a thousand-object attach)
-                else:
-                    wait_for(stream, alloc.sealed)   # our own events: a local wait, nothing to open
-                    waited = True
-        if not waited:   # every seal complete, as a single get answers: no event to open or keep alive
-            return b""
-        event, joined = record_ipc(stream)
-        sess.hand_out(stream, event)
-        return joined
 
     def free(self, handle: object, session: SessionContext, done_event: bytes = b"") -> None:
         """R2 without host synchronisation: the session's stream waits on the done event now, and

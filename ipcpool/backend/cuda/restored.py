@@ -6,16 +6,18 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ...fds import close_all
 from ...errors import ClosedError, InvalidRequest
 from ...sizes import HANDLE_BYTES
-from ..base import BrokerPool, Export, PoolSpec, PoolStats, SessionContext
+from ..base import BrokerPool, Export, PoolSpec, PoolStats, SessionContext, Usage
 
 
-class RestoredCudaPool(BrokerPool):
+class RestoredCudaPool(Usage, BrokerPool):
     """A pool a previous broker exported, kept from systemd's FD store: the memory of the objects
     restored in it lives on (the FD alone keeps it), clients import it as before, but an imported
     pool cannot allocate (CUDA_ERROR_INVALID_VALUE, seen on an H200), so it is read-only. Its
-    memory goes back to the device once the broker and every client have let go of the pool."""
+    memory goes back to the device once the broker and every client have let go of the pool.
+    Nothing in it is ordered any more (``NULL_ORDERING``) nor carved (``NO_ARENAS``)."""
 
     read_only = True
 
@@ -26,6 +28,10 @@ class RestoredCudaPool(BrokerPool):
         self.slab_size = int(info.get("slab_size") or 0)
         self._used = 0
         self._high = 0
+
+    @property
+    def byte_limit(self) -> int:
+        return self.spec.max_size
 
     @property
     def fd(self) -> int:
@@ -42,8 +48,7 @@ class RestoredCudaPool(BrokerPool):
                              "it cannot allocate (use the configured pool)")
 
     def restore(self, row: dict[str, Any], fds: list[int]) -> tuple[object, Export]:
-        for fd in fds:
-            os.close(fd)
+        close_all(fds)
         data = bytes(row["data"])
         if len(data) != HANDLE_BYTES or (row.get("sub") and not self.slab_size):
             raise InvalidRequest(f"pool {self.spec.name!r}: a stored object lacks its export data")

@@ -12,7 +12,7 @@ from ...ranges import RangeAllocator
 from . import vmm
 from .context import OnDevice
 from .descriptors import export_pointer
-from .errors import is_cuda_error, translate
+from .errors import cuda_errors
 from .limits import SLAB_ALIGN, SLAB_SIZE
 
 
@@ -89,12 +89,8 @@ class Slabs:
         if self._vmm_device is not None:
             return self._new_vmm_slab()
         stream = self._reaper()
-        try:
+        with cuda_errors("pool %r cannot reserve a %s-byte slab", self._name, self.size):
             buf = self._mr.allocate(self.size, stream=stream)
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            raise translate(exc, f"pool {self._name!r} cannot reserve a {self.size}-byte slab") from exc
         stream.sync()   # rare (once per slab): afterwards no range of it ever needs a ready event
         try:
             data = export_pointer(buf)
@@ -107,13 +103,9 @@ class Slabs:
 
     def _new_vmm_slab(self) -> Slab:
         self._room(self.size)
-        try:
+        with cuda_errors("pool %r cannot reserve a %s-byte slab", self._name, self.size):
             with OnDevice(self._vmm_device):   # synchronous: idle when made, like a pool slab after its sync
                 chunk = vmm.create_chunks(self._vmm_device, [self.size], False)[0]
-        except Exception as exc:
-            if not is_cuda_error(exc):
-                raise
-            raise translate(exc, f"pool {self._name!r} cannot reserve a {self.size}-byte slab") from exc
         slab = Slab(None, secrets.token_bytes(64), self.size, chunk)
         self._slabs.append(slab)
         return slab

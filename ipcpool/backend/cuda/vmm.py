@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import functools
 import os
+from contextlib import ExitStack
 from typing import Any
 
 from cuda.bindings import driver as cu
 
 from ...errors import BackendUnavailable, InvalidRequest, IpcPoolError
 from ...sizes import round_up
+from ...fds import OwnedFd
 from .driver import access_descs
 from .errors import check
 
@@ -77,29 +79,32 @@ class Chunk:
 
     def __init__(self, device: int, size: int, compression: bool):
         self.handle = check(cu.cuMemCreate(size, _prop(device, compression), 0), f"cuMemCreate({size})")
-        try:
-            self.fd = int(check(cu.cuMemExportToShareableHandle(self.handle, POSIX_FD, 0), "cuMemExportToShareableHandle"))
-            got = check(cu.cuMemGetAllocationPropertiesFromHandle(self.handle), "cuMemGetAllocationPropertiesFromHandle")
-            # Compression may be refused for lack of resources without an error: read it back.
-            self.compression = int(got.allocFlags.compressionType) == int(_GENERIC)
-        except BaseException:
-            cu.cuMemRelease(self.handle)
-            raise
+        with ExitStack() as undo:   # a failure below releases the allocation and closes its FD
+            undo.callback(cu.cuMemRelease, self.handle)
+            exported = check(cu.cuMemExportToShareableHandle(self.handle, POSIX_FD, 0), "cuMemExportToShareableHandle")
+            owned = undo.enter_context(OwnedFd(int(exported)))
+            self._read_compression()
+            self.fd = owned.take()
+            undo.pop_all()
         self.size = size
 
     @classmethod
     def restore(cls, fd: int, size: int) -> Chunk:
         """A chunk from an FD a previous broker stored (takes ownership of ``fd``)."""
         self = cls.__new__(cls)
-        try:
+        with ExitStack() as undo:   # a failure below closes the FD, and releases the import
+            owned = undo.enter_context(OwnedFd(fd))
             self.handle = check(cu.cuMemImportFromShareableHandle(fd, POSIX_FD), "cuMemImportFromShareableHandle")
-        except BaseException:
-            os.close(fd)
-            raise
-        self.fd, self.size = fd, size
-        got = check(cu.cuMemGetAllocationPropertiesFromHandle(self.handle), "cuMemGetAllocationPropertiesFromHandle")
-        self.compression = int(got.allocFlags.compressionType) == int(_GENERIC)
+            undo.callback(cu.cuMemRelease, self.handle)
+            self._read_compression()
+            self.fd, self.size = owned.take(), size
+            undo.pop_all()
         return self
+
+    def _read_compression(self) -> None:
+        got = check(cu.cuMemGetAllocationPropertiesFromHandle(self.handle), "cuMemGetAllocationPropertiesFromHandle")
+        # Compression may be refused for lack of resources without an error: read it back.
+        self.compression = int(got.allocFlags.compressionType) == int(_GENERIC)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -109,33 +114,29 @@ class Chunk:
 
 
 def create_chunks(device: int, sizes: list[int], compression: bool) -> list[Chunk]:
+    """All of ``sizes`` made, or (a failure part way) none: those made are released again."""
     chunks: list[Chunk] = []
-    try:
+    with ExitStack() as made:
         for size in sizes:
-            chunks.append(Chunk(device, size, compression))
-    except BaseException:
-        for c in chunks:
-            c.close()
-        raise
+            chunk = Chunk(device, size, compression)
+            made.callback(chunk.close)
+            chunks.append(chunk)
+        made.pop_all()   # all made: the caller's now
     return chunks
 
 
 def restore_chunks(fds: list[int], sizes: list[int]) -> list[Chunk]:
     """Chunks a previous broker stored (takes ownership of every FD, also on failure)."""
-    if len(fds) != len(sizes):
-        for fd in fds:
-            os.close(fd)
-        raise InvalidRequest(f"{len(sizes)} stored chunks but {len(fds)} FDs")
-    chunks: list[Chunk] = []
-    try:
-        for fd, size in zip(fds, sizes):
-            chunks.append(Chunk.restore(fd, size))
-    except BaseException:
-        for fd in fds[len(chunks) + 1:]:   # Chunk.restore closed the one it failed on
-            os.close(fd)
-        for c in chunks:
-            c.close()
-        raise
+    with ExitStack() as owned:
+        held = [owned.enter_context(OwnedFd(fd)) for fd in fds]   # closed unless a chunk takes it
+        if len(fds) != len(sizes):
+            raise InvalidRequest(f"{len(sizes)} stored chunks but {len(fds)} FDs")
+        chunks: list[Chunk] = []
+        for one, size in zip(held, sizes):
+            chunk = Chunk.restore(one.take(), size)   # (closes the FD itself if it fails)
+            owned.callback(chunk.close)
+            chunks.append(chunk)
+        owned.pop_all()   # every chunk restored: the caller's now
     return chunks
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from ...fds import close_all
 from ...errors import InvalidRequest
 from ..base import BrokerBackend, BrokerGrowable, BrokerPool, PoolSpec, SessionContext
 from ..stock import ChunkStock
@@ -31,7 +31,6 @@ class HostBrokerBackend(BrokerBackend):
 
     def adopt_growable(self, spec: PoolSpec, info: dict[str, Any], chunks: list[int], fds: list[int]) -> BrokerGrowable:
         if len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
+            close_all(fds)
             raise InvalidRequest(f"a stored host growable has one memfd, got {len(fds)}")
         return HostGrowable(0, fds[0], chunks)

@@ -8,6 +8,7 @@ import mmap
 import os
 from typing import Any
 
+from ...fds import close_all
 from ...errors import BackendUnavailable, InvalidRequest
 from ..base import ClientBackend, ClientGrowable, ClientPool, Export, ImportedMemory
 from .growable import HostClientGrowable
@@ -58,8 +59,7 @@ class HostClientPool(ClientPool):
         self.size = size
 
     def import_allocation(self, export: Export, stream: Any = None, fds: list[int] = ()) -> ImportedMemory:
-        for fd in fds:
-            os.close(fd)
+        close_all(fds)
         if export.offset + export.size > self.size:
             raise InvalidRequest("allocation lies outside the pool")
         return HostMemory(self._mapping, export.offset, export.size, self._whole)

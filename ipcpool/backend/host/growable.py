@@ -21,6 +21,7 @@ from typing import Any
 from ...errors import InvalidRequest, OutOfMemory
 from ...sizes import round_up
 from ..base import BrokerGrowable, ClientGrowable
+from ...fds import OwnedFd
 from ..stock import ChunkStock
 
 PAGE = mmap.PAGESIZE
@@ -65,18 +66,16 @@ class HostGrowable(BrokerGrowable):
     one_file = True
 
     def __init__(self, nbytes: int, fd: int | None = None, chunks: list[int] | None = None):
-        self.fd = os.memfd_create("ipcpool:growable", os.MFD_CLOEXEC) if fd is None else fd
-        self.chunks: list[int] = []
-        try:
+        with OwnedFd(os.memfd_create("ipcpool:growable", os.MFD_CLOEXEC) if fd is None else fd) as owned:
+            self.fd = owned.fd   # (``grow`` writes through it)
+            self.chunks: list[int] = []
             if chunks is not None:   # restored: the file already holds them
                 if os.fstat(self.fd).st_size < sum(chunks):
                     raise InvalidRequest("a stored growable's memfd is smaller than its chunks")
                 self.chunks = list(chunks)
             else:
                 self.grow(nbytes)
-        except BaseException:
-            os.close(self.fd)
-            raise
+            self.fd = owned.take()   # the buffer's from here on (closed by ``close``)
 
     def info(self) -> dict[str, Any]:
         return {"device": -1, "granularity": PAGE, "compression": False}

@@ -11,9 +11,10 @@ import mmap
 import os
 from typing import Any
 
+from ...fds import OwnedFd, close_all
 from ...errors import InvalidRequest
 from ...ranges import RangeAllocator
-from ..base import BrokerPool, Export, PoolSpec, PoolStats, SessionContext
+from ..base import Arenas, BrokerPool, Export, PoolSpec, PoolStats, SessionContext, Usage
 
 DEFAULT_MAX_SIZE = 8 << 30
 ALIGNMENT = 256
@@ -42,26 +43,24 @@ class _Carved:
         self.on_idle = on_idle
 
 
-class HostPool(BrokerPool):
+class HostPool(Arenas, Usage, BrokerPool):
+    """A memfd pool; it serves its arenas and usage itself, and orders nothing (``NULL_ORDERING``)."""
+
     def __init__(self, spec: PoolSpec, fd: int | None = None):
         """A new pool, or (``fd``) the memfd of one a previous broker left in systemd's store (restored)."""
         self.spec = spec
         size = spec.max_size or DEFAULT_MAX_SIZE
-        if fd is None:
-            self._fd = os.memfd_create(f"ipcpool:{spec.name}", os.MFD_CLOEXEC)
-        else:
-            self._fd = fd
-            os.set_inheritable(fd, False)
-        try:
-            if fd is not None and os.fstat(fd).st_size != size:
-                raise InvalidRequest(
-                    f"pool {spec.name!r}: the stored pool holds {os.fstat(fd).st_size} bytes, the config "
-                    f"says {size}; keep max_size while objects are stored, or remove them first"
-                )
-            os.ftruncate(self._fd, size)  # sparse: no page is backed until written
-        except BaseException:
-            os.close(self._fd)
-            raise
+        restored = fd is not None
+        with OwnedFd(fd if restored else os.memfd_create(f"ipcpool:{spec.name}", os.MFD_CLOEXEC)) as owned:
+            if restored:
+                os.set_inheritable(owned.fd, False)
+                if os.fstat(owned.fd).st_size != size:
+                    raise InvalidRequest(
+                        f"pool {spec.name!r}: the stored pool holds {os.fstat(owned.fd).st_size} bytes, the "
+                        f"config says {size}; keep max_size while objects are stored, or remove them first"
+                    )
+            os.ftruncate(owned.fd, size)  # sparse: no page is backed until written
+            self._fd = owned.take()   # the pool's from here on (closed by ``close``)
         self._alloc = RangeAllocator(size, ALIGNMENT)
         self._parts: dict[int, set[int]] = {}   # a shrunk arena -> the offsets of its kept parts
         self._threshold = spec.release_threshold
@@ -103,8 +102,7 @@ class HostPool(BrokerPool):
         return _Carved(handle + offset, on_idle), Export(size=nbytes, offset=handle + offset)
 
     def restore(self, row: dict[str, Any], fds: list[int]) -> tuple[object, Export]:
-        for fd in fds:
-            os.close(fd)
+        close_all(fds)
         offset, nbytes = row["offset"], row["size"]
         self._alloc.reserve(offset, nbytes)
         self._used_high = max(self._used_high, self._alloc.used)
