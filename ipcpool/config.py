@@ -15,6 +15,7 @@ from typing import Any
 from .backend import BACKENDS
 from .backend.base import REUSE_POLICIES, PoolSpec
 from .backend.records import SLAB_MEMORY
+from .cpus import spin_default
 from .errors import ConfigError
 from .shm.growboard import MAX_SLOTS, SLOTS
 from .shm.directory import CAPACITY as DIRECTORY
@@ -91,7 +92,7 @@ class Config:
     quotas: dict[int, Quota] = field(default_factory=dict)
     default_quota: Quota = Quota()
     metrics_address: str = ""   # "host:port" of the Prometheus endpoint; empty: none
-    busy_poll_us: int = 500     # after a request, poll without sleeping this long (0: never)
+    busy_poll_us: int = 500     # after a request, poll without sleeping this long (0: never; 0 by default on < 4 CPUs)
     sessions_per_uid: int = 4096   # sessions (open or waiting for their process to exit) per uid; 0: no cap
     waits_per_uid: int = 4096      # gets parked until a seal, per uid; 0: no cap
     watches_per_uid: int = 4096    # prefix watches (subscriptions), per uid; 0: no cap
@@ -290,7 +291,7 @@ def parse(data: dict[str, Any]) -> Config:
                                              "limits.pending_hellos_per_uid")
     if not 1 <= caps["pending_hellos_per_uid"] <= 1 << 16:
         raise ConfigError(f"limits.pending_hellos_per_uid: 1 to {1 << 16}, got {caps['pending_hellos_per_uid']}")
-    busy_poll_us = _expect(data.get("busy_poll_us", 500), int, "busy_poll_us")
+    busy_poll_us = _expect(data.get("busy_poll_us", spin_default(500)), int, "busy_poll_us")
     if not 0 <= busy_poll_us <= 100_000:
         raise ConfigError(f"busy_poll_us: 0 to 100000 microseconds, got {busy_poll_us}")
     metrics_address = _expect(data.get("metrics_address", ""), str, "metrics_address")

@@ -50,7 +50,7 @@ def spy_replies(client) -> list[dict]:
 
     def recorded(*args, **kwargs):
         reply, fds = real(*args, **kwargs)
-        seen.append({"op_took": reply.get("took"), "batch": len(reply.get("batch", [])), "lend": len(reply.get("lend", []))})
+        seen.append({"op_took": reply.took, "batch": len(reply.batch or ()), "lend": len(reply.lend or ())})
         return reply, fds
 
     growables._reply = recorded
