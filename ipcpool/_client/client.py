@@ -248,16 +248,6 @@ class Client:
 
         return load_checkpoint(self, name, path, pool=pool, progress=progress, stream=stream)
 
-    def pull(self, peer: str, name: str, *, version: int | None = None, config: Any = None,
-             local_name: str | None = None, pool: str = "default", timeout: float = 60.0) -> Any:
-        """Pull checkpoint ``name`` from ``peer`` (named under [peers] of ``config``, a broker.toml
-        path or Config) through NIXL into a new version here, published once every tensor's digest
-        checks; returns an ``ipcpool.fleet.PullResult`` (version, bytes/s, UCX transport)."""
-        from ..fleet.pull import pull
-
-        return pull(self, peer, name, version=version, config=config, local_name=local_name, pool=pool,
-                    timeout=timeout)
-
     def load_or_attach(self, name: str, path: Any, *, pool: str = "default", kind: str = "torch",
                        timeout: float | None = None, progress: bool = False, stream: Any = None) -> Checkpoint:
         """Attach ``name``, loading it from ``path`` first where no one has: of many callers one

@@ -40,8 +40,9 @@ def test_a_named_version_in_python_and_over_tcp(start_fleet, tmp_path):
     v1 = held.attach("m", kind="numpy")
     held.load_checkpoint("m", model(tmp_path, 2)[0], progress=False)
     code = ("import ipcpool, sys\n"
+            "from ipcpool.fleet import pull\n"
             "with ipcpool.connect(sys.argv[1]) as c:\n"
-            "    r = c.pull('a', 'm', version=1, config=sys.argv[2], local_name='old')\n"
+            "    r = pull(c, 'a', 'm', version=1, config=sys.argv[2], local_name='old')\n"
             "    print(r.version, r.peer_version, r.transport.names, r.nbytes, r.bytes_per_s > 0, r.staging == ('', ''),"
             " r.warning)\n")
     out = subprocess.run([sys.executable, "-c", code, str(fleet.b.socket_dir), str(fleet.b_config)],

@@ -81,6 +81,12 @@ def test_weights_stand_below_the_client():
     assert _importers_of("ipcpool.weights", "ipcpool._client") == []
 
 
+def test_the_client_and_the_broker_never_import_the_fleet():
+    # The fleet loads NIXL: a worker or a broker that does not pull must not load it.
+    assert _importers_of("ipcpool._client", "ipcpool.fleet") == []
+    assert _importers_of("ipcpool.broker", "ipcpool.fleet") == []
+
+
 def test_nothing_of_the_library_imports_the_command():
     found = [line for line in _importers_of("ipcpool", "ipcpool.cli")
              if not line.startswith(("ipcpool.cli ", "ipcpool.cli.", "ipcpool.__main__ "))]
