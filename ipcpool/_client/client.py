@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import paths
 from ..backend import client_backend
+from ..backend.base import ClientBackend
 from ..errors import IpcPoolError
 from . import gcpause, interop
 from .catalog import Subscription, list_all, subscribe
@@ -41,6 +42,11 @@ def connect(socket_dir: str | os.PathLike | None = None, *, timeout: float = DEF
     return Client(socket_dir, timeout=timeout, arena_bytes=arena_bytes)
 
 
+
+class ClientParts(NamedTuple):
+    backend: ClientBackend       # the client side of the broker's backend (GPU or host memory, copies)
+    checkpoints: Checkpoints     # the client's checkpoint table (begin, attach, publish)
+
 class Client:
     def __init__(self, socket_dir: str | os.PathLike | None = None, *, timeout: float = DEFAULT_TIMEOUT,
                  arena_bytes: int | None = None):
@@ -64,6 +70,12 @@ class Client:
         channel.on_reply, channel.on_notice = self._handoff.on_reply, self._handoff.on_notice
         channel.on_grown = self._growables.on_grown
         channel.on_progress = self._backend.broker_progressed
+
+    @property
+    def parts(self) -> ClientParts:
+        """The client's backend and checkpoint table, for the modules that extend it
+        (``ipcpool.weights``, ``ipcpool.fleet``: loaded only when used); not for applications."""
+        return ClientParts(self._backend, self._checkpoints)
 
     # -- settings the channel reads on every request --------------------------------------------
     @property

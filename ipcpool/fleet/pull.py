@@ -128,11 +128,11 @@ def _fill(client: Any, session: _Session, manifest: dict, local_name: str, pool:
         raise TransferFailed(f"peer {session.peer}: {len(sums)} digests for {len(entries)} tensors")
     peer_version = manifest["version"]
     user = {**dict(manifest.get("user") or {}), "pulled_from": session.peer, "peer_version": peer_version}
-    memory = nixl.memory_type(client._backend.on_gpu)
+    memory = nixl.memory_type(client.parts.backend.on_gpu)
     total = sum(s[1] for s in remote)   # what NIXL moves: the shards, alignment gaps included
     with client.new_version_like(local_name, [s[1] for s in remote], entries, pool=pool, user=user) as w:
         try:
-            local = staging.register(session.agent, w.shards, client._backend,
+            local = staging.register(session.agent, w.shards, client.parts.backend,
                                      f"the new version of {local_name} here", fill=False, asked=asked)
         except TransferFailed as exc:
             raise TransferFailed(f"{exc}; nothing was published") from exc

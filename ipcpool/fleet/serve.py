@@ -53,7 +53,7 @@ class PeerServer:
     def __init__(self, client: Any, fleet: Fleet):
         self.client = client
         self.fleet = fleet
-        self.on_gpu = client._backend.on_gpu
+        self.on_gpu = client.parts.backend.on_gpu
         self.memory = nixl.memory_type(self.on_gpu)
         self.staging = staging.setting(fleet)
         self.agent = nixl.agent(fleet.agent, fleet.port)
@@ -135,7 +135,7 @@ class PeerServer:
         versions = self.served.setdefault(name, {})
         if version is not None and version in versions:
             return versions[version]
-        number, shards, entries, user = self.client._checkpoints.attach(name, version, "numpy", None)
+        number, shards, entries, user = self.client.parts.checkpoints.attach(name, version, "numpy", None)
         if number in versions:   # the current one, served already
             for b in shards:
                 b.free()
@@ -144,7 +144,7 @@ class PeerServer:
             sums = digests(shards, entries)
             if self.flip is not None:
                 _flip_byte(shards, entries, self.flip)
-            registered = staging.register(self.agent, shards, self.client._backend, f"{name}@{number}", fill=True,
+            registered = staging.register(self.agent, shards, self.client.parts.backend, f"{name}@{number}", fill=True,
                                           asked=self.staging)
         except BaseException:
             for b in shards:

@@ -41,7 +41,7 @@ def _fill(client: Any, w: Any, sources: list[SourceTensor], label: str, progress
                 stack.callback(os.close, fds[s.path])
         memories = [b.memory for b in w.shards]
         jobs = [(fds[s.path], s.start, memories[e.shard], e.offset, e.nbytes) for s, e in zip(sources, w.entries)]
-        client._backend.read_files(jobs, stream, bar.update if bar is not None else None)
+        client.parts.backend.read_files(jobs, stream, bar.update if bar is not None else None)
         return w.publish(stream)
 
 
@@ -53,7 +53,7 @@ def load_checkpoint(client: Any, name: str, path: str | os.PathLike, *, pool: st
     sources = read_source(path)
     shards, entries = layout_of(sources, shard_bytes)
     # (keep=False: a loader publishes once; nothing of its version comes back to it as a spare)
-    with client._checkpoints.begin(name, shards, entries, pool=pool, user=user, exclusive=False, stream=stream,
+    with client.parts.checkpoints.begin(name, shards, entries, pool=pool, user=user, exclusive=False, stream=stream,
                                    keep=False) as w:
         return _fill(client, w, sources, Path(path).name, progress, stream)
 
@@ -68,7 +68,7 @@ def load_or_attach(client: Any, name: str, path: str | os.PathLike, *, pool: str
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = 0.002
     while True:
-        got = client._checkpoints.begin(name, shards, entries, pool=pool, user=None, exclusive=True, stream=stream,
+        got = client.parts.checkpoints.begin(name, shards, entries, pool=pool, user=None, exclusive=True, stream=stream,
                                         keep=False)
         if not isinstance(got, dict):   # a VersionWriter: this caller loads
             with got:

@@ -27,13 +27,13 @@ def publish_tensors(client: Any, name: str, tensors: Mapping[str, Any], *, pool:
     items = list(tensors.items())
     specs = [TensorSpec(k, dtype_name(t.dtype), tuple(t.shape)) for k, t in items]
     shards, entries = plan(specs, shard_bytes)
-    on_gpu = client._backend.on_gpu
+    on_gpu = client.parts.backend.on_gpu
     for k, t in items:
         if bool(t.is_cuda) != on_gpu:
             raise InvalidRequest(f"tensor {k!r} is on {t.device}: this broker holds {'GPU' if on_gpu else 'host'} memory")
     device = items[0][1].device if items and on_gpu else None
     s = (torch.cuda.current_stream(device) if stream is None else stream) if on_gpu else None
-    with client._checkpoints.begin(name, shards, entries, pool=pool, user=user, exclusive=False, stream=s) as w:
+    with client.parts.checkpoints.begin(name, shards, entries, pool=pool, user=user, exclusive=False, stream=s) as w:
         views = w.tensors("torch")
         if on_gpu:
             with torch.cuda.stream(s):

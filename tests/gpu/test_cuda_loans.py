@@ -133,7 +133,7 @@ def test_a_killed_borrowers_loan_is_released_and_the_stock_made_again(cuda_broke
 
 def test_a_create_uses_the_mapping_it_reserved_while_the_broker_made_the_buffer(cuda_broker):
     with ipcpool.connect(cuda_broker.socket_dir) as c:
-        backend, made = c._backend, []
+        backend, made = c.parts.backend, []
         real = backend.prepare_growable
 
         def prepare(device, span=None):

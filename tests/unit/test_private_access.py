@@ -19,11 +19,6 @@ ALLOWED = {
     ("weights/modules.py", "owner._parameters"): "torch.nn.Module internals (no public equivalent)",
     ("weights/modules.py", "owner._buffers"): "torch.nn.Module internals (no public equivalent)",
 }
-# The Client's own extensions: its methods (load_checkpoint, publish_tensors, pull) call these
-# modules with ``self``, kept apart so torch and NIXL load only when used. They use the client's
-# backend and checkpoint table as its methods do; public names for them would widen the facade.
-CLIENT_PARTS = {"client._backend", "client._checkpoints", "self.client._backend", "self.client._checkpoints"}
-CLIENT_EXTENSIONS = ("fleet/", "weights/")
 
 
 def _private(name: str) -> bool:
@@ -80,7 +75,7 @@ def findings() -> list[tuple[str, int, str]]:
 
 
 def _allowed(rel: str, expr: str) -> bool:
-    return (rel, expr) in ALLOWED or (rel.startswith(CLIENT_EXTENSIONS) and expr in CLIENT_PARTS)
+    return (rel, expr) in ALLOWED
 
 
 def test_no_module_reads_another_modules_private_names():
@@ -91,7 +86,6 @@ def test_no_module_reads_another_modules_private_names():
 def test_every_allowance_is_still_needed():
     seen = {(rel, expr) for rel, _, expr in findings()}
     assert set(ALLOWED) <= seen, set(ALLOWED) - seen
-    assert any(rel.startswith(CLIENT_EXTENSIONS) and expr in CLIENT_PARTS for rel, expr in seen)
 
 
 def test_the_heuristic_sees_what_it_should():
