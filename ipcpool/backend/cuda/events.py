@@ -68,7 +68,7 @@ class DriverEvent:
 
 class IpcEvent(DriverEvent):
     """An interprocess event of ours that is never recorded here, and its 64-byte handle
-    (``ipc_handle``): a credit (see ``BrokerPool.credit``) is recorded by a peer, so that no command
+    (``ipc_handle``): a credit (see ``Ordering.credit``) is recorded by a peer, so that no command
     of ours, and with it no switch to our context on the GPU, is needed per credit. (cuda.core
     makes IPC events only by recording them; ``record_ipc`` makes the ones recorded here.)
 
