@@ -90,7 +90,7 @@ def _buffer(nbytes: int, on_gpu: bool, device: int, touched: bool = True):
 
 def _floor_target(nbytes: int, on_gpu: bool, device: int, port: int, out, stop) -> None:
     keep, addr, dev = _buffer(nbytes, on_gpu, device)
-    agent = nixl.agent("floor-target", port)
+    agent = nixl.agent("floor-target", port, on_gpu)
     agent.register_memory([(addr, nbytes, dev, "")], nixl.memory_type(on_gpu))
     out.put((addr, dev))
     stop.wait(600)
@@ -108,7 +108,7 @@ def floor(nbytes: int, on_gpu: bool, devices: tuple[int, int], repeat: int) -> d
         memory = nixl.memory_type(on_gpu)
         mark = transport.mark()
         with transport.capturing():
-            agent = nixl.agent("floor-reader", 0)
+            agent = nixl.agent("floor-reader", 0, on_gpu)
         agent.fetch_remote_metadata("floor-target", "127.0.0.1", port)
         while not agent.check_remote_metadata("floor-target"):
             time.sleep(0.001)

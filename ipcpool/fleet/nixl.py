@@ -50,16 +50,17 @@ def memory_type(on_gpu: bool) -> str:
 UCX_DEFAULTS = {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}
 
 
-def agent(name: str, port: int) -> Any:
+def agent(name: str, port: int, gpu: bool) -> Any:
     """A NIXL agent on UCX whose listener (metadata exchange) is on ``port`` (0: any free one).
-    UCX reads its settings from the environment as the agent is made: ``UCX_DEFAULTS`` are put
-    there for that moment where the operator has not set them."""
+    UCX reads its settings from the environment as the agent is made: for an agent that moves GPU
+    memory (``gpu``) ``UCX_DEFAULTS`` are put there for that moment where the operator has not set
+    them (elsewhere UCX would warn that nothing uses them)."""
     import os
 
     nixl = load()
     config = nixl.nixl_agent_config(enable_prog_thread=True, enable_listen_thread=True, listen_port=port,
                                     backends=["UCX"])
-    added = [key for key in UCX_DEFAULTS if key not in os.environ]
+    added = [key for key in UCX_DEFAULTS if gpu and key not in os.environ]
     os.environ.update({key: UCX_DEFAULTS[key] for key in added})
     try:
         made = nixl.nixl_agent(name, config)

@@ -105,7 +105,7 @@ def pull(client: Any, peer: str, name: str, *, version: int | None = None, confi
     global _agents
     _agents += 1
     with transport.capturing():
-        agent = nixl.agent(f"{fleet.agent}{PULLER}{os.getpid()}-{_agents}", 0)
+        agent = nixl.agent(f"{fleet.agent}{PULLER}{os.getpid()}-{_agents}", 0, client.parts.backend.on_gpu)
     session = _Session(agent, peer, host, port, timeout)
     try:
         session.connect()

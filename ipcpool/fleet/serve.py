@@ -56,7 +56,7 @@ class PeerServer:
         self.on_gpu = client.parts.backend.on_gpu
         self.memory = nixl.memory_type(self.on_gpu)
         self.staging = staging.setting(fleet)
-        self.agent = nixl.agent(fleet.agent, fleet.port)
+        self.agent = nixl.agent(fleet.agent, fleet.port, self.on_gpu)
         self.served: dict[str, dict[int, Served]] = {}   # name -> version -> what is served
         self.replies: list[tuple[float, str, bytes]] = []  # waiting for the puller's metadata
         self.stop = threading.Event()

@@ -23,6 +23,7 @@ def test_a_pulled_checkpoint_is_byte_identical_for_a_reader_of_the_second_broker
     assert done.returncode == 0, done.stderr
     assert "pulled a's m@1 as version 1: 4 tensor(s)" in done.stdout
     assert "over cma" in done.stdout or "over tcp" in done.stdout, done.stdout   # UCX's choice, named
+    assert "unused environment variable" not in fleet.server.log()   # (the GPU-only UCX setting: not on the host)
     with ipcpool.connect(fleet.b.socket_dir) as r, r.attach("m", kind="numpy") as ck:
         assert ck.version == 1 and ck.user["pulled_from"] == "a" and ck.user["peer_version"] == 1
         assert sorted(ck.tensors) == sorted(tensors)

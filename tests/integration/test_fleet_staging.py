@@ -32,7 +32,7 @@ def shards(fill: bool) -> list[SimpleNamespace]:
 @pytest.fixture
 def agents():
     """A serving agent and a reading one in this process, the reader knowing the server."""
-    server, reader = (nixl.agent(f"staging-{next(_names)}", 0) for _ in range(2))
+    server, reader = (nixl.agent(f"staging-{next(_names)}", 0, False) for _ in range(2))
     return server, reader
 
 
