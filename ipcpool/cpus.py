@@ -44,7 +44,7 @@ def quota_cpus(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") ->
         if hierarchy == "0" and controllers == "":
             dirs = [Path(root)]                                  # v2: one tree
         elif "cpu" in controllers.split(","):
-            dirs = [Path(root) / controllers, Path(root) / "cpu"]   # v1: cpu or cpu,cpuacct
+            dirs = list(dict.fromkeys([Path(root) / controllers, Path(root) / "cpu"]))   # v1: cpu, or cpu,cpuacct (and its link cpu)
         else:
             continue
         for base in dirs:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from . import protocol
 from .errors import ProtocolError
-from .fds import close_all  # noqa: F401  (here too: the FD-passing code's callers close what they were sent)
+from .fds import close_all
 
 _UCRED = struct.Struct("3i")
 # Linux >= 6.5: a pidfd for the peer, taken at connect time (no pid-reuse race).

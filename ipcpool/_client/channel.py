@@ -31,6 +31,7 @@ from .. import fdpass, paths, protocol
 from .. import trace
 from ..shm import fence
 from ..errors import BrokerGone, ClosedError, InvalidRequest, IpcPoolError, PeerRefused, ProtocolError
+from ..fds import close_all
 from ..replies import AllocFds, ChunkFds, Hello, WatchNotice
 from .settings import Settings
 from .waitlog import SlowWait, describe
@@ -322,10 +323,10 @@ class Channel:
                 for aid, n in zip(group, counts):
                     out[aid], fds = fds[:n], fds[n:]
                 if bad:
-                    fdpass.close_all(fds)
+                    close_all(fds)
                     raise ProtocolError("alloc_fds reply: its counts do not match its FDs")
         except BaseException:
-            fdpass.close_all(fd for fds in out.values() for fd in fds)
+            close_all(fd for fds in out.values() for fd in fds)
             raise
         return out
 
@@ -398,7 +399,7 @@ class Channel:
         except (OSError, IpcPoolError):
             got = None
         if got is not None:
-            fdpass.close_all(got[1])
+            close_all(got[1])
             if not got[0].get("ok") and got[0].get("error"):
                 why = f"{why}: {str(got[0]['error'])[:protocol.MAX_ERROR]}"
         self._gone = why

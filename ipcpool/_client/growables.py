@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backend.base import ClientBackend, ClientGrowable
-from .. import fdpass
 from ..errors import ClosedError, InvalidRequest, IpcPoolError, ProtocolError
+from ..fds import close_all
 from ..replies import GrowableState, GrowNotice
 from ..shm.growboard import BoardView
 from ..sizes import round_up
@@ -294,7 +294,7 @@ class Growables:
         try:
             reply = GrowableState.decode(msg)
         except (KeyError, TypeError) as exc:
-            fdpass.close_all(fds)
+            close_all(fds)
             raise ProtocolError(f"a growable reply without its state: {exc}") from None
         lent = reply.lend
         if isinstance(lent, list) and lent and fds:

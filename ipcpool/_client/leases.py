@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .. import fdpass, protocol
+from .. import protocol
 from .. import trace
 from ..backend.base import ClientBackend, Export, ImportedMemory
 from ..errors import BrokerGone, ClosedError, InvalidRequest, IpcPoolError, ObjectExists, ProtocolError
+from ..fds import close_all
 from ..meta import wire_meta
 from ..replies import Allocation, Batch, Lease, Shared
 from .channel import Channel
@@ -388,7 +389,7 @@ class Leases:
                     self._channel.send("free", alloc=aids[i])
             raise
         finally:
-            fdpass.close_all(fd for got in fds.values() for fd in got)
+            close_all(fd for got in fds.values() for fd in got)
             kept = [b for b in slots if b is not None]
             self.buffers.update({id(b): b for b in kept})
             out.extend(kept)

@@ -7,10 +7,11 @@ import logging
 import os
 from typing import Any
 
-from .. import fdpass, trace
+from .. import trace
 from ..backend.base import ClientBackend, ClientPool, Export, ImportedMemory
 from ..shm.sealboard import Board
 from ..errors import ProtocolError
+from ..fds import close_all
 from ..replies import PoolFds
 from ..shm.directory import DirectoryView
 from ..shm.leases import ClientLeasePage
@@ -45,13 +46,13 @@ class Pools:
             try:
                 board = Board(fds[1], owner=False)
             except BaseException:
-                fdpass.close_all([fds[0], *fds[2:]])
+                close_all([fds[0], *fds[2:]])
                 raise
             try:
                 pool = self.imported[name] = self._backend.import_pool(sent.info, fds[0])
             except BaseException:
                 board.close()
-                fdpass.close_all(fds[2:])
+                close_all(fds[2:])
                 raise
             self.boards[name] = board
             self._directory(name, sent, fds[2:])
@@ -73,7 +74,7 @@ class Pools:
                 else:
                     view.close()
         except (OSError, ValueError, ProtocolError) as exc:
-            fdpass.close_all(fds)
+            close_all(fds)
             log.warning("pool %r: its name directory is not usable (%s); readers ask the broker", name, exc)
 
     @trace.phase("import")

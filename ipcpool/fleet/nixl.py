@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from ..errors import MissingDependency
@@ -55,8 +56,6 @@ def agent(name: str, port: int, gpu: bool) -> Any:
     UCX reads its settings from the environment as the agent is made: for an agent that moves GPU
     memory (``gpu``) ``UCX_DEFAULTS`` are put there for that moment where the operator has not set
     them (elsewhere UCX would warn that nothing uses them)."""
-    import os
-
     nixl = load()
     config = nixl.nixl_agent_config(enable_prog_thread=True, enable_listen_thread=True, listen_port=port,
                                     backends=["UCX"])

@@ -13,6 +13,7 @@ import pytest
 
 import ipcpool
 from ipcpool import fdpass, paths, protocol
+from ipcpool.fds import close_all
 from ipcpool.shm import leases
 from tests.support.counting import count_requests
 from tests.support.procs import SPAWN
@@ -176,7 +177,7 @@ def test_a_client_cannot_write_the_directory_nor_reopen_it_writable(broker):
             with pytest.raises(PermissionError):
                 os.ftruncate(directory, 0)
         finally:
-            fdpass.close_all(fds)
+            close_all(fds)
 
 
 def test_a_seal_on_the_board_is_the_brokers_before_its_message_arrives(broker):
