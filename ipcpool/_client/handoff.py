@@ -316,6 +316,30 @@ class Handoff:
             self._last = (pool, nbytes)
         return buf
 
+    def create_ready(self, name: str, nbytes: int, pool: str) -> Any:
+        """``carve`` of a create without metadata, for the buffer made ready at the writer's last
+        seal (``_prepare``): the frame leaves first, since the broker's directory entry, which a
+        reader spins on, waits for it; None where no such buffer fits (``carve`` then)."""
+        buf = self._ahead
+        if buf is None or buf.pool != pool or buf.memory.size != nbytes:
+            return None
+        self._channel.raise_unraised()
+        self._ahead = None
+        cut = buf.carving
+        cut.framed = True
+        try:
+            cut.rid = self._channel.send_frame(frames.create, pool.encode(), name.encode(), b"", cut.arena.aid,
+                                               cut.offset, nbytes, cut.slot, cut.seq, cut.promise or _NO_CREDIT)
+        except BaseException:
+            self.unprepare(buf)
+            raise
+        buf.name, buf.owner = name, True
+        if trace.hook is not None:
+            trace.emit("client.create_sent", op="create", name=name, rid=cut.rid, framed=True)
+        self._enter(buf)
+        self._inflight[cut.rid] = buf
+        return buf   # (still steady: made ready only for this pool and size)
+
     def _cut(self, pool: str, nbytes: int, named: bool) -> Carving | None:
         """A range of an arena of ``pool`` for ``nbytes``, imported, with a board word and the
         credit its seal will be recorded on where it is ``named``; None where none can be had."""

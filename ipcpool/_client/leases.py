@@ -235,6 +235,15 @@ class Leases:
     def create(self, name: str, nbytes: int, pool: str, meta: dict | None, stream: Any) -> Buffer:
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
             raise InvalidRequest(f"nbytes must be a positive int, got {nbytes!r}")
+        if not meta:   # a steady writer's next object, made ready at its last seal: the frame first
+            with self._lock:
+                self._channel.check_open()
+                if name not in self._writing:
+                    protocol.check_object_name("name", name)
+                    buf = self.handoff.create_ready(name, nbytes, pool)
+                    if buf is not None:
+                        self._writing.add(name)
+                        return buf
         fields = {"name": name, "nbytes": nbytes, "pool": pool}
         if meta:
             fields["meta"] = wire_meta(meta)

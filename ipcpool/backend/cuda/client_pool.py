@@ -42,6 +42,9 @@ class ClientServices(StreamSource, Protocol):
     def keep_done(self, event: Any) -> None:
         """Keep a done event of ours alive until the broker has certainly opened it (R4)."""
 
+    def stream_handle(self, obj: Any, device: int) -> Any:
+        """``stream(obj, device)``'s driver handle (a CUstream), kept for the last stream passed."""
+
     def background(self, fn: Callable[..., Any], *args: Any) -> Future:
         """Run ``fn(*args)`` on the backend's worker thread (slab imports)."""
 
@@ -283,12 +286,17 @@ class CudaClientPool(ClientPool):
                 self._backend.stream(stream, self.device).sync()
                 memory.mapping.close()
             return b""
+        opened = self._credits.get(credit) if credit and not memory.whole else None
+        if opened is not None:   # a range (a hand-off's seal): nothing to free; one driver call
+            (err,) = cuEventRecord(opened.handle, self._backend.stream_handle(stream, self.device))
+            if err == CUresult.CUDA_SUCCESS:
+                return credit   # R2 on the broker's own event: it lives as long as the broker needs
         with cuda_errors("releasing memory of pool %r", self.name):
             s = self._backend.stream(stream, self.device)
-            if credit and not memory.whole:   # a range: nothing to free; record on the credit, kept open
+            if credit and not memory.whole:   # (a credit opened here first)
                 (err,) = cuEventRecord(self._opened(credit).handle, s.handle)
                 if err == CUresult.CUDA_SUCCESS:
-                    return credit   # R2 on the broker's own event: it lives as long as the broker needs
+                    return credit
                 # (a stream of another device's context: recorded below, in the stream's)
             with OnDevice(self.device):
                 if memory.whole:
