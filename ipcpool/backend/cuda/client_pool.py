@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from cuda.bindings.driver import CUresult, cuEventRecord
+from cuda.bindings.driver import CUresult, cuEventQuery, cuEventRecord
 from cuda.core import LEGACY_DEFAULT_STREAM, Buffer, Device, DeviceMemoryResource, Stream
 
 from ...errors import BackendUnavailable, ClosedError, InvalidRequest
@@ -213,6 +213,9 @@ class CudaClientPool(ClientPool):
     def order_after(self, event: bytes, stream: Any = None, credit: bool = False) -> None:
         if not event:
             return
+        opened = self._credits.get(event) if credit else None
+        if opened is not None and cuEventQuery(opened.handle)[0] == CUresult.CUDA_SUCCESS:
+            return   # the usual reader of a hand-off: the seal is complete, one driver call
         with cuda_errors("ordering after a seal of pool %r", self.name):
             s = self._backend.stream(stream, self.device)
             if credit:   # kept open: no context switch, one query on the usual path
