@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import cpus
 from ..config import Config, Fleet, load
 from ..errors import DigestMismatch, InvalidRequest, IpcPoolError, TransferFailed
 from ..progress import Progress
@@ -29,10 +30,18 @@ from .serve import PULLER
 
 log = logging.getLogger(__name__)
 
-PIECE = 64 << 20    # bytes per NIXL request: progress to show, and a few requests in flight
-IN_FLIGHT = 4
-# Test hook: a slow link. Requests of 1 MiB, one at a time, this many seconds apart.
+# UCX sets a peer's memory up at an agent's first read of it (it picks the protocol then, for one):
+# on an H100 the floor's first 1 GiB READ took 5.9 ms, the next 0.8. These first bytes of each
+# region are read before the clock starts, so that ``seconds`` is the bytes moving, as the floor
+# of bench/pull.py times them.
+WARM = 4096
+SPIN_US = 20_000    # a read polled without pause this long where spinning pays, then every PAUSE s
+PAUSE = 0.0005
+# Test hook: a slow link. Requests of STALL_PIECE bytes, one at a time, this many seconds apart.
 STALL_ENV = "IPCPOOL_TEST_PULL_STALL"
+STALL_PIECE = 1 << 20
+Descs = list[tuple[int, int, int]]   # NIXL descriptors: (address, size, device)
+Read = tuple[Descs, Descs]            # one xfer: local, remote
 SYSTEM_CONFIG = Path("/etc/ipcpool/broker.toml")   # where the system service's unit reads it
 _agents = 0
 
@@ -45,7 +54,7 @@ class PullResult:
     peer_version: int
     nbytes: int
     tensors: int
-    seconds: float            # NIXL moving the bytes
+    seconds: float            # NIXL moving the bytes: the READ's start to its end (made and set up before)
     total_seconds: float      # the whole pull: metadata, manifest, transfer, digests, publish
     transport: transport.Transport
     memory: str               # the local memory: DRAM or VRAM
@@ -137,12 +146,10 @@ def _fill(client: Any, session: _Session, manifest: dict, local_name: str, pool:
         except TransferFailed as exc:
             raise TransferFailed(f"{exc}; nothing was published") from exc
         try:   # deregistered before the shards are handed to the broker, whatever happens
-            pieces = _pieces(local.regions, remote)
-            session.await_memory(pieces[1], manifest["memory"])
+            first, reads = _reads(local.regions, remote, STALL_PIECE if os.environ.get(STALL_ENV) else None)
+            session.await_memory(remote, manifest["memory"])
             with _bar(f"pulling {manifest['name']}@{peer_version} from {session.peer}", total, progress) as bar:
-                t1 = time.monotonic()
-                session.read(pieces, local.memory, manifest["memory"], bar)
-                seconds = time.monotonic() - t1
+                seconds = session.read(first, reads, local.memory, manifest["memory"], bar)
             local.from_staged()   # staged: the bytes into the shards (checked below, from there)
         finally:
             local.close()
@@ -179,20 +186,19 @@ def _bar(label: str, total: int, on: bool) -> Any:
     return Progress(label, total, unit="B") if on else nullcontext(None)
 
 
-def _pieces(local: list[tuple], remote: list[tuple]) -> tuple[list, list]:
-    """(local, remote) descriptors, region by region (address, size, device), cut into requests
-    of at most PIECE bytes."""
-    step = (1 << 20) if os.environ.get(STALL_ENV) else PIECE
-    mine: list[tuple[int, int, int]] = []
-    theirs: list[tuple[int, int, int]] = []
-    for (ptr, mine_size, my_device), (addr, size, device) in zip(local, remote):
+def _reads(local: Descs, remote: Descs, step: int | None = None) -> tuple[Read, list[Read]]:
+    """(the first read, the reads), each a NIXL xfer of (local, remote) descriptors. The first:
+    WARM bytes of each region (UCX's set-up). The reads: one of every byte, a descriptor per
+    region (each is a registration of its own, which a descriptor may not cross); with ``step``
+    (the stall hook), one per ``step`` bytes."""
+    for (_, mine_size, _), (_, size, _) in zip(local, remote):
         if mine_size != size:
             raise TransferFailed(f"a local shard of {mine_size} bytes for a peer's of {size}")
-        for at in range(0, size, step):
-            n = min(step, size - at)
-            mine.append((ptr + at, n, my_device))
-            theirs.append((addr + at, n, device))
-    return mine, theirs
+    first = ([(p, min(n, WARM), d) for p, n, d in local], [(a, min(n, WARM), d) for a, n, d in remote])
+    if step is None:
+        return first, [(list(local), list(remote))]
+    return first, [([(p + at, min(step, n - at), d)], [(a + at, min(step, n - at), rd)])
+                   for (p, n, d), (a, _, rd) in zip(local, remote) for at in range(0, n, step)]
 
 
 class _Session:
@@ -200,6 +206,7 @@ class _Session:
 
     def __init__(self, agent: Any, peer: str, host: str, port: int, timeout: float):
         self.agent, self.peer, self.host, self.port, self.timeout = agent, peer, host, port, timeout
+        self.spin = cpus.spin_default(SPIN_US) / 1e6
 
     def _fail(self, what: str, ours: bool = True) -> TransferFailed:
         """A failure at ``peer``, with where this process's UCX logged (``ours``: not for an error
@@ -270,46 +277,51 @@ class _Session:
         self._wait(lambda: self.agent.check_remote_metadata(self.peer, descs),
                    "its metadata never covered the checkpoint's memory")
 
-    def read(self, pieces: tuple[list, list], memory: str, remote_memory: str, bar: Any) -> None:
-        """NIXL READs of every piece, a few requests in flight."""
-        mine, theirs = pieces
+    def read(self, first: Read, reads: list[Read], memory: str, remote_memory: str, bar: Any) -> float:
+        """NIXL READs: ``first`` (off the clock), then ``reads`` one after another, ``bar``
+        advanced as each ends; the seconds from each one's start to its end, summed. Every xfer
+        is made before the first starts."""
         stall = float(os.environ.get(STALL_ENV) or 0)
-        depth = 1 if stall else IN_FLIGHT
-        flying: list[tuple[Any, int]] = []
-        at = 0
+        handles: list[Any] = []
         try:
-            while at < len(mine) or flying:
-                while at < len(mine) and len(flying) < depth:
-                    handle = self.agent.initialize_xfer("READ", self.agent.get_xfer_descs([mine[at]], memory),
-                                                        self.agent.get_xfer_descs([theirs[at]], remote_memory),
-                                                        self.peer)
-                    flying.append((handle, mine[at][1]))
-                    if self.agent.transfer(handle) == "ERR":
-                        raise self._fail("NIXL refused to start a read")
-                    at += 1
-                handle, n = flying[0]
-                state = self.agent.check_xfer_state(handle)
-                if state == "ERR":
-                    raise self._fail("a NIXL read failed")
-                if state == "DONE":
-                    flying.pop(0)
-                    self.agent.release_xfer_handle(handle)
-                    if bar is not None:
-                        bar.update(n)
-                    if stall:
-                        time.sleep(stall)
-                else:
-                    time.sleep(0)   # let NIXL's progress thread run (a busy wait would starve it)
+            for mine, theirs in [first, *reads]:
+                handles.append(self.agent.initialize_xfer("READ", self.agent.get_xfer_descs(mine, memory),
+                                                          self.agent.get_xfer_descs(theirs, remote_memory), self.peer))
+            self._run(handles[0])
+            seconds = 0.0
+            for handle, (mine, _) in zip(handles[1:], reads):
+                t0 = time.perf_counter()
+                self._run(handle)
+                seconds += time.perf_counter() - t0
+                if bar is not None:
+                    bar.update(sum(d[1] for d in mine))
+                if stall:
+                    time.sleep(stall)
+            return seconds
         except IpcPoolError:
             raise
         except Exception as exc:
             raise self._fail(f"NIXL: {exc}") from exc
         finally:
-            for handle, _ in flying:
+            for handle in handles:
                 try:
                     self.agent.release_xfer_handle(handle)
                 except Exception:   # still in flight: NIXL frees it with the agent
                     pass
+
+    def _run(self, handle: Any) -> None:
+        """Start one xfer and poll it to its end: at once and without pause for ``spin`` s (where
+        CPUs are scarce a spinner would take the one NIXL's progress thread needs), then every PAUSE s."""
+        state = self.agent.transfer(handle)
+        if state == "ERR":
+            raise self._fail("NIXL refused to start a read")
+        spun = time.perf_counter() + self.spin
+        while state == "PROC":
+            if time.perf_counter() > spun:
+                time.sleep(PAUSE)
+            state = self.agent.check_xfer_state(handle)
+        if state != "DONE":
+            raise self._fail("a NIXL read failed")
 
     def close(self) -> None:
         try:

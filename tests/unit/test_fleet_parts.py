@@ -129,3 +129,20 @@ def test_which_sides_were_staged_through_what_in_words():
     assert _staged("a", gpu, host, only="host") == "this node's GPU memory staged through host buffers"
     assert _staged("a", none, none) == "" and _staged("a", gpu, none, only="host") == ""
     assert _staged("a", ("DRAM", "host"), none) == "a's host memory staged through host buffers"
+
+
+def test_a_pull_reads_each_region_as_one_descriptor_of_one_xfer_after_a_first_read_of_a_few_bytes():
+    """As the floor reads: no pieces, one xfer (a descriptor may not cross two registrations,
+    so one per region); UCX's set-up at a first read of WARM bytes of each. The stall hook cuts."""
+    from ipcpool.errors import TransferFailed
+    from ipcpool.fleet.pull import WARM, _reads
+
+    local, remote = [(1000, 3 << 20, 0), (9000, 100, 0)], [(50, 3 << 20, 1), (7000, 100, 1)]
+    first, reads = _reads(local, remote)
+    assert first == ([(1000, WARM, 0), (9000, 100, 0)], [(50, WARM, 1), (7000, 100, 1)])
+    assert reads == [(local, remote)]
+    _, cut = _reads(local, remote, step=1 << 20)
+    assert cut == [([(1000 + at, 1 << 20, 0)], [(50 + at, 1 << 20, 1)]) for at in (0, 1 << 20, 2 << 20)] + \
+                  [([(9000, 100, 0)], [(7000, 100, 1)])]
+    with pytest.raises(TransferFailed, match="a local shard of 100 bytes for a peer's of 101"):
+        _reads(local, [remote[0], (7000, 101, 1)])
