@@ -87,6 +87,8 @@ _VALID_NAMES_MAX = 1 << 14
 
 
 def check_object_name(key: str, name: str) -> None:
+    if type(name) is not str:   # (a client's own call: bytes, None or a number, say)
+        raise InvalidRequest(f"{key}: an object name is a str, not {type(name).__name__}")
     if name in _VALID_NAMES:
         return
     if not NAME_RE.fullmatch(name) or "//" in name or "/../" in f"/{name}/" or "/./" in f"/{name}/":

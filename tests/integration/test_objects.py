@@ -52,6 +52,10 @@ def test_names_are_unique_and_validated(broker):
         for bad in ["", "/abs", "a//b", "a/../b", "sp ace", "x" * 256, "ä"]:
             with pytest.raises(ipcpool.InvalidRequest, match="invalid object name"):
                 c.create(bad, 10)
+        for bad in [b"x", None, 7]:   # small (carved here) and large (asked of the broker) alike
+            for nbytes in (10, 1 << 30):
+                with pytest.raises(ipcpool.InvalidRequest, match="an object name is a str, not"):
+                    c.create(bad, nbytes)
         with pytest.raises(ipcpool.InvalidRequest, match="dtype"):
             c.create("y", 10, meta={"dtype": "Float 32"})
         with pytest.raises(ValueError, match="unknown keys"):
