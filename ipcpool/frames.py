@@ -22,6 +22,7 @@ tells a frame from a control request by it. Layouts (little-endian):
 from __future__ import annotations
 
 import struct
+from typing import NamedTuple
 
 from .errors import InvalidRequest, ProtocolError
 from .protocol import MAX_ID, MAX_NAME, check_meta, check_object_name, unpack
@@ -65,22 +66,50 @@ def request_id(data: bytes) -> int:
     return rid if rid < MAX_ID else 0
 
 
-def parse(data: bytes) -> tuple[str, dict]:
-    """A frame as (op, fields), the fields as the message channel's schema would pass them; a
-    frame that does not decode, or whose fields that schema would refuse, raises."""
+class Create(NamedTuple):
+    """A create's fields, read from a frame (``read_create``) or a message (``Handlers.op_create``);
+    None: absent."""
+    pool: str
+    name: str
+    nbytes: int
+    meta: dict | None
+    arena: int | None
+    offset: int | None
+    slot: int | None
+    seq: int | None
+    credit: bytes | None
+
+    def fields(self) -> dict:
+        """As the message channel's schema would pass them."""
+        return {k: v for k, v in zip(_FIELD_NAMES, self) if v is not None}
+
+
+_FIELD_NAMES = ("pool", "name", "nbytes", "meta", "arena", "offset", "slot", "seq", "seal_credit")
+
+
+def kind(data: bytes) -> int:
+    """A frame's kind (CREATE, SEAL or another), once its length and id are checked."""
     if len(data) < 2:
         raise ProtocolError("a frame shorter than its kind")
     if len(data) >= _ID_AT + 8 and _ID.unpack_from(data, _ID_AT)[0] >= MAX_ID:
         raise ProtocolError("a frame's id must be in [0, 2**63)")
-    kind = data[1]
-    if kind == CREATE:
-        return "create", _create_fields(data)
-    if kind == SEAL:
+    return data[1]
+
+
+def parse(data: bytes) -> tuple[str, dict]:
+    """A frame as (op, fields), the fields as the message channel's schema would pass them; a
+    frame that does not decode, or whose fields that schema would refuse, raises."""
+    k = kind(data)
+    if k == CREATE:
+        return "create", read_create(data).fields()
+    if k == SEAL:
         return "seal", _seal_fields(data)
-    raise ProtocolError(f"unknown frame kind {kind}")
+    raise ProtocolError(f"unknown frame kind {k}")
 
 
-def _create_fields(data: bytes) -> dict:
+def read_create(data: bytes) -> Create:
+    """A create frame (``kind`` checked first) read in one unpack, its fields checked as the
+    message channel's schema would."""
     if len(data) < _CREATE.size:
         raise ProtocolError("a create frame shorter than its header")
     _, _, pool_len, name_len, meta_len, slot, _, arena, offset, nbytes, seq, credit = _CREATE.unpack_from(data)
@@ -93,18 +122,15 @@ def _create_fields(data: bytes) -> dict:
     at += pool_len
     name = _text(data[at: at + name_len], "name")
     check_object_name("name", name)
-    f = {"name": name, "nbytes": nbytes, "pool": pool, "arena": arena, "offset": offset}
+    meta = None
     if meta_len:
         if meta_len > MAX_META:
             raise ProtocolError(f"a create frame's metadata is at most {MAX_META} bytes")
         meta = unpack(data[at + name_len:])
         check_meta("meta", meta)
-        f["meta"] = meta
-    if slot != NO_SLOT:
-        f["slot"], f["seq"] = slot, seq
-    if credit != _NONE:   # (without a slot the create refuses it: a credit goes with a board slot)
-        f["seal_credit"] = credit
-    return f
+    # (a credit without a slot the create refuses: a credit goes with a board slot)
+    return Create(pool, name, nbytes, meta, arena, offset, None if slot == NO_SLOT else slot,
+                  None if slot == NO_SLOT else seq, None if credit == _NONE else credit)
 
 
 def _seal_fields(data: bytes) -> dict:

@@ -32,6 +32,11 @@ class PoolAccess:
                 f"uid {cred.uid} may not use pool {name!r}: the broker's config lists who may (uids, gids "
                 "or groups under its [[pools]] entry); ask the operator")
 
+    def check_pool(self, session: Session, pool: str) -> None:
+        """Before a request that names ``pool`` and reaches nothing else runs (a create frame)."""
+        if self.restricted:
+            self.check(session, pool)
+
     def check_request(self, session: Session, op: str, fields: dict) -> None:
         """Before a request runs: the pool it names or reaches (an unknown name is the handler's to report)."""
         if not self.restricted:

@@ -85,17 +85,17 @@ class Handoffs:
 
     def carve(self, session: Session, aid: int, offset: int, nbytes: int) -> Allocation:
         """The range the client carved at ``offset`` of its arena ``aid``, held by ``session``."""
-        return self.record(session, self.reserve(session, aid, offset, nbytes), offset, nbytes)
+        arena = self.own(session, aid)
+        self.reserve(arena, offset, nbytes)
+        return self.record(session, arena, offset, nbytes)
 
-    def reserve(self, session: Session, aid: int, offset: int, nbytes: int) -> Arena:
-        """The range at ``offset`` of this session's arena ``aid``, checked and taken in the mirror:
-        all a create's directory entry needs (the rest, ``record``, may follow it)."""
-        arena = self._own(session, aid)
+    def reserve(self, arena: Arena, offset: int, nbytes: int) -> None:
+        """The range at ``offset`` of ``arena`` (``own``), checked and taken in the mirror: all a
+        create's directory entry needs (the rest, ``record``, may follow it)."""
         try:
             arena.ranges.reserve(offset, nbytes)
         except IpcPoolError as exc:
-            raise InvalidRequest(f"arena {aid}: {nbytes} bytes at offset {offset}: {exc}") from None
-        return arena
+            raise InvalidRequest(f"arena {arena.aid}: {nbytes} bytes at offset {offset}: {exc}") from None
 
     def record(self, session: Session, arena: Arena, offset: int, nbytes: int) -> Allocation:
         """A reserved range as an allocation of its own, held by ``session``; the range goes back
@@ -110,16 +110,15 @@ class Handoffs:
 
     def carved(self, session: Session, aid: int, offset: int) -> int:
         """The allocation carved at ``offset`` of this session's arena ``aid``."""
-        got = self._own(session, aid).carved.get(offset)
+        got = self.own(session, aid).carved.get(offset)
         if got is None:
             raise InvalidRequest(f"arena {aid} has nothing carved at offset {offset}")
         return got
 
-    def word(self, session: Session, aid: int, slot: int) -> int:
-        """The board word ``slot`` of arena ``aid``'s block, checked."""
-        arena = self._own(session, aid)
+    def word(self, arena: Arena, slot: int) -> int:
+        """The board word ``slot`` of ``arena``'s block (``own``), checked."""
         if arena.words is None or not 0 <= slot < sealboard.BLOCK:
-            raise InvalidRequest(f"arena {aid} has no seal-board word {slot}")
+            raise InvalidRequest(f"arena {arena.aid} has no seal-board word {slot}")
         return arena.words + slot
 
     def arena_alloc(self, session: Session, aid: int) -> Allocation | None:
@@ -128,7 +127,8 @@ class Handoffs:
         arena = self.arenas.get(aid)
         return arena.alloc if arena is not None and arena.session is session and not arena.closed else None
 
-    def _own(self, session: Session, aid: int) -> Arena:
+    def own(self, session: Session, aid: int) -> Arena:
+        """``session``'s open arena ``aid``, or the refusal naming it."""
         arena = self.arenas.get(aid)
         if arena is None or arena.session is not session or arena.closed:
             raise InvalidRequest(f"arena {aid} is not one of this session's")

@@ -72,25 +72,25 @@ class Directories:
 
     # -- what the object table tells us ---------------------------------------------------------
     def publish(self, pool_name: str, name: str, size: int, word: int | None, seq: int, promised: bytes,
-                meta: dict, where: tuple[int, int], in_arena: bool = True) -> tuple[int, int, int] | None:
+                meta: dict, alloc: int, offset: int, in_arena: bool = True) -> tuple[int, int, int] | None:
         """A new object's entry, the first thing done with its create: (pool, index, gen), or None
-        (no directory, or no free slot on its probe: readers ask the broker). ``where``: (the
-        arena's allocation, the offset in it) for an object carved from an arena, else (its own
-        allocation, 0) with ``in_arena`` False. The caller enters it in ``live`` once the object's
-        allocation exists."""
+        (no directory, or no free slot on its probe: readers ask the broker). ``alloc``, ``offset``:
+        the arena's allocation and the offset in it for an object carved from an arena, else its
+        own allocation and 0 with ``in_arena`` False. The caller enters it in ``live`` once the
+        object's allocation exists."""
         d = self.by_pool.get(pool_name)
         if d is None:
             return None
         self._gen += 1
-        index = d.publish(name, self._gen, layout.WRITING, where[0], where[1], size, word, seq, promised,
+        index = d.publish(name, self._gen, layout.WRITING, alloc, offset, size, word, seq, promised,
                           meta.get("dtype"), meta.get("shape"), bool(meta.get("user")), in_arena,
                           kept_event=bool(promised))
         if index is None:
             return None
-        if trace.hook is not None:
-            trace.emit("broker.entry", pool=pool_name, name=name, index=index)
         if self.received:
             self.create_to_entry.append(time.perf_counter_ns() - self.received)
+        if trace.hook is not None:
+            trace.emit("broker.entry", pool=pool_name, name=name, index=index)
         return self.pool_index[pool_name], index, self._gen
 
     def withdraw(self, pool_name: str, entry: tuple[int, int, int]) -> None:

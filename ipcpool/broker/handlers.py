@@ -11,6 +11,7 @@ import os
 import time
 
 from .. import protocol
+from ..frames import Create
 from .._version import __version__
 from ..errors import InvalidRequest
 from .checkpoints import Checkpoint
@@ -103,26 +104,32 @@ class Handlers:
 
     # -- named objects ---------------------------------------------------------------------------
     def op_create(self, session: Session, f: dict, rid: int) -> dict:
+        return self.create(session, Create(f["pool"], f["name"], f["nbytes"], f.get("meta"), f.get("arena"),
+                                           f.get("offset"), f.get("slot"), f.get("seq"), f.get("seal_credit")))
+
+    def create(self, session: Session, c: Create) -> dict:
+        """A create of either channel (a frame's comes here straight: ``Broker._on_frame``). Only
+        the checks its directory entry needs come before ``ObjectTable.create`` writes it."""
+        handoffs = self.tables.handoffs
         carve = board = None
-        arena, offset, slot, seq = f.get("arena"), f.get("offset"), f.get("slot"), f.get("seq")
-        if arena is not None or offset is not None:
-            if arena is None or offset is None:
+        if c.arena is not None or c.offset is not None:
+            if c.arena is None or c.offset is None:
                 raise InvalidRequest("create: arena and offset go together")
-            carve = (arena, offset)
-        if slot is not None or seq is not None:
-            if carve is None or slot is None or not seq:
+            carve = (handoffs.own(session, c.arena), c.offset)   # (looked up once for the word and the range)
+        if c.slot is not None or c.seq is not None:
+            if carve is None or c.slot is None or not c.seq:
                 raise InvalidRequest("create: slot and a seq of at least 1 go with an arena range")
-            word = self.tables.handoffs.word(session, arena, slot)
-            promised = f.get("seal_credit", b"")
-            self.tables.registry.pool(f["pool"]).ordering.check_promise(session.backend, promised)
-            board = (word, seq, promised)
-        elif "seal_credit" in f:
+            word = handoffs.word(carve[0], c.slot)
+            promised = c.credit or b""
+            self.tables.registry.pool(c.pool).ordering.check_promise(session.backend, promised)
+            board = (word, c.seq, promised)
+        elif c.credit is not None:
             raise InvalidRequest("create: seal_credit goes with a seal-board slot")
-        obj = self.tables.objects.create(session, f["name"], f["nbytes"], f["pool"], f.get("meta", {}), carve, board)
+        obj = self.tables.objects.create(session, c.name, c.nbytes, c.pool, c.meta or {}, carve, board)
         if board is not None:   # readers already waiting watch the board from now on
             self.notices.pending(obj)
         if carve is not None:   # the client has the memory already
-            return Carved(obj.alloc.aid, f["pool"], credit(obj.alloc.pool, session)).encode()
+            return Carved(obj.alloc.aid, c.pool, credit(obj.alloc.pool, session)).encode()
         return allocation(obj.alloc, credit=credit(obj.alloc.pool, session)).encode()
 
     def op_arena(self, session: Session, f: dict, rid: int) -> dict:

@@ -24,6 +24,7 @@ from ..errors import (
     ObjectNotFound,
     QuotaExceeded,
 )
+from .arenas import Arena
 from .registry import Allocation, Registry
 from .session import Session
 
@@ -115,10 +116,11 @@ class ObjectTable:
         self._timed = 0   # parked gets with a deadline (the heap holds them and settled ones)
 
     def create(self, session: Session, name: str, nbytes: int, pool: str, meta: dict,
-               carve: tuple[int, int] | None = None, board: tuple[int, int, bytes] | None = None) -> NamedObject:
+               carve: tuple[Arena, int] | None = None, board: tuple[int, int, bytes] | None = None) -> NamedObject:
         """A new object being written by ``session``: a fresh allocation of ``pool``, or the range
-        ``carve`` = (arena, offset) of the session's arena; ``board``: its seal-board word, the
-        number the writer will post there, and the event it promised to record its seal on.
+        ``carve`` = (arena, offset) of the session's arena (``Handoffs.own``); ``board``: its
+        seal-board word, the number the writer will post there, and the event it promised to
+        record its seal on.
 
         A carved object's directory entry is written as soon as its range is checked: what a
         reader spins on comes before the rest of the bookkeeping (``Directories.publish``)."""
@@ -126,16 +128,16 @@ class ObjectTable:
             raise ObjectExists(f"an object named {name!r} already exists; delete it first or pick another name")
         uid = session.cred.uid
         limit = self.registry.config.quota_for(uid).objects
-        if limit and self.objects_by_uid[uid] >= limit:
+        if limit and self.objects_by_uid.get(uid, 0) >= limit:
             raise QuotaExceeded(
                 f"uid {uid} has {limit} named objects, its quota; delete some or ask the operator to raise it"
             )
         word, seq, promised = board if board is not None else (None, 0, b"")
         if carve is not None:
-            aid, offset = carve
-            arena = self.handoffs.reserve(session, aid, offset, nbytes)
+            arena, offset = carve
+            self.handoffs.reserve(arena, offset, nbytes)
             home = arena.alloc.pool.spec.name   # (the arena's pool: the object lives there)
-            entry = self.directory.publish(home, name, nbytes, word, seq, promised, meta, carve) \
+            entry = self.directory.publish(home, name, nbytes, word, seq, promised, meta, arena.alloc.aid, offset) \
                 if self.directory is not None else None
             try:
                 alloc = self.handoffs.record(session, arena, offset, nbytes)   # the writer's hold
@@ -145,7 +147,7 @@ class ObjectTable:
                 raise
         else:
             alloc = self.registry.allocate(session, nbytes, pool)   # the writer's hold
-            entry = self.directory.publish(pool, name, alloc.size, word, seq, promised, meta, (alloc.aid, 0), False) \
+            entry = self.directory.publish(pool, name, alloc.size, word, seq, promised, meta, alloc.aid, 0, False) \
                 if self.directory is not None else None
         obj = NamedObject(name, alloc, session, meta, word=word, seq=seq, promised=promised)
         if entry is not None:

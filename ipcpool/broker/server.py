@@ -445,28 +445,47 @@ class Broker:
         self.directories.received = time.perf_counter_ns()   # (a create's entry is timed from here)
         rid = frames.request_id(data)
         try:
-            op, fields = frames.parse(data)
-            self.access.check_request(session, op, fields)
-            self._run(session, op, fields, rid)
+            if frames.kind(data) == frames.CREATE:
+                self._create(session, frames.read_create(data), rid)
+            else:
+                op, fields = frames.parse(data)
+                self.access.check_request(session, op, fields)
+                self._run(session, op, fields, rid)
         except Exception as exc:
             self._refuse(session.token, session, rid, exc)
         self.handoffs.settle()
 
+    def _create(self, session: Session, c: frames.Create, rid: int) -> None:
+        """A create frame: no dict and no dispatch on the way to its directory entry, a reader's
+        hand-off; traced (``broker.request`` in the message channel's fields), timed and answered
+        as ``_run`` does."""
+        self.access.check_pool(session, c.pool)
+        t0 = time.perf_counter()
+        if trace.hook is not None:
+            trace.emit("broker.request", op="create", fields=c.fields(), sid=session.sid)
+        try:
+            self._answer(session, "create", rid, self.handlers.create(session, c), t0)
+        finally:
+            session.backend.peer_progressed()
+
     def _run(self, session: Session, op: str, fields: dict, rid: int) -> None:
         """A checked request of either channel handled, timed and answered (on the message channel)."""
         t0 = time.perf_counter()
+        if trace.hook is not None:
+            trace.emit("broker.request", op=op, fields=fields, sid=session.sid)
         try:
-            if trace.hook is not None:
-                trace.emit("broker.request", op=op, fields=fields, sid=session.sid)
-            reply = self.handlers.handle(session, op, fields, rid)
-            if trace.hook is not None:
-                trace.emit("broker.handled", op=op, sid=session.sid, reply=reply)
-            if self.metrics is not None:
-                self.metrics.observe(op, time.perf_counter() - t0)
-            if reply is not None and op not in protocol.ONE_WAY:   # None: answered later
-                self._reply(session, op, rid, reply)
+            self._answer(session, op, rid, self.handlers.handle(session, op, fields, rid), t0)
         finally:   # (after the answer: retiring events and sweeping frees wait for no reader)
             session.backend.peer_progressed()
+
+    def _answer(self, session: Session, op: str, rid: int, reply: dict | GrowableState | None, t0: float) -> None:
+        """A handled request (begun at ``t0``) traced, timed and answered; None: answered later."""
+        if trace.hook is not None:
+            trace.emit("broker.handled", op=op, sid=session.sid, reply=reply)
+        if self.metrics is not None:
+            self.metrics.observe(op, time.perf_counter() - t0)
+        if reply is not None and op not in protocol.ONE_WAY:
+            self._reply(session, op, rid, reply)
 
     def _refuse(self, ident: bytes, session: Session | None, rid: int, exc: Exception) -> None:
         """A request that failed, answered with its error (the backend's own failure, else a bug

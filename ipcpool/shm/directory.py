@@ -42,7 +42,10 @@ EMPTY, WRITING, SEALED, GONE = 0, 1, 2, 3
 # ver, gen, state, name_len, alloc, offset, size, word, ndim, dtype_len, flags, seq, event
 _HEAD = struct.Struct("<QQIIQQQIBBHQ64s")
 _DTYPE_AT, _SHAPE_AT, _NAME_AT = 128, 160, 224
-_DTYPE = struct.Struct("<32s")
+# All of an entry after ``ver``, as the broker writes it: the head's other fields, then the dtype,
+# the shape (MAX_DIMS dims) and the name, each at its place above.
+_BODY = struct.Struct("<QIIQQQIBBHQ64s32s64s255s")
+assert 8 + _BODY.size == _NAME_AT + MAX_NAME and _HEAD.format[2:] in _BODY.format
 _HEADER = struct.Struct("<QQQ")   # magic, capacity, change
 _CHANGE_AT = 16
 _U64 = struct.Struct("<Q")
@@ -116,32 +119,30 @@ class Directory(sealing.Owned):
         raw = name.encode()
         cap = self.capacity
         start = home(raw, cap)
+        taken = self._taken
         for k in range(min(MAX_PROBE, cap)):
             index = (start + k) % cap
-            if index in self._taken:
-                continue
-            at = (index + 1) * ENTRY
-            m = self._map
-            ver = _U64.unpack_from(m, at)[0] + 1
-            _U64.pack_into(m, at, ver)   # odd: readers skip it while it changes
-            dt = dtype.encode()[:32] if dtype else b""
-            dims = list(shape) if shape is not None and len(shape) <= MAX_DIMS else None
-            flags = (HAS_USER_META if has_user_meta or (shape is not None and dims is None) else 0) | (
-                HAS_SHAPE if dims is not None else 0) | (IN_ARENA if in_arena else 0) | (KEPT_EVENT if kept_event else 0)
-            _HEAD.pack_into(m, at, ver, gen, state, len(raw), alloc, offset, size,
-                            NO_WORD if word is None else word, 0 if dims is None else len(dims), len(dt), flags,
-                            seq, event)   # (struct pads a short event with zeros)
-            if dt:
-                _DTYPE.pack_into(m, at + _DTYPE_AT, dt)
-            if dims:
-                struct.pack_into(f"<{len(dims)}Q", m, at + _SHAPE_AT, *dims)
-            m[at + _NAME_AT: at + _NAME_AT + len(raw)] = raw
-            _U64.pack_into(m, at, ver + 1)   # even: whole
-            self._taken[index] = raw
-            self._tombs.discard(index)
-            self._changed()
-            return index
-        return None
+            if index not in taken:
+                break
+        else:
+            return None
+        dt = dtype.encode()[:32] if dtype else b""
+        dims = list(shape) if shape is not None and len(shape) <= MAX_DIMS else None
+        flags = (HAS_USER_META if has_user_meta or (shape is not None and dims is None) else 0) | (
+            HAS_SHAPE if dims is not None else 0) | (IN_ARENA if in_arena else 0) | (KEPT_EVENT if kept_event else 0)
+        m = self._map
+        at = (index + 1) * ENTRY
+        ver = _U64.unpack_from(m, at)[0] + 1
+        _U64.pack_into(m, at, ver)   # odd: readers skip it while it changes
+        # The rest of the entry in one write (struct pads a short event, dtype, shape and name with zeros).
+        _BODY.pack_into(m, at + 8, gen, state, len(raw), alloc, offset, size, NO_WORD if word is None else word,
+                        0 if dims is None else len(dims), len(dt), flags, seq, event, dt,
+                        struct.pack(f"<{len(dims)}Q", *dims) if dims else b"", raw)
+        _U64.pack_into(m, at, ver + 1)   # even: whole
+        taken[index] = raw
+        self._tombs.discard(index)
+        self._changed()
+        return index
 
     def set_state(self, index: int, gen: int, state: int, *, event: bytes | None = None) -> None:
         """The entry of object ``gen`` is now ``state`` (SEALED, or GONE: a tombstone); a new
