@@ -289,28 +289,10 @@ class Handoff:
             buf = self._keep(0, pool, cut.memory, owner, name, meta, False, enter=False)
             buf.carving = cut
         else:   # made ready after the last seal: only its name and request are new
-            cut = buf.carving
             buf.name, buf.owner, buf.meta = name, owner, meta or {}
             if meta:
                 buf.tensor_ahead = None   # (made as bytes: its dtype and shape are the usual call's)
-        try:
-            packed = protocol.pack(meta) if meta else b""
-            cut.framed = name is not None and len(packed) <= frames.MAX_META
-            if cut.framed:   # the usual create: a frame (its seal follows on the same socket)
-                cut.rid = self._channel.send_frame(frames.create, pool.encode(), name.encode(), packed, cut.arena.aid,
-                                                   cut.offset, nbytes, cut.slot, cut.seq, cut.promise or _NO_CREDIT)
-            else:
-                extra: dict[str, Any] = {} if cut.slot is None else {"slot": cut.slot, "seq": cut.seq}
-                if cut.promise:
-                    extra["seal_credit"] = cut.promise
-                cut.rid = self._channel.send(op, arena=cut.arena.aid, offset=cut.offset, **fields, **extra)
-        except BaseException:   # not sent (too large, say): the range is ours alone to take back
-            self.unprepare(buf)
-            raise
-        if trace.hook is not None:
-            trace.emit("client.create_sent", op=op, name=name, rid=cut.rid, framed=cut.framed)
-        self._enter(buf)
-        self._inflight[cut.rid] = buf
+        self._send(buf, op, name, meta, fields)
         if name is not None:
             self._steady = self._last == (pool, nbytes)
             self._last = (pool, nbytes)
@@ -323,22 +305,36 @@ class Handoff:
         buf = self._ahead
         if buf is None or buf.pool != pool or buf.memory.size != nbytes:
             return None
-        self._channel.raise_unraised()
+        self.raise_deferred()
         self._ahead = None
+        buf.name, buf.owner = name, True
+        self._send(buf, "create", name, None, None)
+        return buf   # (still steady: made ready only for this pool and size)
+
+    def _send(self, buf: Any, op: str, name: str | None, meta: dict | None, fields: dict | None) -> None:
+        """A carved buffer's create (or allocate) sent without waiting, then awaited as in flight:
+        the usual create as a frame (its seal follows on the same socket), else as a message of
+        ``fields``."""
         cut = buf.carving
-        cut.framed = True
         try:
-            cut.rid = self._channel.send_frame(frames.create, pool.encode(), name.encode(), b"", cut.arena.aid,
-                                               cut.offset, nbytes, cut.slot, cut.seq, cut.promise or _NO_CREDIT)
-        except BaseException:
+            packed = protocol.pack(meta) if meta else b""
+            cut.framed = name is not None and len(packed) <= frames.MAX_META
+            if cut.framed:
+                cut.rid = self._channel.send_frame(frames.create, buf.pool.encode(), name.encode(), packed,
+                                                   cut.arena.aid, cut.offset, buf.memory.size, cut.slot, cut.seq,
+                                                   cut.promise or _NO_CREDIT)
+            else:
+                extra: dict[str, Any] = {} if cut.slot is None else {"slot": cut.slot, "seq": cut.seq}
+                if cut.promise:
+                    extra["seal_credit"] = cut.promise
+                cut.rid = self._channel.send(op, arena=cut.arena.aid, offset=cut.offset, **fields, **extra)
+        except BaseException:   # not sent (too large, say): the range is ours alone to take back
             self.unprepare(buf)
             raise
-        buf.name, buf.owner = name, True
         if trace.hook is not None:
-            trace.emit("client.create_sent", op="create", name=name, rid=cut.rid, framed=True)
+            trace.emit("client.create_sent", op=op, name=name, rid=cut.rid, framed=cut.framed)
         self._enter(buf)
         self._inflight[cut.rid] = buf
-        return buf   # (still steady: made ready only for this pool and size)
 
     def _cut(self, pool: str, nbytes: int, named: bool) -> Carving | None:
         """A range of an arena of ``pool`` for ``nbytes``, imported, with a board word and the

@@ -42,7 +42,7 @@ class PoolAccess:
         if not self.restricted:
             return
         if "pool" in fields:
-            self.check(session, fields["pool"])
+            self.check_pool(session, fields["pool"])
         if op in _BY_OBJECT:
             objects = self.tables.objects.objects
             for name in fields.get("names") or (fields["name"],):

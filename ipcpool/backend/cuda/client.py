@@ -216,7 +216,7 @@ class CudaClientBackend(ClientBackend):
 
     def stream_handle(self, obj: Any, device: int) -> Any:
         """The driver handle of ``stream(obj, device)``: a cuda.core Stream builds a new CUstream
-        on each ``.handle`` (~1 µs an H100 host); a writer seals on one stream, so the last is kept."""
+        on each ``.handle`` (~1 µs on an H100 host); a writer seals on one stream, so the last is kept."""
         last = self._last_handle
         if obj is last[0] and obj is not None:
             return last[1]

@@ -296,7 +296,7 @@ class CudaClientPool(ClientPool):
                 return credit   # R2 on the broker's own event: it lives as long as the broker needs
         with cuda_errors("releasing memory of pool %r", self.name):
             s = self._backend.stream(stream, self.device)
-            if credit and not memory.whole:   # (a credit opened here first)
+            if credit and not memory.whole and opened is None:   # (a credit opened here first)
                 (err,) = cuEventRecord(self._opened(credit).handle, s.handle)
                 if err == CUresult.CUDA_SUCCESS:
                     return credit
