@@ -17,6 +17,8 @@ tells a frame from a control request by it. Layouts (little-endian):
   arena, offset, nbytes, seal number, the promised seal credit (64 bytes, zeros: none); then the
   pool name, the object name and its metadata (msgpack, as ``meta`` of a create; absent: none).
 - SEAL: magic, kind, name length, id, done event (64 bytes, zeros: none); then the object name.
+- NUDGE: magic, kind: wakes the broker to read the session's request ring (``shm.requests``),
+  where a create frame may be put instead of this socket while the broker busy-polls.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .protocol import MAX_ID, MAX_NAME, check_meta, check_object_name, unpack
 from .sizes import HANDLE_BYTES
 
 MAGIC = 0xC1            # "never used" in msgpack: no msgpack request starts with it
-CREATE, SEAL = 1, 2
+CREATE, SEAL, NUDGE = 1, 2, 3
 NO_SLOT = 0xFFFFFFFF
 MAX_META = 4096         # a create's metadata in a frame (a larger one goes over the message channel)
 
@@ -39,6 +41,7 @@ _KIND = struct.Struct("<BB")
 _ID_AT = 12             # where the id lies in both layouts (answer even a frame that fails to decode)
 _ID = struct.Struct("<Q")
 _NONE = bytes(HANDLE_BYTES)
+NUDGE_FRAME = bytes((MAGIC, NUDGE))   # "read my request ring" (``shm.requests``): nothing else
 
 assert _CREATE.size - HANDLE_BYTES - 5 * 8 == _ID_AT == _SEAL.size - HANDLE_BYTES - 8
 

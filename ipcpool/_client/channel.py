@@ -23,13 +23,14 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import zmq
 
-from .. import fdpass, paths, protocol
+from .. import fdpass, frames, paths, protocol
 from .. import trace
-from ..shm import fence
+from ..shm import fence, requests
 from ..errors import BrokerGone, ClosedError, InvalidRequest, IpcPoolError, PeerRefused, ProtocolError
 from ..fds import close_all
 from ..replies import AllocFds, ChunkFds, Hello, WatchNotice
@@ -356,13 +357,23 @@ class Channel:
         self._last_sent = rid
         return rid
 
-    def send_frame(self, build: Callable[..., bytes], *args) -> int:
+    def send_frame(self, build: Callable[..., bytes], *args, ring: tuple[Any, Any] | None = None) -> int:
         """A hand-off request as a frame on the control socket (``ipcpool.frames``: ``build(id,
-        *args)`` makes it), without waiting; its id. Answered on the message channel as any request."""
+        *args)`` makes it), without waiting; its id. Answered on the message channel as any request.
+        ``ring``: (the session's request ring, the directory that says how long the broker
+        busy-polls), where the frame goes instead while the broker reads it (``shm.requests``)."""
         self._check_alive()
         rid = self._next_id
         self._next_id += 1
         data = build(rid, *args)
+        if ring is None or not _put_ring(ring[0], ring[1], data):
+            self._send_control(data)
+        elif ring[1].awake_until() < time.monotonic_ns() + requests.MARGIN_NS:
+            self._send_control(frames.NUDGE_FRAME)   # its last look at the rings may have come first
+        self.framed.add(rid)
+        return rid
+
+    def _send_control(self, data: bytes) -> None:
         try:
             try:
                 self._control.send(data)   # the usual case: room in the socket (one datagram, whole)
@@ -372,8 +383,6 @@ class Channel:
             raise BrokerGone(f"the broker took no request within {self.timeout:g} s") from None
         except OSError as exc:
             raise BrokerGone(f"cannot send to the broker: {exc}") from exc
-        self.framed.add(rid)
-        return rid
 
     def _check_alive(self) -> None:
         """Raise BrokerGone once the session is over: requests sent without waiting (a carve, a
@@ -574,3 +583,8 @@ class Channel:
         self._finalizer.detach()
         self._dealer.close()
         self._control.close()
+
+
+def _put_ring(writer: Any, view: Any, data: bytes) -> bool:
+    """``data`` in the request ring, where the broker reads it for a while yet (``shm.requests``)."""
+    return view.awake_until() >= time.monotonic_ns() + requests.MARGIN_NS and writer.put(data)

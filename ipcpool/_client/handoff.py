@@ -322,7 +322,7 @@ class Handoff:
             if cut.framed:
                 cut.rid = self._channel.send_frame(frames.create, buf.pool.encode(), name.encode(), packed,
                                                    cut.arena.aid, cut.offset, buf.memory.size, cut.slot, cut.seq,
-                                                   cut.promise or _NO_CREDIT)
+                                                   cut.promise or _NO_CREDIT, ring=self._ring(buf.pool))
             else:
                 extra: dict[str, Any] = {} if cut.slot is None else {"slot": cut.slot, "seq": cut.seq}
                 if cut.promise:
@@ -335,6 +335,12 @@ class Handoff:
             trace.emit("client.create_sent", op=op, name=name, rid=cut.rid, framed=cut.framed)
         self._enter(buf)
         self._inflight[cut.rid] = buf
+
+    def _ring(self, pool: str) -> tuple[Any, Any] | None:
+        """This session's request ring and ``pool``'s directory, which says how long the broker
+        reads the ring (``shm.requests``); None where there is none."""
+        page, got = self._pools.lease_page, self._pools.directories.get(pool)
+        return None if page is None or got is None else (page.ring, got[0])
 
     def _cut(self, pool: str, nbytes: int, named: bool) -> Carving | None:
         """A range of an arena of ``pool`` for ``nbytes``, imported, with a board word and the

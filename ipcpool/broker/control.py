@@ -51,9 +51,11 @@ class ControlChannel:
     def __init__(self, *, listener: socket.socket, config: Config, sessions: Sessions, guard: FdGuard,
                  tables: Tables, handlers: Handlers,
                  backend_name: str, endpoint: str, watch: Callable[[int], None], unwatch: Callable[[int], None],
-                 access: PoolAccess, on_frame: Callable[[Session, bytes], None]):
+                 access: PoolAccess, on_frame: Callable[[Session, bytes], None],
+                 take_ring: Callable[[Session], None]):
         self.listener = listener
         self.on_frame = on_frame   # a hand-off frame: the broker answers it as a message-channel request
+        self.take_ring = take_ring   # the frames of the session's request ring, which come first
         self.config = config
         self.sessions = sessions
         self.guard = guard
@@ -206,6 +208,7 @@ class ControlChannel:
         session that sends faster than the broker reads cannot hold the loop (past the bound only
         its own requests lose their order)."""
         for _ in range(limit):
+            self.take_ring(session)   # (before each: a frame read now may have followed one put there)
             if session.orphaned or not self._read_one(session):
                 return
 
@@ -233,7 +236,8 @@ class ControlChannel:
         msg, _ = got
         if isinstance(msg, bytes):
             session.framed = True   # (its arena set it already; a frame from a client without one too)
-            self.on_frame(session, msg)
+            if msg != frames.NUDGE_FRAME:   # (a nudge: its ring, taken already, was all it asked)
+                self.on_frame(session, msg)
             return True
         self._request(session, msg)
         return True

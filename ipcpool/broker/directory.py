@@ -61,6 +61,11 @@ class Directories:
             self.pool_names.append(pool_name)
         return d
 
+    def awake(self, until_ns: int) -> None:
+        """The broker busy-polls until ``until_ns`` (``shm.requests``): told in every directory."""
+        for d in self.by_pool.values():
+            d.awake(until_ns)
+
     def page(self, session: Session, pool_name: str) -> LeasePage | None:
         """The session's lease page, made with its first directory; None where it has one already
         (its FD went out before)."""

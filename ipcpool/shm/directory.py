@@ -12,7 +12,8 @@ is ``crc32(name) % capacity``; collisions probe linearly (at most ``MAX_PROBE``)
 tombstone that lookups pass and inserts reuse. Each entry is a seqlock: ``ver`` is odd while the
 broker writes it, so a reader copies it between two equal even reads (stores and loads keep their
 order on x86 and are fenced by the interpreter's calls elsewhere). ``change`` in the header counts
-every write, so a reader waiting for a name spins on one word. ``gen`` is the object's number,
+every write, so a reader waiting for a name spins on one word; ``awake`` (at 64) is when the
+broker stops busy-polling (``shm.requests``). ``gen`` is the object's number,
 never reused: a reader's hazard slot (``shm.leases``) names (entry, gen).
 
 The memfd is sealed read-only for everyone but the broker's own mapping (``shm.sealing``); only a
@@ -48,6 +49,7 @@ _BODY = struct.Struct("<QIIQQQIBBHQ64s32s64s255s")
 assert 8 + _BODY.size == _NAME_AT + MAX_NAME and _HEAD.format[2:] in _BODY.format
 _HEADER = struct.Struct("<QQQ")   # magic, capacity, change
 _CHANGE_AT = 16
+_AWAKE_AT = 64   # the broker polls without sleeping until then (CLOCK_MONOTONIC ns: ``shm.requests``)
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 HAS_USER_META = 1       # flags: the object carries more metadata than dtype and shape
@@ -106,6 +108,10 @@ class Directory(sealing.Owned):
         ver = _U64.unpack_from(self._map, at)[0] + 1
         _U64.pack_into(self._map, at, ver)
         return ver
+
+    def awake(self, until_ns: int) -> None:
+        """The broker busy-polls (and reads the request rings) until ``until_ns`` at least."""
+        _U64.pack_into(self._map, _AWAKE_AT, until_ns)
 
     def _changed(self) -> None:
         self._change += 1
@@ -197,6 +203,9 @@ class DirectoryView:
 
     def change(self) -> int:
         return _U64.unpack_from(self._map, _CHANGE_AT)[0]
+
+    def awake_until(self) -> int:
+        return _U64.unpack_from(self._map, _AWAKE_AT)[0]
 
     def lookup(self, name: str) -> Entry | None:
         """The live entry of ``name`` (WRITING or SEALED), or None."""

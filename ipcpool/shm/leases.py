@@ -20,16 +20,16 @@ from __future__ import annotations
 import mmap
 import struct
 
-from . import sealing
+from . import requests, sealing
 
 SLOTS = 120
 SLOT = 32                 # pool, entry, gen, nonce, spare
 HEAD = 64                 # a count of slots in use (the client's word: a hint, never trusted)
-LENGTH = mmap.PAGESIZE
+LENGTH = requests.AT + requests.LENGTH   # the hazard slots' page, then the session's request ring
 _SLOTS = struct.Struct("<" + "IIQQ8x" * SLOTS)
 _NONCE_AT = 16
 _U64 = struct.Struct("<Q")
-assert HEAD + SLOTS * SLOT <= LENGTH
+assert HEAD + SLOTS * SLOT <= requests.AT == mmap.PAGESIZE
 
 
 class LeasePage(sealing.Owned):
@@ -38,6 +38,7 @@ class LeasePage(sealing.Owned):
     def __init__(self) -> None:
         self.fd, self._map = sealing.create("ipcpool-leases", LENGTH, sealing.FIXED_SIZE)
         self.released: dict[int, int] = {}   # slot -> the nonce whose release the broker has seen
+        self.ring = requests.RingReader(self._map)
 
     def live(self) -> list[tuple[int, int, int, int, int]]:
         """(slot, pool, entry, gen, nonce) of every slot not released. A page whose count says
@@ -61,6 +62,7 @@ class ClientLeasePage:
         self._map = sealing.map_received(fd, LENGTH, sealing.FIXED_SIZE, "a lease page", writable=True)
         self._free = list(range(SLOTS - 1, -1, -1))
         self._nonce = 0
+        self.ring = requests.RingWriter(self._map)
 
     def take(self, pool: int, entry: int, gen: int) -> tuple[int, int] | None:
         """(slot, nonce) now naming (pool, entry, gen), or None where every slot is in use."""

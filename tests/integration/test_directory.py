@@ -14,7 +14,7 @@ import pytest
 import ipcpool
 from ipcpool import fdpass, paths, protocol
 from ipcpool.fds import close_all
-from ipcpool.shm import leases
+from ipcpool.shm import leases, requests
 from tests.support.counting import count_requests
 from tests.support.procs import SPAWN
 
@@ -125,7 +125,7 @@ def test_garbage_in_a_lease_page_pins_at_most_its_own_slots(broker):
         _warm(w, liar)
         base = w.stats()["pools"]["default"]["used"]
         page = liar._pools.lease_page._map
-        page[:] = os.urandom(len(page))                   # garbage first: nothing breaks
+        page[: requests.AT] = os.urandom(requests.AT)     # garbage in its slots first: nothing breaks
         names = [f"g/{i}" for i in range(150)]
         for n in names:
             w.create(n, 4 * KiB).seal()

@@ -1,0 +1,132 @@
+"""A writer's creates through its request ring (``ipcpool.shm.requests``) while the broker busy-polls:
+the same objects and refusals as on the socket, never overtaken by the session's later requests, a
+sleeping broker nudged, and a ring of garbage ending only its own session."""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import pytest
+
+import ipcpool
+from ipcpool import frames
+from ipcpool.shm import requests
+
+KiB = 1024
+SPINNING = "busy_poll_us = 100000\n"   # 0.1 s after each request: the ring is read throughout a test
+
+
+def _count_frames(client) -> dict[str, int]:
+    """Count the creates that go through the ring and those that go on the socket."""
+    ch, page = client._channel, client._pools.lease_page
+    seen = {"ring": 0, "socket": 0, "nudge": 0}
+    send_control, ring = ch._send_control, page.ring
+
+    def counted_send(data):
+        if data == frames.NUDGE_FRAME:
+            seen["nudge"] += 1
+        elif data[1] == frames.CREATE:
+            seen["socket"] += 1
+        return send_control(data)
+
+    class CountedRing:
+        def put(self, data):
+            ok = ring.put(data)
+            seen["ring"] += ok
+            return ok
+
+    ch._send_control, page.ring = counted_send, CountedRing()
+    return seen
+
+
+def _warm(w, r):
+    buf = w.create("warm", 4 * KiB)
+    buf.seal()
+    w.flush()
+    r.get("warm", timeout=5).release()
+    w.delete("warm")
+
+
+def test_a_busy_polling_brokers_writer_puts_its_creates_in_the_ring(start_broker):
+    broker = start_broker(config_text=SPINNING)
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        _warm(w, r)
+        seen = _count_frames(w)
+        for i in range(30):
+            buf = w.create(f"ring/{i}", 4 * KiB)
+            buf.view[:6] = f"obj{i:03d}".encode()[:6]
+            buf.seal()
+            w.flush()   # (the ring is empty again before each create)
+            lease = r.get(f"ring/{i}", timeout=5)
+            assert bytes(lease.view[:6]) == f"obj{i:03d}".encode()[:6]
+            lease.release()
+        assert seen == {"ring": 30, "socket": 0, "nudge": 0}
+        assert sorted(o["name"] for o in w.list("ring/")) == sorted(f"ring/{i}" for i in range(30))
+
+
+def test_creates_in_the_ring_come_before_the_sessions_later_frames_and_requests(start_broker):
+    """Creates in the ring, seals on the socket, deletes on the message channel, as fast as the
+    writer goes: each is handled after the create it follows (none refused)."""
+    broker = start_broker(config_text=SPINNING)
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        _warm(w, r)
+        seen = _count_frames(w)
+        for i in range(200):
+            w.create(f"churn/{i}", 16 * KiB).seal()
+            if i % 20 == 19:
+                w.flush()   # raises the first refusal, if any
+                for j in range(i - 19, i + 1):
+                    w.delete(f"churn/{j}")
+        w.flush()
+        assert w.async_errors == [] and w.list("churn/") == []
+        assert seen["ring"] > 0 and seen["ring"] + seen["socket"] == 200
+
+
+def test_a_write_after_the_brokers_last_look_is_nudged(start_broker):
+    """The broker stopped busy-polling between the writer's look and its write: the writer sends a
+    nudge, and the create is handled at once (the broker here never busy-polls at all)."""
+    broker = start_broker(config_text="busy_poll_us = 0\n")
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        _warm(w, r)
+        view, index = w._pools.directories["default"]
+
+        class Dozing:   # awake when the writer looks, asleep when it looks again after the write
+            def __init__(self):
+                self.looks = [time.monotonic_ns() + 10**9, 0]
+
+            def awake_until(self):
+                return self.looks.pop(0) if self.looks else 0
+
+            def __getattr__(self, name):
+                return getattr(view, name)
+
+        w._pools.directories["default"] = (Dozing(), index)
+        seen = _count_frames(w)
+        buf = w.create("nudged", 4 * KiB)
+        buf.view[:5] = b"woken"
+        buf.seal()
+        lease = r.get("nudged", timeout=5)
+        assert bytes(lease.view[:5]) == b"woken"
+        lease.release()
+        w.flush()
+        assert seen == {"ring": 1, "socket": 0, "nudge": 1}
+
+
+def test_garbage_in_a_request_ring_ends_only_its_own_session(start_broker):
+    broker = start_broker(config_text=SPINNING)
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as liar:
+        _warm(w, liar)
+        page = liar._pools.lease_page._map
+        struct.pack_into("<Q", page, requests.AT, 10**9)   # a head far past anything written
+        deadline = time.monotonic() + 5
+        with pytest.raises(ipcpool.IpcPoolError) as err:   # ended: its next request is refused
+            while time.monotonic() < deadline:
+                liar.stats()
+                time.sleep(0.01)
+        assert "request ring does not add up (head 1000000000 against 0 taken)" in str(err.value)
+        assert "ended the session" in str(err.value)
+        w.create("after", 4 * KiB).seal()   # the broker serves on
+        w.flush()
+        assert [o["name"] for o in w.list()] == ["after"]
+    assert "request ring does not add up" in broker.log()
