@@ -104,6 +104,9 @@ class Channel:
         self._last_answered = 0   # ... and of the newest one answered (all before it were read)
         self._next_id = 1
         self.framed: set[int] = set()   # frames sent (``send_frame``) and not answered yet
+        # The last frame sent on the socket while unanswered: until then frames go there too (the
+        # broker reads a ring before the socket, so a frame put in the ring would overtake it).
+        self._on_socket = 0
         self.async_errors: list[IpcPoolError] = []
         # What the broker refused of requests sent without waiting and nobody has raised yet: the
         # next create, allocate, seal, flush or close raises the first (a finalizer warns).
@@ -366,8 +369,9 @@ class Channel:
         rid = self._next_id
         self._next_id += 1
         data = build(rid, *args)
-        if ring is None or not _put_ring(ring[0], ring[1], data):
+        if ring is None or self._on_socket or not _put_ring(ring[0], ring[1], data):
             self._send_control(data)
+            self._on_socket = rid
         elif ring[1].awake_until() < time.monotonic_ns() + requests.MARGIN_NS:
             self._send_control(frames.NUDGE_FRAME)   # its last look at the rings may have come first
         self.framed.add(rid)
@@ -481,6 +485,8 @@ class Channel:
         if "notify" not in reply and isinstance(reply.get("id"), int):
             if reply["id"] in self.framed:   # a frame's: says nothing of the message channel's
                 self.framed.discard(reply["id"])
+                if reply["id"] == self._on_socket:   # every frame sent on the socket was read
+                    self._on_socket = 0
             else:
                 self._last_answered = max(self._last_answered, reply["id"])
         if "notify" in reply:   # a notification, not a reply

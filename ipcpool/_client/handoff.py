@@ -466,7 +466,7 @@ class Handoff:
         cut.sent = True
         name = buf.name
         if cut.framed:
-            rid = self._channel.send_frame(frames.seal, name.encode(), done or _NO_CREDIT)
+            rid = self._channel.send_frame(frames.seal, name.encode(), done or _NO_CREDIT, ring=self._ring(buf.pool))
         else:   # after a create on the message channel: there too, so it cannot overtake it
             rid = self._channel.send("seal", name=name, **({"done_event": done} if done else {}))
         if trace.hook is not None:

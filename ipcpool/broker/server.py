@@ -56,6 +56,7 @@ ZMQ_BACKLOG = 64     # message-channel connections the kernel queues for libzmq'
 FD_TABLE = 16384     # open-file slots sized at start: sessions, chunks and pools (fdpass.presize_table)
 STOCK_IDLE_S = 0.005   # the growth stock is refilled once no request came for this long
 SPIN_SLICE_S = 100e-6  # while busy-polling, the idle pass runs once per this much quiet (``_spin``)
+SOCKET_POLL_S = 10e-6  # ... and the sockets are polled this often, the request rings at every turn
 
 
 def _prepare_dir(path: Path, group: int | None, mode: int) -> None:
@@ -325,12 +326,16 @@ class Broker:
         SPIN_SLICE_S passes. A frame arriving during an idle pass (sweeps, reports: ~10 µs on an
         H100 host with frees pending) waited for it, and a create's wait is a reader's."""
         poll, clock, rings = self._poller.poll, time.perf_counter, self._take_rings
-        until = clock() + SPIN_SLICE_S
-        while clock() < until:
+        now = clock()
+        until, next_poll = now + SPIN_SLICE_S, now
+        while now < until:
             rings()
-            events = poll(0)
-            if events:
-                return dict(events)
+            if now >= next_poll:   # (a poll is a system call, which leaves the caches colder for
+                events = poll(0)   # the next create: the rings are read more often than the sockets)
+                if events:
+                    return dict(events)
+                next_poll = now + SOCKET_POLL_S
+            now = clock()
         return {}
 
     def _tell_awake(self, until: float) -> None:
@@ -365,6 +370,8 @@ class Broker:
             session.framed = True
             if data != frames.NUDGE_FRAME:
                 self._on_frame(session, data)
+        if waiting:
+            self._last_request = time.monotonic()   # (requests: the busy-poll goes on after them)
 
     def _watch(self, fd: int) -> None:
         self._poller.register(fd, zmq.POLLIN)

@@ -12,6 +12,10 @@ how a reader checks it. Each is a memfd whose FD the broker sends on the control
     leases      per session: the hazard slots a reader writes before it reads an object it found
                 in a directory, read by the broker (after ``fence``) before it frees or reuses
                 that memory. Sealed against shrinking; garbage there pins only its own objects.
+    requests    per session, in its lease page's memfd after the slots: a ring of the hand-off's
+                frames (create, seal) the client puts there instead of its control socket while
+                the broker busy-polls (the directory header says until when), read by the broker
+                each turn. Garbage there ends only its own session.
     growboard   per broker: a word per growable buffer, stamped by the broker at every grow
                 before anyone is answered or told. Written only by the broker, sealed read-only;
                 a client uses it only when it carries those seals.

@@ -1,10 +1,12 @@
-"""A session's request ring: a writer's create frames, put in shared memory for a busy-polling broker.
+"""A session's request ring: a writer's create and seal frames, in shared memory for a busy-polling broker.
 
 A carved create sent on the control socket costs its writer a system call (~5 µs on an H100 host,
 and ~10 µs more on the writer's next torch op, whose caches the call disturbed) and the broker a
 poll and a receive before it can write the object's directory entry, which a reader waits for.
 While the broker busy-polls it reads this ring instead, each turn of its loop: the frame is the
-same bytes (``ipcpool.frames``), handled by the same code, answered on the message channel.
+same bytes (``ipcpool.frames``), handled by the same code, answered on the message channel. The
+seal goes the same way (after its board word, which readers watch: off their path, but a writer
+that makes no system call keeps its caches for its next object).
 
 Where it lies: the second and third pages of the session's lease page (``shm.leases``), the
 session's own memfd, so only that session and the broker see it. Layout (little-endian): ``head``
