@@ -57,6 +57,7 @@ KEPT_EVENT = 8          # flags: ``event`` is one of the broker's credits, never
                         # lives (``backend.cuda.events.CreditStock``): a reader may keep it open
 _FLAGS_AT = 54
 _U16 = struct.Struct("<H")
+_u64_at, _u64_into, _body_into = _U64.unpack_from, _U64.pack_into, _BODY.pack_into   # (publish's, bound once)
 
 
 class Entry(NamedTuple):   # (a tuple: made on every lookup, where a frozen dataclass costs ~3 µs)
@@ -118,30 +119,41 @@ class Directory(sealing.Owned):
         where its probe found no free slot."""
         raw = name.encode()
         cap = self.capacity
-        start = home(raw, cap)
+        index = zlib.crc32(raw) % cap   # (its home)
         taken = self._taken
-        for k in range(min(MAX_PROBE, cap)):
-            index = (start + k) % cap
-            if index not in taken:
-                break
-        else:
-            return None
-        dt = dtype.encode()[:32] if dtype else b""
-        dims = list(shape) if shape is not None and len(shape) <= MAX_DIMS else None
-        flags = (HAS_USER_META if has_user_meta or (shape is not None and dims is None) else 0) | (
-            HAS_SHAPE if dims is not None else 0) | (IN_ARENA if in_arena else 0) | (KEPT_EVENT if kept_event else 0)
+        if index in taken:
+            start = index
+            for k in range(1, min(MAX_PROBE, cap)):
+                index = (start + k) % cap
+                if index not in taken:
+                    break
+            else:
+                return None
+        flags = (IN_ARENA if in_arena else 0) | (KEPT_EVENT if kept_event else 0) | (
+            HAS_USER_META if has_user_meta else 0)
+        dt = dims = b""
+        ndim = 0
+        if dtype:
+            dt = dtype.encode()[:32]
+        if shape is not None:
+            if len(shape) <= MAX_DIMS:
+                ndim = len(shape)
+                flags |= HAS_SHAPE
+                dims = struct.pack(f"<{ndim}Q", *shape) if ndim else b""
+            else:   # (too many dimensions for the entry: the reader asks the broker)
+                flags |= HAS_USER_META
         m = self._map
         at = (index + 1) * ENTRY
-        ver = _U64.unpack_from(m, at)[0] + 1
-        _U64.pack_into(m, at, ver)   # odd: readers skip it while it changes
+        ver = _u64_at(m, at)[0] + 1
+        _u64_into(m, at, ver)   # odd: readers skip it while it changes
         # The rest of the entry in one write (struct pads a short event, dtype, shape and name with zeros).
-        _BODY.pack_into(m, at + 8, gen, state, len(raw), alloc, offset, size, NO_WORD if word is None else word,
-                        0 if dims is None else len(dims), len(dt), flags, seq, event, dt,
-                        struct.pack(f"<{len(dims)}Q", *dims) if dims else b"", raw)
-        _U64.pack_into(m, at, ver + 1)   # even: whole
+        _body_into(m, at + 8, gen, state, len(raw), alloc, offset, size, NO_WORD if word is None else word,
+                   ndim, len(dt), flags, seq, event, dt, dims, raw)
+        _u64_into(m, at, ver + 1)   # even: whole
         taken[index] = raw
         self._tombs.discard(index)
-        self._changed()
+        self._change = change = self._change + 1   # (``_changed``, inline)
+        _u64_into(m, _CHANGE_AT, change)
         return index
 
     def set_state(self, index: int, gen: int, state: int, *, event: bytes | None = None) -> None:
