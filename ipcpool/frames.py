@@ -131,8 +131,12 @@ def read_create(data: bytes) -> Create | None:
         raise ProtocolError("a create frame whose length does not match its header")
     if not pool_len or pool_len > MAX_NAME:
         raise InvalidRequest(f"field 'pool' must be 1 to {MAX_NAME} bytes")
-    pool = _text(data[_CREATE_SIZE:name_at], "pool")
-    name = _text(data[name_at:meta_at], "name")
+    try:   # (both in one try: ``_text`` names the field that is not UTF-8)
+        pool = data[_CREATE_SIZE:name_at].decode()
+        name = data[name_at:meta_at].decode()
+    except UnicodeDecodeError:
+        _text(data[_CREATE_SIZE:name_at], "pool")
+        raise ProtocolError("field 'name' is not UTF-8") from None
     check_object_name("name", name)
     meta = None
     if meta_len:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+import sys
 import zlib
 from typing import NamedTuple
 
@@ -57,7 +58,8 @@ KEPT_EVENT = 8          # flags: ``event`` is one of the broker's credits, never
                         # lives (``backend.cuda.events.CreditStock``): a reader may keep it open
 _FLAGS_AT = 54
 _U16 = struct.Struct("<H")
-_u64_at, _u64_into, _body_into = _U64.unpack_from, _U64.pack_into, _BODY.pack_into   # (publish's, bound once)
+_body_into = _BODY.pack_into   # (publish's, bound once)
+assert sys.byteorder == "little"   # (``Directory._words``: native u64 words are the layout's)
 
 
 class Entry(NamedTuple):   # (a tuple: made on every lookup, where a frozen dataclass costs ~3 µs)
@@ -96,6 +98,9 @@ class Directory(sealing.Owned):
         self.fd, self._map = sealing.create(f"ipcpool-directory:{pool_name}", self.length, sealing.READ_ONLY)
         sealing.populate(self._map, write=True)   # (its pages, backed now: 4 MiB at the default capacity)
         _HEADER.pack_into(self._map, 0, MAGIC, capacity, 0)
+        # The map as u64 words, for publish's version and change writes (a memoryview item is
+        # cheaper than a struct call; released at close). Little-endian, as the layout.
+        self._words = memoryview(self._map).cast("Q")
         self._taken: dict[int, bytes] = {}   # index -> name, for live entries (WRITING, SEALED)
         self._tombs: set[int] = set()        # gone entries a probe must pass (see ``_trim``)
         self._change = 0
@@ -142,19 +147,25 @@ class Directory(sealing.Owned):
                 dims = struct.pack(f"<{ndim}Q", *shape) if ndim else b""
             else:   # (too many dimensions for the entry: the reader asks the broker)
                 flags |= HAS_USER_META
-        m = self._map
-        at = (index + 1) * ENTRY
-        ver = _u64_at(m, at)[0] + 1
-        _u64_into(m, at, ver)   # odd: readers skip it while it changes
+        words = self._words
+        ver_at = (index + 1) * (ENTRY // 8)
+        ver = words[ver_at] + 1
+        words[ver_at] = ver   # odd: readers skip it while it changes
         # The rest of the entry in one write (struct pads a short event, dtype, shape and name with zeros).
-        _body_into(m, at + 8, gen, state, len(raw), alloc, offset, size, NO_WORD if word is None else word,
-                   ndim, len(dt), flags, seq, event, dt, dims, raw)
-        _u64_into(m, at, ver + 1)   # even: whole
+        _body_into(self._map, ver_at * 8 + 8, gen, state, len(raw), alloc, offset, size,
+                   NO_WORD if word is None else word, ndim, len(dt), flags, seq, event, dt, dims, raw)
+        words[ver_at] = ver + 1   # even: whole
         taken[index] = raw
         self._tombs.discard(index)
         self._change = change = self._change + 1   # (``_changed``, inline)
-        _u64_into(m, _CHANGE_AT, change)
+        words[_CHANGE_AT // 8] = change
         return index
+
+    def close(self) -> None:
+        if self._words is not None:
+            self._words.release()   # (the map will not close while a view of it lives)
+            self._words = None
+        super().close()
 
     def set_state(self, index: int, gen: int, state: int, *, event: bytes | None = None) -> None:
         """The entry of object ``gen`` is now ``state`` (SEALED, or GONE: a tombstone); a new
