@@ -42,6 +42,7 @@ _ID_AT = 12             # where the id lies in both layouts (answer even a frame
 _ID = struct.Struct("<Q")
 _NONE = bytes(HANDLE_BYTES)
 NUDGE_FRAME = bytes((MAGIC, NUDGE))   # "read my request ring" (``shm.requests``): nothing else
+_CREATE_SIZE = _CREATE.size
 
 assert _CREATE.size - HANDLE_BYTES - 5 * 8 == _ID_AT == _SEAL.size - HANDLE_BYTES - 8
 
@@ -70,8 +71,9 @@ def request_id(data: bytes) -> int:
 
 
 class Create(NamedTuple):
-    """A create's fields, read from a frame (``read_create``) or a message (``Handlers.op_create``);
-    None: absent."""
+    """A create's request id and fields, read from a frame (``read_create``) or a message
+    (``Handlers.op_create``); None: absent."""
+    rid: int
     pool: str
     name: str
     nbytes: int
@@ -84,10 +86,13 @@ class Create(NamedTuple):
 
     def fields(self) -> dict:
         """As the message channel's schema would pass them."""
-        return {k: v for k, v in zip(_FIELD_NAMES, self) if v is not None}
+        return {k: v for k, v in zip(_FIELD_NAMES, self[1:]) if v is not None}
 
 
 _FIELD_NAMES = ("pool", "name", "nbytes", "meta", "arena", "offset", "slot", "seq", "seal_credit")
+# A Create built without the generated ``__new__`` (a Python call): a frame's is built on the way
+# to its directory entry.
+_new = tuple.__new__
 
 
 def kind(data: bytes) -> int:
@@ -95,8 +100,11 @@ def kind(data: bytes) -> int:
     if len(data) < 2:
         raise ProtocolError("a frame shorter than its kind")
     if len(data) >= _ID_AT + 8 and _ID.unpack_from(data, _ID_AT)[0] >= MAX_ID:
-        raise ProtocolError("a frame's id must be in [0, 2**63)")
+        raise ProtocolError(_BAD_ID)
     return data[1]
+
+
+_BAD_ID = "a frame's id must be in [0, 2**63)"
 
 
 def parse(data: bytes) -> tuple[str, dict]:
@@ -110,30 +118,38 @@ def parse(data: bytes) -> tuple[str, dict]:
     raise ProtocolError(f"unknown frame kind {k}")
 
 
-def read_create(data: bytes) -> Create:
-    """A create frame (``kind`` checked first) read in one unpack, its fields checked as the
-    message channel's schema would."""
-    if len(data) < _CREATE.size:
-        raise ProtocolError("a create frame shorter than its header")
-    _, _, pool_len, name_len, meta_len, slot, _, arena, offset, nbytes, seq, credit = _CREATE.unpack_from(data)
-    if len(data) != _CREATE.size + pool_len + name_len + meta_len:
+def read_create(data: bytes) -> Create | None:
+    """A create frame read in one unpack, its id, lengths and fields checked as ``kind`` and the
+    message channel's schema would; None: a frame of another kind (``parse`` reads it)."""
+    if len(data) < _CREATE_SIZE or data[1] != CREATE:
+        if kind(data) == CREATE:   # (kind's own refusals first, as for any frame)
+            raise ProtocolError("a create frame shorter than its header")
+        return None
+    _, _, pool_len, name_len, meta_len, slot, rid, arena, offset, nbytes, seq, credit = _CREATE.unpack_from(data)
+    if rid >= MAX_ID:
+        raise ProtocolError(_BAD_ID)
+    name_at = _CREATE_SIZE + pool_len
+    meta_at = name_at + name_len
+    if len(data) != meta_at + meta_len:
         raise ProtocolError("a create frame whose length does not match its header")
-    at = _CREATE.size
-    pool = _text(data[at: at + pool_len], "pool")
-    if not pool or pool_len > MAX_NAME:
+    if not pool_len or pool_len > MAX_NAME:
         raise InvalidRequest(f"field 'pool' must be 1 to {MAX_NAME} bytes")
-    at += pool_len
-    name = _text(data[at: at + name_len], "name")
+    try:   # (both in one try: ``_text`` names the field that is not UTF-8)
+        pool = data[_CREATE_SIZE:name_at].decode()
+        name = data[name_at:meta_at].decode()
+    except UnicodeDecodeError:
+        _text(data[_CREATE_SIZE:name_at], "pool")
+        raise ProtocolError("field 'name' is not UTF-8") from None
     check_object_name("name", name)
     meta = None
     if meta_len:
         if meta_len > MAX_META:
             raise ProtocolError(f"a create frame's metadata is at most {MAX_META} bytes")
-        meta = unpack(data[at + name_len:])
+        meta = unpack(data[meta_at:])
         check_meta("meta", meta)
-    # (a credit without a slot the create refuses: a credit goes with a board slot)
-    return Create(pool, name, nbytes, meta, arena, offset, None if slot == NO_SLOT else slot,
-                  None if slot == NO_SLOT else seq, None if credit == _NONE else credit)
+    if slot == NO_SLOT:   # (a credit without a slot the create refuses: a credit goes with a board slot)
+        slot = seq = None
+    return _new(Create, (rid, pool, name, nbytes, meta, arena, offset, slot, seq, None if credit == _NONE else credit))
 
 
 def _seal_fields(data: bytes) -> dict:

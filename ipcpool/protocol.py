@@ -73,8 +73,11 @@ class Field:
     check: Callable[[str, Any], None] | None = None   # raises ProtocolError / InvalidRequest
 
 
-# Object names: path-like, so prefixes ("weights/layer1/") group them.
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,254}")
+# Object names: path-like, so prefixes ("weights/layer1/") group them. One pattern for the rule
+# (a create checks a fresh name each time), its length aside (``check_object_name``: cheaper than a
+# lookahead): letters, digits and '._:/-', starting with a letter or digit; its '/'-separated parts
+# are not empty (a trailing '/' is allowed) and none is '.' or '..'.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*(?:/(?!\.\.?(?:/|\Z))[A-Za-z0-9._:-]+)*/?")
 DTYPE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 MAX_DIMS = 32
 MAX_USER_KEYS = 64
@@ -91,7 +94,7 @@ def check_object_name(key: str, name: str) -> None:
         raise InvalidRequest(f"{key}: an object name is a str, not {type(name).__name__}")
     if name in _VALID_NAMES:
         return
-    if not NAME_RE.fullmatch(name) or "//" in name or "/../" in f"/{name}/" or "/./" in f"/{name}/":
+    if len(name) > MAX_NAME or not NAME_RE.fullmatch(name):
         raise InvalidRequest(
             f"{key}: invalid object name {name[:80]!r}: 1-255 characters of letters, digits and "
             "'._:/-', starting with a letter or digit, without empty, '.' or '..' path parts"

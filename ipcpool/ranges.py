@@ -9,6 +9,7 @@ offset (plus a map of block ends) so a freed block merges with both neighbours i
 from __future__ import annotations
 
 import bisect
+from bisect import bisect_right
 
 from sortedcontainers import SortedList
 
@@ -130,16 +131,18 @@ class TakenRanges:
         return max(self.alignment, -(-nbytes // self.alignment) * self.alignment)
 
     def reserve(self, offset: int, nbytes: int) -> int:
-        size = self.rounded(nbytes)
-        if offset % self.alignment:
-            raise InvalidRequest(f"offset {offset} is not aligned to {self.alignment}")
-        i = bisect.bisect_right(self._starts, offset)
-        before = self._starts[i - 1] if i else None
-        if (offset + size > self.capacity or (before is not None and before + self._sizes[before] > offset)
-                or (i < len(self._starts) and self._starts[i] < offset + size)):
-            raise InvalidRequest(f"range [{offset}, {offset + size}) is not free")
-        self._starts.insert(i, offset)
-        self._sizes[offset] = size
+        align = self.alignment
+        size = -(-nbytes // align) * align if nbytes > align else align   # (``rounded``, inline: on a create's path)
+        if offset % align:
+            raise InvalidRequest(f"offset {offset} is not aligned to {align}")
+        starts, sizes = self._starts, self._sizes
+        i = bisect_right(starts, offset)
+        end = offset + size
+        if (end > self.capacity or (i and starts[i - 1] + sizes[starts[i - 1]] > offset)
+                or (i < len(starts) and starts[i] < end)):
+            raise InvalidRequest(f"range [{offset}, {end}) is not free")
+        starts.insert(i, offset)
+        sizes[offset] = size
         self.used += size
         return size
 

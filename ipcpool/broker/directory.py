@@ -86,17 +86,21 @@ class Directories:
         d = self.by_pool.get(pool_name)
         if d is None:
             return None
-        self._gen += 1
-        index = d.publish(name, self._gen, layout.WRITING, alloc, offset, size, word, seq, promised,
-                          meta.get("dtype"), meta.get("shape"), bool(meta.get("user")), in_arena,
-                          kept_event=bool(promised))
+        gen = self._gen = self._gen + 1
+        if meta:
+            dtype, shape, user = meta.get("dtype"), meta.get("shape"), bool(meta.get("user"))
+        else:   # (a hand-off's bytes: no metadata to look into)
+            dtype = shape = None
+            user = False
+        index = d.publish(name, gen, layout.WRITING, alloc, offset, size, word, seq, promised, dtype, shape, user,
+                          in_arena, promised != b"")
         if index is None:
             return None
         if self.received:
             self.create_to_entry.append(time.perf_counter_ns() - self.received)
         if trace.hook is not None:
             trace.emit("broker.entry", pool=pool_name, name=name, index=index)
-        return self.pool_index[pool_name], index, self._gen
+        return self.pool_index[pool_name], index, gen
 
     def withdraw(self, pool_name: str, entry: tuple[int, int, int]) -> None:
         """An entry whose create failed after it was written (no reader can hold it yet: nothing

@@ -104,32 +104,34 @@ class Handlers:
 
     # -- named objects ---------------------------------------------------------------------------
     def op_create(self, session: Session, f: dict, rid: int) -> dict:
-        return self.create(session, Create(f["pool"], f["name"], f["nbytes"], f.get("meta"), f.get("arena"),
+        return self.create(session, Create(rid, f["pool"], f["name"], f["nbytes"], f.get("meta"), f.get("arena"),
                                            f.get("offset"), f.get("slot"), f.get("seq"), f.get("seal_credit")))
 
     def create(self, session: Session, c: Create) -> dict:
         """A create of either channel (a frame's comes here straight: ``Broker._on_frame``). Only
         the checks its directory entry needs come before ``ObjectTable.create`` writes it."""
+        _, pool, name, nbytes, meta, aid, offset, slot, seq, promised = c
         handoffs = self.tables.handoffs
-        carve = board = None
-        if c.arena is not None or c.offset is not None:
-            if c.arena is None or c.offset is None:
+        arena = word = None
+        if aid is not None or offset is not None:
+            if aid is None or offset is None:
                 raise InvalidRequest("create: arena and offset go together")
-            carve = (handoffs.own(session, c.arena), c.offset)   # (looked up once for the word and the range)
-        if c.slot is not None or c.seq is not None:
-            if carve is None or c.slot is None or not c.seq:
+            arena = handoffs.own(session, aid)   # (looked up once for the word and the range)
+        if slot is None and seq is None:
+            if promised is not None:
+                raise InvalidRequest("create: seal_credit goes with a seal-board slot")
+            seq, promised = 0, b""
+        else:
+            if arena is None or slot is None or not seq:
                 raise InvalidRequest("create: slot and a seq of at least 1 go with an arena range")
-            word = handoffs.word(carve[0], c.slot)
-            promised = c.credit or b""
-            self.tables.registry.pool(c.pool).ordering.check_promise(session.backend, promised)
-            board = (word, c.seq, promised)
-        elif c.credit is not None:
-            raise InvalidRequest("create: seal_credit goes with a seal-board slot")
-        obj = self.tables.objects.create(session, c.name, c.nbytes, c.pool, c.meta or {}, carve, board)
-        if board is not None:   # readers already waiting watch the board from now on
+            word = handoffs.word(arena, slot)
+            promised = promised or b""
+            self.tables.registry.pool(pool).ordering.check_promise(session.backend, promised)
+        obj = self.tables.objects.create(session, name, nbytes, pool, meta or {}, arena, offset, word, seq, promised)
+        if word is not None:   # readers already waiting watch the board from now on
             self.notices.pending(obj)
-        if carve is not None:   # the client has the memory already
-            return Carved(obj.alloc.aid, c.pool, credit(obj.alloc.pool, session)).encode()
+        if arena is not None:   # the client has the memory already
+            return Carved(obj.alloc.aid, pool, credit(obj.alloc.pool, session)).encode()
         return allocation(obj.alloc, credit=credit(obj.alloc.pool, session)).encode()
 
     def op_arena(self, session: Session, f: dict, rid: int) -> dict:

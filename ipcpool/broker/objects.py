@@ -115,12 +115,12 @@ class ObjectTable:
         self.waits_by_uid: collections.Counter = collections.Counter()
         self._timed = 0   # parked gets with a deadline (the heap holds them and settled ones)
 
-    def create(self, session: Session, name: str, nbytes: int, pool: str, meta: dict,
-               carve: tuple[Arena, int] | None = None, board: tuple[int, int, bytes] | None = None) -> NamedObject:
+    def create(self, session: Session, name: str, nbytes: int, pool: str, meta: dict, arena: Arena | None = None,
+               offset: int = 0, word: int | None = None, seq: int = 0, promised: bytes = b"") -> NamedObject:
         """A new object being written by ``session``: a fresh allocation of ``pool``, or the range
-        ``carve`` = (arena, offset) of the session's arena (``Handoffs.own``); ``board``: its
-        seal-board word, the number the writer will post there, and the event it promised to
-        record its seal on.
+        at ``offset`` of the session's ``arena`` (``Handoffs.own``); ``word``: its seal-board
+        word, ``seq`` the number the writer will post there, and ``promised`` the event it
+        promised to record its seal on.
 
         A carved object's directory entry is written as soon as its range is checked: what a
         reader spins on comes before the rest of the bookkeeping (``Directories.publish``)."""
@@ -132,23 +132,23 @@ class ObjectTable:
             raise QuotaExceeded(
                 f"uid {uid} has {limit} named objects, its quota; delete some or ask the operator to raise it"
             )
-        word, seq, promised = board if board is not None else (None, 0, b"")
-        if carve is not None:
-            arena, offset = carve
+        directory = self.directory
+        if arena is not None:
             self.handoffs.reserve(arena, offset, nbytes)
-            home = arena.alloc.pool.spec.name   # (the arena's pool: the object lives there)
-            entry = self.directory.publish(home, name, nbytes, word, seq, promised, meta, arena.alloc.aid, offset) \
-                if self.directory is not None else None
+            whole = arena.alloc
+            home = whole.pool.spec.name   # (the arena's pool: the object lives there)
+            entry = directory.publish(home, name, nbytes, word, seq, promised, meta, whole.aid, offset) \
+                if directory is not None else None
             try:
                 alloc = self.handoffs.record(session, arena, offset, nbytes)   # the writer's hold
             except BaseException:
                 if entry is not None:
-                    self.directory.withdraw(home, entry)
+                    directory.withdraw(home, entry)
                 raise
         else:
             alloc = self.registry.allocate(session, nbytes, pool)   # the writer's hold
-            entry = self.directory.publish(pool, name, alloc.size, word, seq, promised, meta, alloc.aid, 0, False) \
-                if self.directory is not None else None
+            entry = directory.publish(pool, name, alloc.size, word, seq, promised, meta, alloc.aid, 0, False) \
+                if directory is not None else None
         obj = NamedObject(name, alloc, session, meta, word=word, seq=seq, promised=promised)
         if entry is not None:
             obj.entry = entry

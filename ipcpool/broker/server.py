@@ -503,19 +503,19 @@ class Broker:
         answered on the message channel as the same request would be there. (A session sends
         frames only once it has an arena, asked for on the message channel: the ROUTER knows it.)"""
         self.directories.received = time.perf_counter_ns()   # (a create's entry is timed from here)
-        rid = frames.request_id(data)
         try:
-            if frames.kind(data) == frames.CREATE:
-                self._create(session, frames.read_create(data), rid)
+            c = frames.read_create(data)   # (the id, lengths and kind checked in its one unpack)
+            if c is not None:
+                self._create(session, c)
             else:
                 op, fields = frames.parse(data)
                 self.access.check_request(session, op, fields)
-                self._run(session, op, fields, rid)
-        except Exception as exc:
-            self._refuse(session.token, session, rid, exc)
+                self._run(session, op, fields, frames.request_id(data))
+        except Exception as exc:   # (answered by the frame's id where it has a valid one)
+            self._refuse(session.token, session, frames.request_id(data), exc)
         self.handoffs.settle()
 
-    def _create(self, session: Session, c: frames.Create, rid: int) -> None:
+    def _create(self, session: Session, c: frames.Create) -> None:
         """A create frame: no dict and no dispatch on the way to its directory entry, a reader's
         hand-off; traced (``broker.request`` in the message channel's fields), timed and answered
         as ``_run`` does."""
@@ -524,7 +524,7 @@ class Broker:
         if trace.hook is not None:
             trace.emit("broker.request", op="create", fields=c.fields(), sid=session.sid)
         try:
-            self._answer(session, "create", rid, self.handlers.create(session, c), t0)
+            self._answer(session, "create", c.rid, self.handlers.create(session, c), t0)
         finally:
             session.backend.peer_progressed()
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+import sys
 import zlib
 from typing import NamedTuple
 
@@ -59,6 +60,8 @@ KEPT_EVENT = 8          # flags: ``event`` is one of the broker's credits, never
                         # lives (``backend.cuda.events.CreditStock``): a reader may keep it open
 _FLAGS_AT = 54
 _U16 = struct.Struct("<H")
+_body_into = _BODY.pack_into   # (publish's, bound once)
+assert sys.byteorder == "little"   # (``Directory._words``: native u64 words are the layout's)
 
 
 class Entry(NamedTuple):   # (a tuple: made on every lookup, where a frozen dataclass costs ~3 µs)
@@ -97,6 +100,9 @@ class Directory(sealing.Owned):
         self.fd, self._map = sealing.create(f"ipcpool-directory:{pool_name}", self.length, sealing.READ_ONLY)
         sealing.populate(self._map, write=True)   # (its pages, backed now: 4 MiB at the default capacity)
         _HEADER.pack_into(self._map, 0, MAGIC, capacity, 0)
+        # The map as u64 words, for publish's version and change writes (a memoryview item is
+        # cheaper than a struct call; released at close). Little-endian, as the layout.
+        self._words = memoryview(self._map).cast("Q")
         self._taken: dict[int, bytes] = {}   # index -> name, for live entries (WRITING, SEALED)
         self._tombs: set[int] = set()        # gone entries a probe must pass (see ``_trim``)
         self._change = 0
@@ -124,31 +130,48 @@ class Directory(sealing.Owned):
         where its probe found no free slot."""
         raw = name.encode()
         cap = self.capacity
-        start = home(raw, cap)
+        index = zlib.crc32(raw) % cap   # (its home)
         taken = self._taken
-        for k in range(min(MAX_PROBE, cap)):
-            index = (start + k) % cap
-            if index not in taken:
-                break
-        else:
-            return None
-        dt = dtype.encode()[:32] if dtype else b""
-        dims = list(shape) if shape is not None and len(shape) <= MAX_DIMS else None
-        flags = (HAS_USER_META if has_user_meta or (shape is not None and dims is None) else 0) | (
-            HAS_SHAPE if dims is not None else 0) | (IN_ARENA if in_arena else 0) | (KEPT_EVENT if kept_event else 0)
-        m = self._map
-        at = (index + 1) * ENTRY
-        ver = _U64.unpack_from(m, at)[0] + 1
-        _U64.pack_into(m, at, ver)   # odd: readers skip it while it changes
+        if index in taken:
+            start = index
+            for k in range(1, min(MAX_PROBE, cap)):
+                index = (start + k) % cap
+                if index not in taken:
+                    break
+            else:
+                return None
+        flags = (IN_ARENA if in_arena else 0) | (KEPT_EVENT if kept_event else 0) | (
+            HAS_USER_META if has_user_meta else 0)
+        dt = dims = b""
+        ndim = 0
+        if dtype:
+            dt = dtype.encode()[:32]
+        if shape is not None:
+            if len(shape) <= MAX_DIMS:
+                ndim = len(shape)
+                flags |= HAS_SHAPE
+                dims = struct.pack(f"<{ndim}Q", *shape) if ndim else b""
+            else:   # (too many dimensions for the entry: the reader asks the broker)
+                flags |= HAS_USER_META
+        words = self._words
+        ver_at = (index + 1) * (ENTRY // 8)
+        ver = words[ver_at] + 1
+        words[ver_at] = ver   # odd: readers skip it while it changes
         # The rest of the entry in one write (struct pads a short event, dtype, shape and name with zeros).
-        _BODY.pack_into(m, at + 8, gen, state, len(raw), alloc, offset, size, NO_WORD if word is None else word,
-                        0 if dims is None else len(dims), len(dt), flags, seq, event, dt,
-                        struct.pack(f"<{len(dims)}Q", *dims) if dims else b"", raw)
-        _U64.pack_into(m, at, ver + 1)   # even: whole
+        _body_into(self._map, ver_at * 8 + 8, gen, state, len(raw), alloc, offset, size,
+                   NO_WORD if word is None else word, ndim, len(dt), flags, seq, event, dt, dims, raw)
+        words[ver_at] = ver + 1   # even: whole
         taken[index] = raw
         self._tombs.discard(index)
-        self._changed()
+        self._change = change = self._change + 1   # (``_changed``, inline)
+        words[_CHANGE_AT // 8] = change
         return index
+
+    def close(self) -> None:
+        if self._words is not None:
+            self._words.release()   # (the map will not close while a view of it lives)
+            self._words = None
+        super().close()
 
     def set_state(self, index: int, gen: int, state: int, *, event: bytes | None = None) -> None:
         """The entry of object ``gen`` is now ``state`` (SEALED, or GONE: a tombstone); a new

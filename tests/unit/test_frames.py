@@ -39,7 +39,14 @@ def test_every_byte_string_starting_with_the_magic_is_a_frame_and_nothing_else_i
     assert not frames.is_frame(protocol.pack({"op": "ping", "id": 1})) and not frames.is_frame(b"")
 
 
-@pytest.mark.parametrize("data, error, says", [
+def test_the_brokers_read_of_a_create_gives_its_id_and_leaves_other_kinds_to_parse():
+    c = frames.read_create(_create())
+    assert c.rid == 7 and c.fields() == frames.parse(_create())[1]
+    assert frames.read_create(frames.seal(8, b"h/1", CREDIT)) is None
+    assert frames.read_create(b"\xc1\x09" + bytes(80)) is None
+
+
+BAD = [
     (b"\xc1", ProtocolError, "shorter than its kind"),
     (b"\xc1\x09", ProtocolError, "unknown frame kind 9"),
     (_create()[:40], ProtocolError, "shorter than its header"),
@@ -52,7 +59,18 @@ def test_every_byte_string_starting_with_the_magic_is_a_frame_and_nothing_else_i
     (_create(meta=protocol.pack({"colour": 1})), InvalidRequest, "unknown metadata keys"),
     (_create(meta=protocol.pack({"user": "x" * 5000})), ProtocolError, "metadata is at most 4096 bytes"),
     (_create(rid=1 << 63), ProtocolError, "id must be in"),
-])
+    (_create(rid=1 << 63)[:40], ProtocolError, "id must be in"),
+]
+
+
+@pytest.mark.parametrize("data, error, says", BAD)
 def test_a_bad_frame_is_refused_saying_why(data, error, says):
     with pytest.raises(error, match=says):
         frames.parse(data)
+
+
+@pytest.mark.parametrize("data, error, says", [b for b in BAD if b[0][1:2] == bytes([frames.CREATE])])
+def test_the_brokers_read_of_a_create_refuses_what_parse_does(data, error, says):
+    """The broker reads a create frame with ``read_create`` alone (no ``kind`` first)."""
+    with pytest.raises(error, match=says):
+        frames.read_create(data)

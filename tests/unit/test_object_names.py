@@ -1,0 +1,51 @@
+"""The object-name rule, written as one pattern and a length (``protocol.check_object_name``),
+accepts and refuses exactly what its plain statement does: 1-255 characters of letters, digits and '._:/-', starting with a
+letter or digit, no empty path part (a trailing '/' aside) and no '.' or '..' part."""
+
+import itertools
+import random
+import re
+
+import pytest
+
+from ipcpool import protocol
+from ipcpool.errors import InvalidRequest
+
+_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,254}")
+
+
+def _by_the_statement(name: str) -> bool:
+    return bool(_CHARS.fullmatch(name)) and "//" not in name and "/../" not in f"/{name}/" \
+        and "/./" not in f"/{name}/"
+
+
+TRICKY = [".", "..", "a/./b", "a/../b", "a//b", "a/", "a/.", "a/..", "a/./", "a/../", "a/...", "a/.b", "a/..b",
+          "a.", "a..", ".a", "-a", "_a", ":a", "/a", "a" * 255, "a" * 256, "a/" * 127 + "a", "a/" * 128, "ä", "aä",
+          "a b", "a\n", "\na", "a\nb", "", "a\\b", "A-Z_0.9:x/y-z", "weights/layer1/", "ｱ", "\u212a"]
+
+
+def _accepted(name: str) -> bool:
+    try:
+        protocol.check_object_name("name", name)
+    except InvalidRequest:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", TRICKY)
+def test_the_check_judges_each_tricky_name_as_the_statement_does(name):
+    assert _accepted(name) == _by_the_statement(name)
+
+
+def test_the_check_agrees_on_every_short_name_and_on_random_ones():
+    names = ["".join(t) for n in range(7) for t in itertools.product("a./", repeat=n)]
+    rnd = random.Random(7)
+    names += ["".join(rnd.choice("a.:/-_Z9 \nä") for _ in range(rnd.randint(0, 14))) for _ in range(20000)]
+    names += [(base * 300)[:n] for base in ("a", "a/", "a/.", "a.") for n in (254, 255, 256)]
+    assert [n for n in names if _accepted(n) != _by_the_statement(n)] == []
+
+
+@pytest.mark.parametrize("name", ["a/../b", "a" * 256, "a\n", ".a", "a//b"])
+def test_a_refused_name_is_told_with_the_rule(name):
+    with pytest.raises(InvalidRequest, match=r"invalid object name .*1-255 characters .*'\.' or '\.\.' path parts"):
+        protocol.check_object_name("name", name)
