@@ -110,18 +110,22 @@ class Directory(sealing.Owned):
     def _at(self, index: int) -> int:
         return (index + 1) * ENTRY
 
+    # Versions, the change count and the awake moment are written as u64 words, each in one aligned
+    # store: ``struct.pack_into`` zeroes a field before it writes it, and a reader could take the
+    # 0 in between for an even version (a torn entry) or a broker that stopped polling.
     def _bump(self, at: int) -> int:
-        ver = _U64.unpack_from(self._map, at)[0] + 1
-        _U64.pack_into(self._map, at, ver)
+        words = self._words
+        ver = words[at // 8] + 1
+        words[at // 8] = ver
         return ver
 
     def awake(self, until_ns: int) -> None:
         """The broker busy-polls (and reads the request rings) until ``until_ns`` at least."""
-        _U64.pack_into(self._map, _AWAKE_AT, until_ns)
+        self._words[_AWAKE_AT // 8] = until_ns
 
     def _changed(self) -> None:
         self._change += 1
-        _U64.pack_into(self._map, _CHANGE_AT, self._change)
+        self._words[_CHANGE_AT // 8] = self._change
 
     def publish(self, name: str, gen: int, state: int, alloc: int, offset: int, size: int,
                 word: int | None, seq: int, event: bytes, dtype: str | None,
@@ -223,12 +227,13 @@ class DirectoryView:
             self._map.close()
             raise ValueError("a name directory whose header does not match")
         sealing.populate(self._map, write=False)
+        self._words = memoryview(self._map).cast("Q")   # (whole u64 loads: see ``Directory._bump``)
 
     def change(self) -> int:
-        return _U64.unpack_from(self._map, _CHANGE_AT)[0]
+        return self._words[_CHANGE_AT // 8]
 
     def awake_until(self) -> int:
-        return _U64.unpack_from(self._map, _AWAKE_AT)[0]
+        return self._words[_AWAKE_AT // 8]
 
     def lookup(self, name: str) -> Entry | None:
         """The live entry of ``name`` (WRITING or SEALED), or None."""
@@ -236,23 +241,24 @@ class DirectoryView:
         n = len(raw)
         cap = self.capacity
         start = home(raw, cap)
-        m = self._map
+        m, words = self._map, self._words
         for k in range(min(MAX_PROBE, cap)):
             index = (start + k) % cap
             at = (index + 1) * ENTRY
+            w = at // 8
             for _ in range(1000):   # a torn copy is retried; the broker writes an entry in ~1 µs
-                head = _HEAD.unpack_from(m, at)
-                ver = head[0]
+                ver = words[w]
                 if ver & 1:
                     continue
+                head = _HEAD.unpack_from(m, at)
                 state, name_len = head[2], head[3]
                 if state == EMPTY:
-                    if _U64.unpack_from(m, at)[0] == ver:
+                    if words[w] == ver:
                         return None
                     continue
                 found = name_len == n and m[at + _NAME_AT: at + _NAME_AT + n] == raw
                 entry = self._entry(index, head, at) if found and state in (WRITING, SEALED) else None
-                if _U64.unpack_from(m, at)[0] != ver:
+                if words[w] != ver:
                     continue
                 if entry is not None:
                     return entry
@@ -273,16 +279,17 @@ class DirectoryView:
     def state(self, index: int, gen: int) -> int:
         """The state of entry ``index`` while it still holds object ``gen``; GONE once it does not."""
         at = (index + 1) * ENTRY
-        m = self._map
+        m, words, w = self._map, self._words, at // 8
         while True:
-            ver = _U64.unpack_from(m, at)[0]
+            ver = words[w]
             if ver & 1:
                 continue
-            g, state = _U64.unpack_from(m, at + 8)[0], _U32.unpack_from(m, at + 16)[0]
-            if _U64.unpack_from(m, at)[0] == ver:
+            g, state = words[w + 1], _U32.unpack_from(m, at + 16)[0]
+            if words[w] == ver:
                 return state if g == gen else GONE
 
     def close(self) -> None:
         if self._map is not None:
+            self._words.release()
             self._map.close()
             self._map = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+import sys
 
 from . import requests, sealing
 
@@ -28,7 +29,11 @@ HEAD = 64                 # a count of slots in use (the client's word: a hint, 
 LENGTH = requests.AT + requests.LENGTH   # the hazard slots' page, then the session's request ring
 _SLOTS = struct.Struct("<" + "IIQQ8x" * SLOTS)
 _NONCE_AT = 16
-_U64 = struct.Struct("<Q")
+# The count (word 0) and the nonces are written and read as u64 words of the page, each in one
+# aligned access: ``struct.pack_into`` zeroes a field's bytes before it writes them, and a count
+# read as 0 in between would make the broker skip the page and miss a slot taken long before.
+_NONCE_WORD, _SLOT_WORDS = (HEAD + _NONCE_AT) // 8, SLOT // 8
+assert sys.byteorder == "little"
 assert HEAD + SLOTS * SLOT <= requests.AT == mmap.PAGESIZE
 
 
@@ -39,15 +44,22 @@ class LeasePage(sealing.Owned):
         self.fd, self._map = sealing.create("ipcpool-leases", LENGTH, sealing.FIXED_SIZE)
         self.released: dict[int, int] = {}   # slot -> the nonce whose release the broker has seen
         self.ring = requests.RingReader(self._map)
+        self._words = memoryview(self._map).cast("Q")   # (the count and nonces: see ``_NONCE_WORD``)
+
+    def close(self) -> None:
+        if self._map is not None:
+            self.ring.close()
+            self._words.release()
+        super().close()
 
     def live(self) -> list[tuple[int, int, int, int, int]]:
         """(slot, pool, entry, gen, nonce) of every slot not released. A page whose count says
         none is in use is skipped (a client that lies about it only loses its own protection:
         it counts before it takes a slot). Nonces are read before the rest of their slots."""
-        m = self._map
-        if _U64.unpack_from(m, 0)[0] == 0:
+        m, words = self._map, self._words
+        if words[0] == 0:
             return []
-        nonces = [_U64.unpack_from(m, HEAD + s * SLOT + _NONCE_AT)[0] for s in range(SLOTS)]
+        nonces = [words[_NONCE_WORD + s * _SLOT_WORDS] for s in range(SLOTS)]
         fields = _SLOTS.unpack_from(m, HEAD)
         released = self.released
         return [(s, fields[4 * s], fields[4 * s + 1], fields[4 * s + 2], n) for s, n in enumerate(nonces)
@@ -63,6 +75,7 @@ class ClientLeasePage:
         self._free = list(range(SLOTS - 1, -1, -1))
         self._nonce = 0
         self.ring = requests.RingWriter(self._map)
+        self._words = memoryview(self._map).cast("Q")
 
     def take(self, pool: int, entry: int, gen: int) -> tuple[int, int] | None:
         """(slot, nonce) now naming (pool, entry, gen), or None where every slot is in use."""
@@ -70,21 +83,23 @@ class ClientLeasePage:
             return None
         slot = self._free.pop()
         self._nonce += 1
-        _U64.pack_into(self._map, 0, SLOTS - len(self._free))
-        at = HEAD + slot * SLOT
+        words = self._words
+        words[0] = SLOTS - len(self._free)
         # The nonce last: the broker reads it first, so a slot it counts is whole (TSO keeps the
         # order of these stores, and of its loads).
-        struct.pack_into("<IIQ", self._map, at, pool, entry, gen)
-        _U64.pack_into(self._map, at + _NONCE_AT, self._nonce)
+        struct.pack_into("<IIQ", self._map, HEAD + slot * SLOT, pool, entry, gen)
+        words[_NONCE_WORD + slot * _SLOT_WORDS] = self._nonce
         return slot, self._nonce
 
     def give_back(self, slot: int) -> None:
         """The broker answered the slot's release: the slot is free (cleared: nonce 0)."""
-        _U64.pack_into(self._map, HEAD + slot * SLOT + _NONCE_AT, 0)
+        self._words[_NONCE_WORD + slot * _SLOT_WORDS] = 0
         self._free.append(slot)
-        _U64.pack_into(self._map, 0, SLOTS - len(self._free))
+        self._words[0] = SLOTS - len(self._free)
 
     def close(self) -> None:
         if self._map is not None:
+            self.ring.close()
+            self._words.release()
             self._map.close()
             self._map = None

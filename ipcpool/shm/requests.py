@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+import sys
 
 from ..errors import ProtocolError
 
@@ -42,28 +43,38 @@ _SLOTS_AT = 128
 SLOTS = (LENGTH - _SLOTS_AT) // SLOT
 MAX_FRAME = SLOT - 4
 MARGIN_NS = 20_000          # the broker must poll at least this much longer for the ring to be used
-_TAIL = 64
-_U64 = struct.Struct("<Q")
-_U32 = struct.Struct("<I")
+_HEAD_WORD = AT // 8       # ``head`` and ``tail`` as u64 words of the page: each written and read
+_TAIL_WORD = (AT + 64) // 8   # in one aligned access (``struct.pack_into`` zeroes its bytes first:
+_U32 = struct.Struct("<I")    # a reader in between would see a head of 0)
+assert sys.byteorder == "little"
 
 
-class RingReader:
-    """The broker's side of one session's ring."""
-
-    __slots__ = ("_map", "_tail")
+class _Ring:
+    __slots__ = ("_map", "_words", "_count")
 
     def __init__(self, mapping: mmap.mmap):
         self._map = mapping
-        self._tail = 0   # frames taken: the broker's own count (the page's copy is the client's to read)
+        self._words = memoryview(mapping).cast("Q")
+        self._count = 0   # frames written (the client) or taken (the broker): each side's own
+
+    def close(self) -> None:
+        """Before the map closes (it cannot while a view of it lives)."""
+        self._words.release()
+
+
+class RingReader(_Ring):
+    """The broker's side of one session's ring."""
+
+    __slots__ = ()
 
     def waiting(self) -> bool:
-        return _U64.unpack_from(self._map, AT)[0] != self._tail
+        return self._words[_HEAD_WORD] != self._count
 
     def take(self) -> list[bytes]:
         """Copies of the frames written since the last take; ProtocolError where the ring does
         not add up (the session is then ended)."""
-        m, tail = self._map, self._tail
-        head = _U64.unpack_from(m, AT)[0]
+        m, tail = self._map, self._count
+        head = self._words[_HEAD_WORD]
         if head == tail:
             return []
         if not 0 < head - tail <= SLOTS:
@@ -78,29 +89,24 @@ class RingReader:
                                     f"a slot of {MAX_FRAME}): the broker ended the session")
             frames.append(m[at + 4: at + 4 + n])   # (a copy: the client may write the slot again)
             tail += 1
-        self._tail = tail
-        _U64.pack_into(m, AT + _TAIL, tail)   # the slots are the client's again
+        self._count = tail
+        self._words[_TAIL_WORD] = tail   # the slots are the client's again
         return frames
 
 
-class RingWriter:
+class RingWriter(_Ring):
     """A client's side of its session's ring."""
 
-    __slots__ = ("_map", "_head")
-
-    def __init__(self, mapping: mmap.mmap):
-        self._map = mapping
-        self._head = 0
+    __slots__ = ()
 
     def put(self, frame: bytes) -> bool:
         """Write ``frame``; False where it does not fit or every slot waits for the broker."""
-        n = len(frame)
-        m = self._map
-        if n > MAX_FRAME or self._head - _U64.unpack_from(m, AT + _TAIL)[0] >= SLOTS:
+        n, head, m = len(frame), self._count, self._map
+        if n > MAX_FRAME or head - self._words[_TAIL_WORD] >= SLOTS:
             return False
-        at = AT + _SLOTS_AT + (self._head % SLOTS) * SLOT
+        at = AT + _SLOTS_AT + (head % SLOTS) * SLOT
         _U32.pack_into(m, at, n)
         m[at + 4: at + 4 + n] = frame
-        self._head += 1
-        _U64.pack_into(m, AT, self._head)   # the frame is whole before the broker can count it
+        self._count = head + 1
+        self._words[_HEAD_WORD] = head + 1   # the frame is whole before the broker can count it
         return True

@@ -36,6 +36,9 @@ def _count_frames(client) -> dict[str, int]:
             seen["ring"] += ok
             return ok
 
+        def close(self):
+            ring.close()
+
     ch._send_control, page.ring = counted_send, CountedRing()
     return seen
 
