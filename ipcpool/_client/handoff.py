@@ -43,6 +43,7 @@ from .pools import Pools
 log = logging.getLogger(__name__)
 
 MIN_ARENA = 1 << 20
+LOW_SLOTS = 16   # a reader's free lease slots below which its release takes in the answers waiting
 _NO_CREDIT = bytes(HANDLE_BYTES)
 
 
@@ -556,6 +557,10 @@ class Handoff:
         """Hazard slot first, then the entry checked again, then the memory (``shm.leases``)."""
         page = self._pools.lease_page
         got = page.take(pidx, entry.index, entry.gen)
+        if got is None and self._releasing:   # every slot waits for its release's answer: the first
+            ch = self._channel
+            ch.wait_reply(-1, ch.timeout, until=lambda: page.free_slots > 0)
+            got = page.take(pidx, entry.index, entry.gen)
         if got is None:
             return None
         slot, nonce = got
@@ -612,9 +617,13 @@ class Handoff:
                 pause = min(pause * 2, 1e-3)
 
     def end_lease(self, buf: Any, stream: Any) -> None:
-        """Release a lease taken from a directory: the done event after the reader's work (R2)."""
+        """Release a lease taken from a directory: the done event after the reader's work (R2).
+        A reader that asks the broker nothing else would never read the answers that free its
+        slots: they are taken in here, off the read's path, once few slots are left."""
         done = self.release(buf.pool, buf.memory, stream)
         self._end_lease(buf.pool, buf.dirlease, done)
+        if self._pools.lease_page.free_slots < LOW_SLOTS:
+            self._channel.drain()
 
     def _end_lease(self, pool: str, lease: tuple, done: bytes) -> None:
         pidx, index, gen, slot, nonce = lease

@@ -77,6 +77,10 @@ class ClientLeasePage:
         self.ring = requests.RingWriter(self._map)
         self._words = memoryview(self._map).cast("Q")
 
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
     def take(self, pool: int, entry: int, gen: int) -> tuple[int, int] | None:
         """(slot, nonce) now naming (pool, entry, gen), or None where every slot is in use."""
         if not self._free:

@@ -202,3 +202,22 @@ def test_a_seal_on_the_board_is_the_brokers_before_its_message_arrives(broker):
             buf.seal()
         w.flush()
         assert [o["name"] for o in r.list()] == ["one"]
+
+
+def test_a_reader_that_asks_nothing_else_never_runs_out_of_lease_slots(broker):
+    """Its releases' answers free its slots; a reader that only reads from the directory would never
+    read them, and every 120th get would go to the broker instead."""
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        _warm(w, r)
+        sent = count_requests(r)
+        n = 3 * leases.SLOTS
+        for i in range(n):
+            buf = w.create(f"s/{i}", 4 * KiB)
+            buf.view[:4] = i.to_bytes(4, "little")
+            buf.seal()
+        w.flush()
+        for i in range(n):
+            lease = r.get(f"s/{i}", timeout=0)
+            assert lease.dirlease is not None and bytes(lease.view[:4]) == i.to_bytes(4, "little")
+            lease.release()
+        assert sent["get"] == 0 and sent["release"] == n, dict(sent)
