@@ -322,9 +322,10 @@ class Broker:
             self.metrics.refresh(self)
 
     def _spin(self) -> dict:
-        """Poll the sockets alone, without the idle pass between polls, until something arrives or
-        SPIN_SLICE_S passes. A frame arriving during an idle pass (sweeps, reports: ~10 µs on an
-        H100 host with frees pending) waited for it, and a create's wait is a reader's."""
+        """Read the request rings and poll the sockets, without the idle pass between, until a
+        socket has something or SPIN_SLICE_S passes. A frame arriving during an idle pass (sweeps,
+        reports: ~10 µs on an H100 host with frees pending) waited for it, and a create's wait is
+        a reader's."""
         poll, clock, rings = self._poller.poll, time.perf_counter, self._take_rings
         now = clock()
         until, next_poll = now + SPIN_SLICE_S, now
@@ -347,11 +348,12 @@ class Broker:
             self._awake_told = until_ns
             self.directories.awake(until_ns)
 
-    def _take_rings(self) -> None:
-        """The frames every session put in its request ring (``shm.requests``)."""
+    def _take_rings(self) -> bool:
+        """The frames every session put in its request ring (``shm.requests``); whether any was waiting."""
         waiting = [session for session, page in self.directories.pages.items() if page.ring.waiting()]
         for session in waiting:
             self._take_ring(session)
+        return bool(waiting)
 
     def _take_ring(self, session: Session) -> None:
         """The frames ``session`` put in its request ring, handled as frames from its socket,
@@ -385,7 +387,6 @@ class Broker:
             timeout_ms = max(0, min(timeout_ms, int((deadline - time.monotonic()) * 1000) + 1))
         if not self.guard.zmq_open:   # look again soon whether the message channel may open again
             timeout_ms = min(timeout_ms, 200)
-        self._take_rings()   # (not spinning: the last look after the moment the directories told)
         awake_until = self._last_request + self.config.busy_poll_us / 1e6
         spinning = time.monotonic() < awake_until
         if spinning:   # right after a request: don't sleep (busy_poll_us)
@@ -402,6 +403,8 @@ class Broker:
             quiet_in = self._last_request + STOCK_IDLE_S - time.monotonic()
             refill = quiet_in <= 0
             timeout_ms = 0 if refill else min(timeout_ms, int(quiet_in * 1000) + 1)
+        if self._take_rings():   # (after the check above: a broker about to sleep looks at the rings
+            timeout_ms = 0       # after the moment it told; frames there are requests: no sleep)
         events = dict(self._poller.poll(timeout_ms))
         if spinning and not events:
             events = self._spin()
