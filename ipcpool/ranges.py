@@ -9,7 +9,6 @@ offset (plus a map of block ends) so a freed block merges with both neighbours i
 from __future__ import annotations
 
 import bisect
-from bisect import bisect_right
 
 from sortedcontainers import SortedList
 
@@ -131,12 +130,11 @@ class TakenRanges:
         return max(self.alignment, -(-nbytes // self.alignment) * self.alignment)
 
     def reserve(self, offset: int, nbytes: int) -> int:
-        align = self.alignment
-        size = -(-nbytes // align) * align if nbytes > align else align   # (``rounded``, inline: on a create's path)
-        if offset % align:
-            raise InvalidRequest(f"offset {offset} is not aligned to {align}")
+        size = self.rounded(nbytes)
+        if offset % self.alignment:
+            raise InvalidRequest(f"offset {offset} is not aligned to {self.alignment}")
         starts, sizes = self._starts, self._sizes
-        i = bisect_right(starts, offset)
+        i = bisect.bisect_right(starts, offset)
         end = offset + size
         if (end > self.capacity or (i and starts[i - 1] + sizes[starts[i - 1]] > offset)
                 or (i < len(starts) and starts[i] < end)):

@@ -235,26 +235,24 @@ class Leases:
     def create(self, name: str, nbytes: int, pool: str, meta: dict | None, stream: Any) -> Buffer:
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
             raise InvalidRequest(f"nbytes must be a positive int, got {nbytes!r}")
-        if not meta:   # a steady writer's next object, made ready at its last seal: the frame first
-            with self._lock:
-                self._channel.check_open()
-                if name not in self._writing:
-                    protocol.check_object_name("name", name)
-                    buf = self.handoff.create_ready(name, nbytes, pool)
-                    if buf is not None:
-                        self._writing.add(name)
-                        return buf
-        fields = {"name": name, "nbytes": nbytes, "pool": pool}
-        if meta:
-            fields["meta"] = wire_meta(meta)
+        wire = wire_meta(meta) if meta else None
         with self._lock:
             self._channel.check_open()
             if name in self._writing:
                 raise ObjectExists(f"this client is already writing an object named {name!r}; seal or free it first")
-            if nbytes <= self.handoff.arena_bytes // 4:   # what the broker would refuse, now
+            carved = nbytes <= self.handoff.arena_bytes // 4
+            if carved or wire is None:   # what the broker would refuse, now
                 protocol.check_object_name("name", name)
-                if "meta" in fields:
-                    protocol.check_meta("meta", fields["meta"])
+            if wire is None:   # a steady writer's next object, made ready at its last seal: the frame first
+                buf = self.handoff.create_ready(name, nbytes, pool)
+                if buf is not None:
+                    self._writing.add(name)
+                    return buf
+            fields = {"name": name, "nbytes": nbytes, "pool": pool}
+            if wire is not None:
+                fields["meta"] = wire
+                if carved:
+                    protocol.check_meta("meta", wire)
             buf = self.handoff.carve("create", fields, name=name)
             if buf is None:
                 reply = self._channel.call("create", **fields)

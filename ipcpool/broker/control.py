@@ -236,8 +236,7 @@ class ControlChannel:
         msg, _ = got
         if isinstance(msg, bytes):
             session.framed = True   # (its arena set it already; a frame from a client without one too)
-            if msg != frames.NUDGE_FRAME:   # (a nudge: its ring, taken already, was all it asked)
-                self.on_frame(session, msg)
+            self.on_frame(session, msg)
             return True
         self._request(session, msg)
         return True

@@ -368,12 +368,12 @@ class Broker:
             self.control.send(session, protocol.error_reply(0, exc))
             self.session_table.orphan(session)
             return
+        if not waiting:
+            return
+        session.framed = True
         for data in waiting:
-            session.framed = True
-            if data != frames.NUDGE_FRAME:
-                self._on_frame(session, data)
-        if waiting:
-            self._last_request = time.monotonic()   # (requests: the busy-poll goes on after them)
+            self._on_frame(session, data)
+        self._last_request = time.monotonic()   # (requests: the busy-poll goes on after them)
 
     def _watch(self, fd: int) -> None:
         self._poller.register(fd, zmq.POLLIN)
@@ -504,7 +504,10 @@ class Broker:
     def _on_frame(self, session: Session, data: bytes) -> None:
         """A hand-off request that came as a frame on the control socket (``ipcpool.frames``),
         answered on the message channel as the same request would be there. (A session sends
-        frames only once it has an arena, asked for on the message channel: the ROUTER knows it.)"""
+        frames only once it has an arena, asked for on the message channel: the ROUTER knows it.)
+        A nudge, from the socket or a ring, asked only that the session's ring be read: done."""
+        if data == frames.NUDGE_FRAME:
+            return
         self.directories.received = time.perf_counter_ns()   # (a create's entry is timed from here)
         try:
             c = frames.read_create(data)   # (the id, lengths and kind checked in its one unpack)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import mmap
 import struct
-import sys
 import zlib
 from typing import NamedTuple
 
@@ -61,7 +60,6 @@ KEPT_EVENT = 8          # flags: ``event`` is one of the broker's credits, never
 _FLAGS_AT = 54
 _U16 = struct.Struct("<H")
 _body_into = _BODY.pack_into   # (publish's, bound once)
-assert sys.byteorder == "little"   # (``Directory._words``: native u64 words are the layout's)
 
 
 class Entry(NamedTuple):   # (a tuple: made on every lookup, where a frozen dataclass costs ~3 µs)
@@ -100,9 +98,7 @@ class Directory(sealing.Owned):
         self.fd, self._map = sealing.create(f"ipcpool-directory:{pool_name}", self.length, sealing.READ_ONLY)
         sealing.populate(self._map, write=True)   # (its pages, backed now: 4 MiB at the default capacity)
         _HEADER.pack_into(self._map, 0, MAGIC, capacity, 0)
-        # The map as u64 words, for publish's version and change writes (a memoryview item is
-        # cheaper than a struct call; released at close). Little-endian, as the layout.
-        self._words = memoryview(self._map).cast("Q")
+        self._words = sealing.words(self._map)   # versions, the change count, the awake moment
         self._taken: dict[int, bytes] = {}   # index -> name, for live entries (WRITING, SEALED)
         self._tombs: set[int] = set()        # gone entries a probe must pass (see ``_trim``)
         self._change = 0
@@ -110,9 +106,6 @@ class Directory(sealing.Owned):
     def _at(self, index: int) -> int:
         return (index + 1) * ENTRY
 
-    # Versions, the change count and the awake moment are written as u64 words, each in one aligned
-    # store: ``struct.pack_into`` zeroes a field before it writes it, and a reader could take the
-    # 0 in between for an even version (a torn entry) or a broker that stopped polling.
     def _bump(self, at: int) -> int:
         words = self._words
         ver = words[at // 8] + 1
@@ -134,7 +127,7 @@ class Directory(sealing.Owned):
         where its probe found no free slot."""
         raw = name.encode()
         cap = self.capacity
-        index = zlib.crc32(raw) % cap   # (its home)
+        index = home(raw, cap)
         taken = self._taken
         if index in taken:
             start = index
@@ -167,8 +160,7 @@ class Directory(sealing.Owned):
         words[ver_at] = ver + 1   # even: whole
         taken[index] = raw
         self._tombs.discard(index)
-        self._change = change = self._change + 1   # (``_changed``, inline)
-        words[_CHANGE_AT // 8] = change
+        self._changed()
         return index
 
     def close(self) -> None:
@@ -227,7 +219,7 @@ class DirectoryView:
             self._map.close()
             raise ValueError("a name directory whose header does not match")
         sealing.populate(self._map, write=False)
-        self._words = memoryview(self._map).cast("Q")   # (whole u64 loads: see ``Directory._bump``)
+        self._words = sealing.words(self._map)
 
     def change(self) -> int:
         return self._words[_CHANGE_AT // 8]

@@ -83,7 +83,7 @@ class BoardView:
 
     def __init__(self, mapping: mmap.mmap):
         self._map = mapping
-        self._words = memoryview(mapping).cast("Q")
+        self._words = sealing.words(mapping)
 
     @classmethod
     def open(cls, fd: int) -> BoardView | None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import mmap
 import struct
-import sys
 
 from . import requests, sealing
 
@@ -29,11 +28,9 @@ HEAD = 64                 # a count of slots in use (the client's word: a hint, 
 LENGTH = requests.AT + requests.LENGTH   # the hazard slots' page, then the session's request ring
 _SLOTS = struct.Struct("<" + "IIQQ8x" * SLOTS)
 _NONCE_AT = 16
-# The count (word 0) and the nonces are written and read as u64 words of the page, each in one
-# aligned access: ``struct.pack_into`` zeroes a field's bytes before it writes them, and a count
-# read as 0 in between would make the broker skip the page and miss a slot taken long before.
+# The count (word 0) and the nonces, as ``sealing.words``: a count read as 0 while it is written
+# would make the broker skip the page and miss a slot taken long before.
 _NONCE_WORD, _SLOT_WORDS = (HEAD + _NONCE_AT) // 8, SLOT // 8
-assert sys.byteorder == "little"
 assert HEAD + SLOTS * SLOT <= requests.AT == mmap.PAGESIZE
 
 
@@ -44,7 +41,7 @@ class LeasePage(sealing.Owned):
         self.fd, self._map = sealing.create("ipcpool-leases", LENGTH, sealing.FIXED_SIZE)
         self.released: dict[int, int] = {}   # slot -> the nonce whose release the broker has seen
         self.ring = requests.RingReader(self._map)
-        self._words = memoryview(self._map).cast("Q")   # (the count and nonces: see ``_NONCE_WORD``)
+        self._words = sealing.words(self._map)   # (the count and nonces: see ``_NONCE_WORD``)
 
     def close(self) -> None:
         if self._map is not None:
@@ -75,7 +72,7 @@ class ClientLeasePage:
         self._free = list(range(SLOTS - 1, -1, -1))
         self._nonce = 0
         self.ring = requests.RingWriter(self._map)
-        self._words = memoryview(self._map).cast("Q")
+        self._words = sealing.words(self._map)
 
     @property
     def free_slots(self) -> int:

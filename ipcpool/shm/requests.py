@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import mmap
 import struct
-import sys
 
 from ..errors import ProtocolError
+from . import sealing
 
 AT = mmap.PAGESIZE          # where the ring starts in the session's page
 LENGTH = 2 * mmap.PAGESIZE
@@ -43,10 +43,8 @@ _SLOTS_AT = 128
 SLOTS = (LENGTH - _SLOTS_AT) // SLOT
 MAX_FRAME = SLOT - 4
 MARGIN_NS = 20_000          # the broker must poll at least this much longer for the ring to be used
-_HEAD_WORD = AT // 8       # ``head`` and ``tail`` as u64 words of the page: each written and read
-_TAIL_WORD = (AT + 64) // 8   # in one aligned access (``struct.pack_into`` zeroes its bytes first:
-_U32 = struct.Struct("<I")    # a reader in between would see a head of 0)
-assert sys.byteorder == "little"
+_HEAD_WORD, _TAIL_WORD = AT // 8, (AT + 64) // 8   # (as ``sealing.words``)
+_U32 = struct.Struct("<I")
 
 
 class _Ring:
@@ -54,7 +52,7 @@ class _Ring:
 
     def __init__(self, mapping: mmap.mmap):
         self._map = mapping
-        self._words = memoryview(mapping).cast("Q")
+        self._words = sealing.words(mapping)
         self._count = 0   # frames written (the client) or taken (the broker): each side's own
 
     def close(self) -> None:

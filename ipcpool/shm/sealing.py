@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import sys
 
 from ..errors import ProtocolError
 
@@ -46,6 +47,18 @@ class Owned:
             self._map = None
             os.close(self.fd)
             self.fd = -1
+
+
+def words(mapping: mmap.mmap) -> memoryview:
+    """``mapping`` as u64 words, each read or written in one aligned access: for every word one
+    process reads while another writes it (versions, counts, ring heads). ``struct.pack_into``
+    zeroes a field's bytes before it writes them, and a reader in between sees 0: a busy-polling
+    broker once read a request ring's head so. Native words are the layouts' little-endian ones;
+    release the view before the map closes (it cannot close while a view lives)."""
+    return memoryview(mapping).cast("Q")
+
+
+assert sys.byteorder == "little"   # (``words``)
 
 
 def map_received(fd: int, length: int, seals: int, what: str, *, writable: bool) -> mmap.mmap:
