@@ -87,21 +87,38 @@ MAX_USER_KEYS = 64
 # each (bounded: emptied when full).
 _VALID_NAMES: set[str] = set()
 _VALID_NAMES_MAX = 1 << 14
+_VALID_HEADS: set[str] = set()   # what comes before the last "/" of a name found valid (bounded alike)
+
+
+def valid_object_name(name: str) -> bool:
+    """Whether ``name`` (a str) is a valid object name; remembered where it is. A writer's next
+    name is often its last one's head and a new number ("step/41", "step/42"): a head seen in a
+    valid name and a part of ASCII digits make a valid name, without the regex, whose first run
+    after a worker's sleep costs microseconds."""
+    if name in _VALID_NAMES:
+        return True
+    head, _, tail = name.rpartition("/")
+    if head in _VALID_HEADS and tail.isdigit() and tail.isascii() and len(name) <= MAX_NAME:
+        return True
+    if len(name) > MAX_NAME or not NAME_RE.fullmatch(name):
+        return False
+    if len(_VALID_NAMES) >= _VALID_NAMES_MAX:
+        _VALID_NAMES.clear()
+        _VALID_HEADS.clear()
+    _VALID_NAMES.add(name)
+    if head and tail:   # (every part of it checked, the next-to-last one included)
+        _VALID_HEADS.add(head)
+    return True
 
 
 def check_object_name(key: str, name: str) -> None:
     if type(name) is not str:   # (a client's own call: bytes, None or a number, say)
         raise InvalidRequest(f"{key}: an object name is a str, not {type(name).__name__}")
-    if name in _VALID_NAMES:
-        return
-    if len(name) > MAX_NAME or not NAME_RE.fullmatch(name):
+    if not valid_object_name(name):
         raise InvalidRequest(
             f"{key}: invalid object name {name[:80]!r}: 1-255 characters of letters, digits and "
             "'._:/-', starting with a letter or digit, without empty, '.' or '..' path parts"
         )
-    if len(_VALID_NAMES) >= _VALID_NAMES_MAX:
-        _VALID_NAMES.clear()
-    _VALID_NAMES.add(name)
 
 
 def check_meta(key: str, meta: dict) -> None:

@@ -367,13 +367,17 @@ class Channel:
         busy-polls), where the frame goes instead while the broker reads it (``shm.requests``)."""
         self._check_alive()
         rid = self._next_id
-        self._next_id += 1
+        self._next_id = rid + 1
         data = build(rid, *args)
-        if ring is None or self._on_socket or not _put_ring(ring[0], ring[1], data):
-            self._send_control(data)
-            self._on_socket = rid
-        elif ring[1].awake_until() < time.monotonic_ns() + requests.MARGIN_NS:
-            self._send_control(frames.NUDGE_FRAME)   # its last look at the rings may have come first
+        if ring is not None and not self._on_socket:   # the ring, while the broker reads it a while yet
+            writer, view = ring
+            if view.awake_until() >= time.monotonic_ns() + requests.MARGIN_NS and writer.put(data):
+                if view.awake_until() < time.monotonic_ns() + requests.MARGIN_NS:
+                    self._send_control(frames.NUDGE_FRAME)   # its last look at the rings may have come first
+                self.framed.add(rid)
+                return rid
+        self._send_control(data)
+        self._on_socket = rid
         self.framed.add(rid)
         return rid
 
@@ -589,8 +593,3 @@ class Channel:
         self._finalizer.detach()
         self._dealer.close()
         self._control.close()
-
-
-def _put_ring(writer: Any, view: Any, data: bytes) -> bool:
-    """``data`` in the request ring, where the broker reads it for a while yet (``shm.requests``)."""
-    return view.awake_until() >= time.monotonic_ns() + requests.MARGIN_NS and writer.put(data)

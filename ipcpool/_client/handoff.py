@@ -140,6 +140,8 @@ class Carving:
     sent: bool = False          # its seal (or free) went out before the reply came
     framed: bool = False        # its create went as a frame on the control socket (``ipcpool.frames``)
     memory: ImportedMemory | None = None   # the range, imported: what its buffer holds
+    pool: bytes = b""           # made ready ahead (``Handoff._prepare``): its pool's name, encoded,
+    ring: Any = None            # ... and where its create may go (``Handoff._ring``)
 
 
 class Handoff:
@@ -250,11 +252,13 @@ class Handoff:
         return credits.popleft() if credits else b""
 
     @trace.phase("release")
-    def release(self, pool: str, memory: ImportedMemory, stream: Any, credit: bytes | None = None) -> bytes:
-        """Release an import of ``pool``; its done event, on a credit of the broker's where one is left."""
+    def release(self, pool: str, memory: ImportedMemory, stream: Any, credit: bytes | None = None, *,
+                if_busy: bool = False) -> bytes:
+        """Release an import of ``pool``; its done event, on a credit of the broker's where one is
+        left (``if_busy``: none where the work on ``stream`` is done, ``ClientPool.release``)."""
         own = credit is not None
         credit = credit if own else self.take_credit(pool)
-        done = self._imported[pool].release(memory, stream, credit)
+        done = self._imported[pool].release(memory, stream, credit, if_busy=if_busy)
         if credit and done != credit and not own:
             self._credits[pool].appendleft(credit)   # not needed (memory with no done event): keep it
         return done
@@ -299,17 +303,33 @@ class Handoff:
             self._last = (pool, nbytes)
         return buf
 
-    def create_ready(self, name: str, nbytes: int, pool: str) -> Any:
-        """``carve`` of a create without metadata, for the buffer made ready at the writer's last
-        seal (``_prepare``): the frame leaves first, since the broker's directory entry, which a
-        reader spins on, waits for it; None where no such buffer fits (``carve`` then)."""
-        buf = self._ahead
-        if buf is None or buf.pool != pool or buf.memory.size != nbytes:
+    def create_ready(self, name: str, nbytes: int, pool: str, writing: set[str]) -> Any:
+        """The usual hand-off's create, the whole of it: the buffer made ready at the writer's last
+        seal (``_prepare``) named ``name``, its frame sent first (the broker's directory entry,
+        which a reader spins on, waits for it). None where anything is not as usual (no such
+        buffer, a refusal to raise, a name in use here or invalid, a closed client): ``carve`` then
+        does it, or says why not. Each line here runs on a worker that often comes back from
+        sleep with cold caches, where every one costs a fraction of a microsecond."""
+        buf, ch = self._ahead, self._channel
+        if (buf is None or buf.pool != pool or type(nbytes) is not int or buf.memory.size != nbytes
+                or ch.closed or ch.unraised or name in writing or type(name) is not str
+                or not protocol.valid_object_name(name)):
             return None
-        self.raise_deferred()
         self._ahead = None
-        buf.name, buf.owner = name, True
-        self._send(buf, "create", name, None, None)
+        cut = buf.carving
+        buf.name = name
+        cut.framed = True
+        try:
+            cut.rid = rid = ch.send_frame(frames.create, cut.pool, name.encode(), b"", cut.arena.aid, cut.offset,
+                                          nbytes, cut.slot, cut.seq, cut.promise or _NO_CREDIT, ring=cut.ring)
+        except BaseException:
+            self.unprepare(buf)
+            raise
+        if trace.hook is not None:
+            trace.emit("client.create_sent", op="create", name=name, rid=rid, framed=True)
+        self._enter(buf)
+        self._inflight[rid] = buf
+        writing.add(name)
         return buf   # (still steady: made ready only for this pool and size)
 
     def _send(self, buf: Any, op: str, name: str | None, meta: dict | None, fields: dict | None) -> None:
@@ -377,6 +397,7 @@ class Handoff:
             return
         buf = self._keep(0, pool, cut.memory, True, None, None, False, enter=False)
         buf.carving = cut
+        cut.pool, cut.ring = pool.encode(), self._ring(pool)   # (what create_ready sends with)
         if self._views.asked:
             buf.tensor_ahead = self._views.ahead(buf, cut.memory)
         self._ahead = buf
@@ -459,7 +480,9 @@ class Handoff:
         if cut.error is not None:
             cut.arena.refused(cut.offset, stream)
             raise cut.error
-        done = self.release(buf.pool, cut.memory, stream, cut.promise or None)
+        promise = cut.promise   # (the usual seal records straight on it: the reader waits on the post)
+        done = self._imported[buf.pool].release(cut.memory, stream, promise) if promise else \
+            self.release(buf.pool, cut.memory, stream)
         if cut.slot is not None:
             self.boards[buf.pool].post(cut.arena.words + cut.slot, cut.seq)   # after the record
             cut.arena.free_slot(cut.slot)   # numbers grow, so the word may serve the next object
@@ -487,7 +510,7 @@ class Handoff:
         if cut.error is not None:   # the broker never had it: only ours to drop
             cut.arena.refused(cut.offset, stream)
             return True
-        done = self.release(buf.pool, cut.memory, stream)
+        done = self.release(buf.pool, cut.memory, stream, if_busy=True)
         cut.sent = True
         self._channel.send("free", arena=cut.arena.aid, offset=cut.offset, **({"done_event": done} if done else {}))
         return True
@@ -620,7 +643,7 @@ class Handoff:
         """Release a lease taken from a directory: the done event after the reader's work (R2).
         A reader that asks the broker nothing else would never read the answers that free its
         slots: they are taken in here, off the read's path, once few slots are left."""
-        done = self.release(buf.pool, buf.memory, stream)
+        done = self.release(buf.pool, buf.memory, stream, if_busy=True)
         self._end_lease(buf.pool, buf.dirlease, done)
         if self._pools.lease_page.free_slots < LOW_SLOTS:
             self._channel.drain()

@@ -233,6 +233,11 @@ class Leases:
 
     # -- named objects --------------------------------------------------------------------------
     def create(self, name: str, nbytes: int, pool: str, meta: dict | None, stream: Any) -> Buffer:
+        if not meta:   # a steady writer's next object, made ready at its last seal, if all is as usual
+            with self._lock:
+                buf = self.handoff.create_ready(name, nbytes, pool, self._writing)
+            if buf is not None:
+                return buf
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
             raise InvalidRequest(f"nbytes must be a positive int, got {nbytes!r}")
         wire = wire_meta(meta) if meta else None
@@ -243,11 +248,6 @@ class Leases:
             carved = nbytes <= self.handoff.arena_bytes // 4
             if carved or wire is None:   # what the broker would refuse, now
                 protocol.check_object_name("name", name)
-            if wire is None:   # a steady writer's next object, made ready at its last seal: the frame first
-                buf = self.handoff.create_ready(name, nbytes, pool)
-                if buf is not None:
-                    self._writing.add(name)
-                    return buf
             fields = {"name": name, "nbytes": nbytes, "pool": pool}
             if wire is not None:
                 fields["meta"] = wire
@@ -430,7 +430,7 @@ class Leases:
             if buf.dirlease is not None:   # taken from a directory: its release names its slot
                 self.handoff.end_lease(buf, stream)
                 return
-            done = self.handoff.release(buf.pool, buf.memory, stream)
+            done = self.handoff.release(buf.pool, buf.memory, stream, if_busy=True)
             self._channel.send("free", alloc=buf.alloc_id, **({"done_event": done} if done else {}))
 
     def release_all(self, name: str, stream: Any) -> int:

@@ -290,10 +290,12 @@ class ClientPool(ABC):
         return [self.import_allocation(e, stream) for e in exports]
 
     @abstractmethod
-    def release(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> bytes:
+    def release(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"", *,
+                if_busy: bool = False) -> bytes:
         """Drop the import (on ``stream``); return the done-event handle for the broker (R2): the
         broker's event ``credit`` (see ``Ordering.credit``) recorded, where one is given and
-        an event is needed, else one of our own."""
+        an event is needed, else one of our own. ``if_busy``: a release (never a seal, whose event
+        readers order after) of a range needs none where the work on ``stream`` is all done."""
 
     def keep(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> tuple[bytes, Any] | None:
         """Give up the use of ``memory`` as ``release`` does (its done event for the broker, R2),

@@ -59,9 +59,14 @@ def test_the_handoff_timeline_runs_on_the_host_backend(tmp_path):
     [path] = tmp_path.glob("handoff_timeline_host_*.json")
     result = json.loads(path.read_text())
     segments = {s["label"]: s for s in result["segments"]}
-    for label in ("create leaves the writer", "create reaches the broker", "broker handles the create",
-                  "directory entry written (from the create)", "seal reaches the broker", "whole hand-off"):
+    for label in ("create leaves the writer", "broker handles the create", "directory entry written (from the create)",
+                  "whole hand-off"):
         assert segments[label]["n"] == 30 and segments[label]["p50_us"] > 0, segments[label]
+    # A frame the writer puts in its request ring is the spinning broker's before the writer's own
+    # trace event stamps it sent: these two come out near zero, of either sign.
+    for label in ("create reaches the broker", "seal reaches the broker"):
+        assert segments[label]["n"] == 30, segments[label]
+        assert abs(segments[label]["p50_us"]) < segments["whole hand-off"]["p50_us"], segments[label]
     assert result["handlers_us"]["create"] > 0 and result["handlers_us"]["seal"] > 0
 
 

@@ -49,3 +49,16 @@ def test_the_check_agrees_on_every_short_name_and_on_random_ones():
 def test_a_refused_name_is_told_with_the_rule(name):
     with pytest.raises(InvalidRequest, match=r"invalid object name .*1-255 characters .*'\.' or '\.\.' path parts"):
         protocol.check_object_name("name", name)
+
+
+def test_a_counters_next_name_is_judged_as_the_statement_does():
+    # After a valid name, its head with any last part takes the short way (a head seen and a part
+    # of ASCII digits): digits of other scripts, empty parts, dots and lengths must still be told.
+    heads = ["step", "a/b", "w.1/x:2", "a/" * 120 + "a", "t-0"]
+    tails = ["0", "41", "9" * 20, "", "٣", "²", "4.2", "..", ".", "1/", "1/..", "x", "1\n", "1" * 260]
+    for head in heads:
+        assert _accepted(f"{head}/seen")
+        for tail in tails:
+            name = f"{head}/{tail}"
+            assert _accepted(name) == _by_the_statement(name), name
+    assert protocol.valid_object_name("step/123") and "step" in protocol._VALID_HEADS

@@ -70,7 +70,8 @@ class HostClientPool(ClientPool):
             raise InvalidRequest("allocation lies outside the pool")
         return [HostMemory(mapping, e.offset, e.size, whole) for e in exports]
 
-    def release(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> bytes:
+    def release(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"", *,
+                if_busy: bool = False) -> bytes:
         return b""
 
     def carved(self, arena: ImportedMemory, offset: int, nbytes: int) -> ImportedMemory:
