@@ -11,6 +11,7 @@ import pytest
 import ipcpool
 from tests.support.gpu import attach_all, tensor_reader, tensor_writer
 from tests.support.procs import SPAWN, run_procs, run_together
+from tests.support.tracing import broker_env, read
 
 pytestmark = pytest.mark.gpu
 
@@ -83,6 +84,48 @@ def test_a_carved_range_comes_back_only_after_the_writers_kernel(start_broker):
         back_after = time.monotonic() - t0
         stream.synchronize()
     assert 0.8 < back_after < 10, back_after   # after the kernel (1 s), and not lost
+
+
+def test_a_readers_release_brings_a_done_event_only_while_its_stream_has_work(start_broker, tmp_path):
+    """R2 without GPU work for nothing: a directory reader's release after work the host waited
+    for sends no done event (recording one would put work of the reader's on the GPU between the
+    writer's next fill and the readers' copies); a release with work still running on its stream
+    sends one, and the writer's range comes back only after that work."""
+    import cupy
+
+    from tests.support.kernels import spin_fill
+
+    events = tmp_path / "events.jsonl"
+    b = start_broker(backend="cuda", env=broker_env("record", events))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with ipcpool.connect(b.socket_dir) as w, ipcpool.connect(b.socket_dir) as r:
+        at = {}
+        for name in ("rel/idle", "rel/busy"):
+            buf = w.create(name, MiB, stream=stream)
+            at[name] = buf.carved_at
+            spin_fill(buf.ptr, buf.size, 0.0, 0x5A, stream)
+            buf.seal(stream=stream)
+        idle = r.get("rel/idle", stream=stream, timeout=30)
+        assert idle.dirlease is not None   # taken from the directory
+        with stream:   # read on the stream the lease is ordered on, the host waiting for it
+            assert int(cupy.asarray(idle)[0].get()) == 0x5A
+        stream.synchronize()
+        idle.release(stream=stream)
+        busy = r.get("rel/busy", stream=stream, timeout=30)
+        spin_fill(busy.ptr, 0, 1.0, 0, stream)   # a second of work on the stream, writing nothing
+        t0 = time.monotonic()
+        busy.release(stream=stream)
+        w.delete("rel/busy")
+        aid, offset = at["rel/busy"]
+        arena = w._handoff._by_arena[aid]
+        while arena.holds(offset) and time.monotonic() - t0 < 15:
+            w._channel.drain()
+            time.sleep(0.005)
+        back_after = time.monotonic() - t0
+        stream.synchronize()
+    releases = [i["fields"] for e, i in read(events) if e == "broker.request" and i.get("op") == "release"]
+    assert [("done_event" in f) for f in releases] == [False, True], releases
+    assert 0.8 < back_after < 10, back_after   # after the reader's second of work (R2), and not lost
 
 
 def _torch_consumer(socket_dir, i, out):

@@ -214,12 +214,24 @@ class CudaClientPool(ClientPool):
         if not event:
             return
         opened = self._credits.get(event) if credit else None
-        if opened is not None and cuEventQuery(opened.handle)[0] == CUresult.CUDA_SUCCESS:
-            return   # the usual reader of a hand-off: the seal is complete, one driver call
+        if opened is not None:   # the usual reader of a hand-off: one driver call a look, no more
+            handle, until = opened.handle, 0.0   # (the writer posts its seal as soon as it recorded:
+            while True:                          # its fill often runs still, for a few µs)
+                err = cuEventQuery(handle)[0]
+                if err == CUresult.CUDA_SUCCESS:
+                    return
+                if err != CUresult.CUDA_ERROR_NOT_READY:
+                    break   # (said below, as the driver's error)
+                now = time.perf_counter()
+                if not until:
+                    until = now + self._backend.event_spin_s
+                elif now >= until:
+                    break   # a stream wait, below
         with cuda_errors("ordering after a seal of pool %r", self.name):
             s = self._backend.stream(stream, self.device)
-            if credit:   # kept open: no context switch, one query on the usual path
-                order_after_event(s, event, self._backend.event_spin_s, self._opened(event))
+            if credit:   # kept open: no context switch (spun for above where it was open already)
+                spin_s = 0.0 if opened is not None else self._backend.event_spin_s
+                order_after_event(s, event, spin_s, self._opened(event))
                 return
             with OnDevice(self.device):
                 order_after_event(s, event, self._backend.event_spin_s)
