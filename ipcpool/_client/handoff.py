@@ -312,7 +312,7 @@ class Handoff:
         sleep with cold caches, where every one costs a fraction of a microsecond."""
         buf, ch = self._ahead, self._channel
         if (buf is None or buf.pool != pool or type(nbytes) is not int or buf.memory.size != nbytes
-                or ch.closed or ch.unraised or name in writing or type(name) is not str
+                or ch.closed or ch.unraised or type(name) is not str or name in writing
                 or not protocol.valid_object_name(name)):
             return None
         self._ahead = None

@@ -243,11 +243,11 @@ class Leases:
         wire = wire_meta(meta) if meta else None
         with self._lock:
             self._channel.check_open()
+            carved = nbytes <= self.handoff.arena_bytes // 4
+            if carved or wire is None or type(name) is not str:   # what the broker would refuse, now
+                protocol.check_object_name("name", name)
             if name in self._writing:
                 raise ObjectExists(f"this client is already writing an object named {name!r}; seal or free it first")
-            carved = nbytes <= self.handoff.arena_bytes // 4
-            if carved or wire is None:   # what the broker would refuse, now
-                protocol.check_object_name("name", name)
             fields = {"name": name, "nbytes": nbytes, "pool": pool}
             if wire is not None:
                 fields["meta"] = wire

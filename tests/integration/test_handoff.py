@@ -188,3 +188,36 @@ def test_alloc_fds_answers_several_allocations_in_one_reply_and_only_the_session
         assert c.allocate(4096).size == 4096   # the session goes on
         for b in bufs:
             b.free()
+
+
+def test_a_steady_writers_next_create_refuses_what_the_usual_create_refuses(broker):
+    """The buffer made ready at a writer's last seal serves only a create that is as usual: a bad
+    name, a name being written, a non-int size or a closed client get the usual create's error,
+    the buffer made ready stays ready, and it serves the next good create."""
+    with ipcpool.connect(broker.socket_dir) as c:
+        for i in range(3):   # steady: each seal makes the next buffer of this size ready
+            c.create(f"steady/{i}", MiB).seal()
+        first = c.create("steady/3", MiB)    # (takes the buffer made ready)
+        writing = c.create("steady/4", MiB)  # (carved afresh: being written while the next is ready)
+        first.seal()
+        ready = c._handoff._ahead
+        assert ready is not None
+        for name, size, error, words in [("../x", MiB, ipcpool.InvalidRequest, "invalid object name"),
+                                         (b"steady/5", MiB, ipcpool.InvalidRequest, "a str"),
+                                         (["steady/5"], MiB, ipcpool.InvalidRequest, "a str"),
+                                         ("steady/4", MiB, ipcpool.ObjectExists, "already writing"),
+                                         ("steady/5", float(MiB), ipcpool.InvalidRequest, "positive int")]:
+            with pytest.raises(error, match=words):
+                c.create(name, size)
+            assert c._handoff._ahead is ready
+        writing.view[:4] = b"ok!!"
+        writing.seal()
+        nxt = c.create("steady/5", MiB)
+        assert nxt is ready and nxt.carved_at is not None
+        nxt.view[:4] = b"next"
+        nxt.seal()
+        c.flush()
+        assert bytes(c.get("steady/5", timeout=5).view[:4]) == b"next"
+        assert bytes(c.get("steady/4", timeout=5).view[:4]) == b"ok!!"
+    with pytest.raises(ipcpool.ClosedError):
+        c.create("steady/6", MiB)
