@@ -140,8 +140,6 @@ class Carving:
     sent: bool = False          # its seal (or free) went out before the reply came
     framed: bool = False        # its create went as a frame on the control socket (``ipcpool.frames``)
     memory: ImportedMemory | None = None   # the range, imported: what its buffer holds
-    pool: bytes = b""           # made ready ahead (``Handoff._prepare``): its pool's name, encoded,
-    ring: Any = None            # ... and where its create may go (``Handoff._ring``)
 
 
 class Handoff:
@@ -304,31 +302,20 @@ class Handoff:
         return buf
 
     def create_ready(self, name: str, nbytes: int, pool: str, writing: set[str]) -> Any:
-        """The usual hand-off's create, the whole of it: the buffer made ready at the writer's last
-        seal (``_prepare``) named ``name``, its frame sent first (the broker's directory entry,
-        which a reader spins on, waits for it). None where anything is not as usual (no such
-        buffer, a refusal to raise, a name in use here or invalid, a closed client): ``carve`` then
-        does it, or says why not. Each line here runs on a worker that often comes back from
-        sleep with cold caches, where every one costs a fraction of a microsecond."""
+        """The usual hand-off's create: the buffer made ready at the writer's last seal
+        (``_prepare``) named ``name`` and its frame sent first (the broker's directory entry, which
+        a reader spins on, waits for it), after every check in one condition. None where anything
+        is not as usual (no such buffer, a refusal to raise, a name in use here or invalid, a
+        closed client): ``carve`` then does it, or says why not. Each line before the frame runs
+        on a worker that often comes back from sleep with cold caches."""
         buf, ch = self._ahead, self._channel
         if (buf is None or buf.pool != pool or type(nbytes) is not int or buf.memory.size != nbytes
                 or ch.closed or ch.unraised or type(name) is not str or name in writing
                 or not protocol.valid_object_name(name)):
             return None
         self._ahead = None
-        cut = buf.carving
         buf.name = name
-        cut.framed = True
-        try:
-            cut.rid = rid = ch.send_frame(frames.create, cut.pool, name.encode(), b"", cut.arena.aid, cut.offset,
-                                          nbytes, cut.slot, cut.seq, cut.promise or _NO_CREDIT, ring=cut.ring)
-        except BaseException:
-            self.unprepare(buf)
-            raise
-        if trace.hook is not None:
-            trace.emit("client.create_sent", op="create", name=name, rid=rid, framed=True)
-        self._enter(buf)
-        self._inflight[rid] = buf
+        self._send(buf, "create", name, None, None)
         writing.add(name)
         return buf   # (still steady: made ready only for this pool and size)
 
@@ -397,7 +384,6 @@ class Handoff:
             return
         buf = self._keep(0, pool, cut.memory, True, None, None, False, enter=False)
         buf.carving = cut
-        cut.pool, cut.ring = pool.encode(), self._ring(pool)   # (what create_ready sends with)
         if self._views.asked:
             buf.tensor_ahead = self._views.ahead(buf, cut.memory)
         self._ahead = buf
@@ -480,9 +466,7 @@ class Handoff:
         if cut.error is not None:
             cut.arena.refused(cut.offset, stream)
             raise cut.error
-        promise = cut.promise   # (the usual seal records straight on it: the reader waits on the post)
-        done = self._imported[buf.pool].release(cut.memory, stream, promise) if promise else \
-            self.release(buf.pool, cut.memory, stream)
+        done = self.release(buf.pool, cut.memory, stream, cut.promise or None)
         if cut.slot is not None:
             self.boards[buf.pool].post(cut.arena.words + cut.slot, cut.seq)   # after the record
             cut.arena.free_slot(cut.slot)   # numbers grow, so the word may serve the next object

@@ -67,13 +67,23 @@ def order_after_event(stream: Stream, handle: bytes, spin_s: float, opened: Driv
 
 
 def _query_or_wait(stream: Stream, event: DriverEvent, spin_s: float) -> None:
-    if event.is_done:
-        return
-    until = time.perf_counter() + spin_s
-    while time.perf_counter() < until:
-        if event.is_done:
-            return
-    wait_for(stream, event)   # bound now, to the latest record (R4)
+    if not _done_within(event, spin_s) and not event.is_done:   # (is_done: a failed query raises)
+        wait_for(stream, event)   # bound now, to the latest record (R4)
+
+
+def _done_within(event: DriverEvent, spin_s: float) -> bool:
+    """Whether ``event`` completes, queried (one driver call a look) for up to ``spin_s``; False
+    also where a query fails (``is_done`` then says how)."""
+    handle, until = event.handle, None
+    err = cuEventQuery(handle)[0]
+    while err == CUresult.CUDA_ERROR_NOT_READY:
+        now = time.perf_counter()
+        if until is None:   # (the clock read only once the first query says pending)
+            until = now + spin_s
+        if now >= until:
+            return False
+        err = cuEventQuery(handle)[0]
+    return err == CUresult.CUDA_SUCCESS
 
 
 class CudaClientPool(ClientPool):
@@ -214,19 +224,9 @@ class CudaClientPool(ClientPool):
         if not event:
             return
         opened = self._credits.get(event) if credit else None
-        if opened is not None:   # the usual reader of a hand-off: one driver call a look, no more
-            handle, until = opened.handle, 0.0   # (the writer posts its seal as soon as it recorded:
-            while True:                          # its fill often runs still, for a few µs)
-                err = cuEventQuery(handle)[0]
-                if err == CUresult.CUDA_SUCCESS:
-                    return
-                if err != CUresult.CUDA_ERROR_NOT_READY:
-                    break   # (said below, as the driver's error)
-                now = time.perf_counter()
-                if not until:
-                    until = now + self._backend.event_spin_s
-                elif now >= until:
-                    break   # a stream wait, below
+        if opened is not None and _done_within(opened, self._backend.event_spin_s):
+            return   # the usual reader of a hand-off (its writer posts the seal as soon as it recorded:
+                     # the fill often runs a few µs more), without the general way's set-up
         with cuda_errors("ordering after a seal of pool %r", self.name):
             s = self._backend.stream(stream, self.device)
             if credit:   # kept open: no context switch (spun for above where it was open already)
