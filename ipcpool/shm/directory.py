@@ -60,6 +60,7 @@ KEPT_EVENT = 8          # flags: ``event`` is one of the broker's credits, never
 _FLAGS_AT = 54
 _U16 = struct.Struct("<H")
 _body_into = _BODY.pack_into   # (publish's, bound once)
+_NO_EVENT = bytes(64)
 
 
 class Entry(NamedTuple):   # (a tuple: made on every lookup, where a frozen dataclass costs ~3 µs)
@@ -265,7 +266,7 @@ class DirectoryView:
         dtype = bytes(m[at + _DTYPE_AT: at + _DTYPE_AT + dtype_len]).decode() if dtype_len else None
         shape = struct.unpack_from(f"<{ndim}Q", m, at + _SHAPE_AT) if flags & HAS_SHAPE else None
         return Entry(index, gen, state, alloc, offset, size, None if word == NO_WORD else word, seq,
-                     event if any(event) else b"", dtype, shape, bool(flags & HAS_USER_META), bool(flags & IN_ARENA),
+                     b"" if event == _NO_EVENT else event, dtype, shape, bool(flags & HAS_USER_META), bool(flags & IN_ARENA),
                      bool(flags & KEPT_EVENT))
 
     def state(self, index: int, gen: int) -> int:

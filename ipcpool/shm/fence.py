@@ -34,6 +34,15 @@ def _call(cmd: int) -> int:
 
 _registered: dict[int, bool] = {}   # pid -> registered (a forked child is a process of its own)
 _registering: dict[int, threading.Thread] = {}
+_here = False   # this process is registered: every directory read asks, and a getpid is a system call
+
+
+def _forked() -> None:
+    global _here
+    _here = False
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def registered(wait: float = 0.0) -> bool:
@@ -41,6 +50,8 @@ def registered(wait: float = 0.0) -> bool:
     a reader may take a lease from a directory only then. The first call starts the registration
     on a thread of its own (``register``), so a connect does not wait for it; a process's first
     directory read may (once)."""
+    if _here:
+        return True
     pid = os.getpid()
     done = _registered.get(pid)
     if done is not None:
@@ -69,6 +80,9 @@ def register() -> bool:
         else:
             done = bool(supported & GLOBAL)   # every process takes part in the slow one anyway
         _registered[pid] = done
+        if done:
+            global _here
+            _here = True
     return done
 
 
