@@ -9,7 +9,9 @@ Every run also times the floor: the same hand-off written by hand with everythin
 floor and the peers live in bench/handoff_peers.py; this module has the ipcpool pair and the run.
 
 Latency is from the producer's first call to the consumer holding the element (CLOCK_MONOTONIC is
-one clock for every process). Writes bench/results/handoff_<backend>.json and .png.
+one clock for every process). The step report (stderr) splits ipcpool's hand-off into the writer's
+and the reader's calls; its last line is a reader that asks only once the object is sealed (its get
+and view wait for nothing: the reader's own cost). Writes bench/results/handoff_<backend>.json and .png.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ from ipcpool.progress import Progress  # noqa: E402
 
 CTX = mp.get_context("spawn")
 
+
+# The ipcpool pair then hands off LATE objects more, untimed in the figures, whose reader asks only
+# once the seal is done: its get (lookup, lease, event query) and view then wait for nothing, and
+# their step report is the reader's own cost.
+LATE = 250
 
 # Every pair speaks through four queues: go (consumer -> producer: ready for the next), link
 # (producer -> consumer: t0, and the object itself where the peer passes it that way), acks
@@ -60,7 +67,7 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
 
         if os.environ.get("HANDOFF_SENT_STAMPS"):   # (--sent-stamps: ~15 trace events a hand-off)
             trace.set_trace(stamp)
-        for i in range(n):
+        for i in range(n + LATE):
             go.get()
             sent["client.create_sent"] = sent["client.seal_sent"] = 0
             t0 = time.perf_counter_ns()
@@ -80,7 +87,8 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
             buf.seal(stream=stream)
             t3 = time.perf_counter_ns()
             link.put((t0, sent["client.seal_sent"] or t3, sent["client.create_sent"] or t1))
-            steps.append((t1 - t0, t_view - t1, t2 - t_view, t3 - t2))
+            if i < n:
+                steps.append((t1 - t0, t_view - t1, t2 - t_view, t3 - t2))
             acks.get()
             c.delete(f"h/{i}")
         report_steps("producer", ("create", "view", "fill", "seal"), steps)
@@ -98,9 +106,22 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             torch.cuda.set_device(consumer)   # its stream, and the reads, on the consumer's GPU
             stream = torch.cuda.Stream()
             torch.cuda.set_stream(stream)
-        steps, marks = [], []
-        for i in range(n):
+        steps, marks, late = [], [], []
+        for i in range(n + LATE):
             go.put(True)
+            if i >= n:   # asked once sealed: the reader's own cost
+                link.get()
+                t0 = time.perf_counter_ns()
+                lease = c.get(f"h/{i}", stream=stream, timeout=60)
+                t_got = time.perf_counter_ns()
+                x = lease.tensor() if stream is not None else lease.view
+                late.append((t_got - t0, time.perf_counter_ns() - t_got))
+                value = read_first(x, consumer) if stream is not None else x[0]
+                del x
+                assert value == i % 251, (value, i)
+                lease.release(stream=stream)
+                acks.put(True)
+                continue
             lease = c.get(f"h/{i}", stream=stream, timeout=60)
             t_got = time.perf_counter_ns()
             if stream is not None:
@@ -124,6 +145,7 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
         if not os.environ.get("HANDOFF_SENT_STAMPS"):   # (the seal's moment is t1 of seal(): not shown)
             names, steps = names[::2] + names[3:], [(s[0], s[2], s[3]) for s in steps]
         report_steps("consumer", names, steps)
+        report_steps("consumer", ("get once sealed", "its view"), late)
     if os.environ.get("HANDOFF_MARKS"):   # each hand-off's moments, for bench/handoff_timeline.py
         Path(os.environ["HANDOFF_MARKS"]).write_text(json.dumps(marks[WARMUP:]))
 
