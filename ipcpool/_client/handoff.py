@@ -646,7 +646,6 @@ class Handoff:
         buf.name = name
         self._enter(buf)
         buf.dirlease = lease
-        memory = buf.memory
         try:
             event, kept = entry.event, entry.kept_event
             if state != directory.SEALED:

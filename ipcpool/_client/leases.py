@@ -273,18 +273,19 @@ class Leases:
             self._channel.call("seal", name=buf.name, alloc=buf.alloc_id, **({"done_event": done} if done else {}))
 
     def get(self, name: str, stream: Any, timeout: float | None) -> Buffer:
-        fields: dict[str, Any] = {"name": name}
-        if timeout is not None:
-            # Checked before anything is sent (nan, inf and negatives compare False here).
-            if not isinstance(timeout, (int, float)) or not 0 <= timeout <= protocol.MAX_WAIT_MS / 1000:
-                raise InvalidRequest(f"get: timeout is None (wait without limit) or 0 to "
-                                     f"{protocol.MAX_WAIT_MS // 1000} seconds, got {timeout!r}")
-            fields["timeout_ms"] = int(timeout * 1000)
+        # Checked before anything is read or sent (nan, inf and negatives compare False here).
+        if timeout is not None and (not isinstance(timeout, (int, float))
+                                    or not 0 <= timeout <= protocol.MAX_WAIT_MS / 1000):
+            raise InvalidRequest(f"get: timeout is None (wait without limit) or 0 to "
+                                 f"{protocol.MAX_WAIT_MS // 1000} seconds, got {timeout!r}")
         with self._lock:
             self._channel.check_open()
             buf = self.handoff.look(name, stream, timeout)   # from a directory: no request at all
             if buf is not None:
                 return buf
+            fields: dict[str, Any] = {"name": name}
+            if timeout is not None:
+                fields["timeout_ms"] = int(timeout * 1000)
             lease = Lease.decode(self._channel.call("get", _wait=timeout, **fields))
             if not lease.pending:
                 return self.adopt(lease, stream, owner=False, name=name, meta=lease.meta, readonly=True)

@@ -31,6 +31,7 @@ _NONCE_AT = 16
 # The count (word 0) and the nonces, as ``sealing.words``: a count read as 0 while it is written
 # would make the broker skip the page and miss a slot taken long before.
 _NONCE_WORD, _SLOT_WORDS = (HEAD + _NONCE_AT) // 8, SLOT // 8
+_FIRST_WORD = HEAD // 8   # a slot's pool and entry, then gen, then its nonce (_NONCE_WORD)
 assert HEAD + SLOTS * SLOT <= requests.AT == mmap.PAGESIZE
 
 
@@ -87,9 +88,11 @@ class ClientLeasePage:
         words = self._words
         words[0] = SLOTS - len(self._free)
         # The nonce last: the broker reads it first, so a slot it counts is whole (TSO keeps the
-        # order of these stores, and of its loads).
-        struct.pack_into("<IIQ", self._map, HEAD + slot * SLOT, pool, entry, gen)
-        words[_NONCE_WORD + slot * _SLOT_WORDS] = self._nonce
+        # order of these stores, and of its loads). Pool and entry are one word ("<II").
+        at = _FIRST_WORD + slot * _SLOT_WORDS
+        words[at] = pool | entry << 32
+        words[at + 1] = gen
+        words[at + 2] = self._nonce
         return slot, self._nonce
 
     def give_back(self, slot: int) -> None:
