@@ -151,13 +151,14 @@ class NextLease:
     seal). Where it will lie is guessed from where the reader's objects lay: a writer that hands
     off one size of object carves them from a few ranges in turn, so the range after the last one
     read is the one that usually followed it (a range given back late breaks the turn now and then:
-    a successor is replaced only once it was wrong twice more than right). A wrong guess costs only
-    time off the hand-off's path."""
+    a successor is replaced only once it was wrong twice more than right). Nothing is made before a
+    successor was seen twice: a reader of objects in no order pays nothing. A wrong guess costs
+    only time off the hand-off's path."""
 
     MAX_SEEN = 256   # ranges remembered; past them, forgotten and learnt again
 
     def __init__(self) -> None:
-        self._after: dict[tuple, list] = {}   # where an object lay -> [where the next one did, trust 0-2]
+        self._after: dict[tuple, list] = {}   # where an object lay -> [where the next one did, trust 0-3]
         self._last: tuple | None = None
         self._made: tuple | None = None        # (where, the arena's import, the buffer)
 
@@ -165,7 +166,7 @@ class NextLease:
         """The buffer for where the next object most likely lies (``lease_at(where, arena)``),
         where its arena is imported here (``arena_of(where)``)."""
         after = self._after.get(self._last)
-        at = None if after is None else after[0]
+        at = None if after is None or not after[1] else after[0]
         arena = None if at is None else arena_of(at)
         if arena is not None:
             self._made = (at, arena, lease_at(at, arena))
@@ -182,12 +183,14 @@ class NextLease:
         made, self._made = self._made, None
         last, self._last = self._last, at
         after = self._after.get(last)
-        if after is None:
+        if last is None:
+            pass
+        elif after is None:
             if len(self._after) >= self.MAX_SEEN:
                 self._after.clear()
             self._after[last] = [at, 0]
         elif after[0] == at:
-            after[1] = min(after[1] + 1, 2)
+            after[1] = min(after[1] + 1, 3)
         elif after[1]:
             after[1] -= 1
         else:
@@ -223,7 +226,7 @@ class Handoff:
         self._notes: dict[int, SealNotice | AbortNotice | None] = {}   # pending leases watched: alloc -> its notice
         self._arena_views: dict[str, dict[int, ImportedMemory]] = {}   # pool -> arena -> its import
         self._releasing: dict[int, int] = {}   # directory leases' releases by request id -> slot
-        self._next = NextLease()   # a reader's next lease, made while it waits for the entry
+        self._next = NextLease()   # a directory reader's next lease, made ahead
 
     # -- what arrives from the broker --------------------------------------------------------------
     def on_notice(self, note: dict) -> bool:

@@ -1,5 +1,6 @@
-"""A directory reader's next lease, made while it waits (``handoff.NextLease``): which range it
-guesses, and that a guess is used only for the range and arena the entry names."""
+"""A directory reader's next lease, made ahead (``handoff.NextLease``): which range it guesses,
+that a guess is used only for the range and arena the entry names, and that it makes nothing for
+objects read in no order."""
 
 from ipcpool._client.handoff import NextLease
 
@@ -26,28 +27,33 @@ def test_a_writers_ranges_in_turn_are_guessed_once_seen():
     arenas = {1: arena}
     turn = [spot(0), spot(1 << 20), spot(2 << 20)]
     got = [read(nl, turn[k % 3], arena, arenas) for k in range(9)]
-    assert got[:4] == [None] * 4   # each range's successor is seen once first (c -> a at the 4th)
-    for k, buf in enumerate(got[4:], start=4):
+    # Nothing made until each successor was seen twice (c -> a the second time at the 7th)
+    assert got[:7] == [None] * 7
+    for k, buf in enumerate(got[7:], start=7):
         assert buf is not None and buf.at == turn[k % 3] and buf.memory is arena
 
 
-def test_a_guess_for_another_range_size_or_type_is_not_used():
-    nl, arena = NextLease(), object()
-    arenas = {1: arena}
-    for at in (spot(0), spot(1 << 20), spot(0)):
+def learnt(arena, arenas):
+    """A reader that has seen 1 MiB follow 0 twice and has just read 0: its guess is 1 MiB."""
+    nl = NextLease()
+    for at in (spot(0), spot(1 << 20), spot(0), spot(1 << 20), spot(0)):
         read(nl, at, arena, arenas)
-    # Learnt: after 0 comes 1 MiB. The entry names something else each time: never the guess.
-    assert read(nl, spot(2 << 20), arena, arenas) is None
-    read(nl, spot(0), arena, arenas)
-    assert read(nl, spot(1 << 20, size=4096), arena, arenas) is None
-    read(nl, spot(0), arena, arenas)
-    assert read(nl, ("default", 1, 1 << 20, 1 << 20, "float32", (4, 4)), arena, arenas) is None
+    return nl
+
+
+def test_a_guess_for_another_range_size_or_type_is_not_used():
+    arena = object()
+    arenas = {1: arena}
+    assert read(learnt(arena, arenas), spot(1 << 20), arena, arenas) is not None   # the guess itself
+    for other in (spot(2 << 20), spot(1 << 20, size=4096), ("default", 1, 1 << 20, 1 << 20, "float32", (4, 4)),
+                  spot(1 << 20, alloc=2), spot(1 << 20, pool="other")):
+        assert read(learnt(arena, arenas), other, arena, arenas) is None
 
 
 def test_a_guess_made_over_an_arena_imported_since_is_not_used():
     nl, old, new = NextLease(), object(), object()
     arenas = {1: old}
-    for at in (spot(0), spot(1 << 20), spot(0)):
+    for at in (spot(0), spot(1 << 20), spot(0), spot(1 << 20), spot(0)):
         read(nl, at, old, arenas)
     assert read(nl, spot(1 << 20), new, arenas) is None   # made over ``old``; the entry's arena is ``new``
 
@@ -56,7 +62,7 @@ def test_one_late_range_does_not_unlearn_the_turn():
     nl, arena = NextLease(), object()
     arenas = {1: arena}
     a, b, c = spot(0), spot(1 << 20), spot(2 << 20)
-    for at in (a, b, c, a, b, c, a):
+    for at in (a, b, c, a, b, c, a, b, c, a):   # the turn seen three times
         read(nl, at, arena, arenas)
     assert read(nl, c, arena, arenas) is None   # a range given back late: c came after a once
     assert read(nl, a, arena, arenas) is not None   # after c comes a, as before
@@ -65,6 +71,16 @@ def test_one_late_range_does_not_unlearn_the_turn():
 
 def test_no_arena_here_makes_nothing():
     nl, arena = NextLease(), object()
-    for at in (spot(0), spot(1 << 20), spot(0)):
+    for at in (spot(0), spot(1 << 20), spot(0), spot(1 << 20), spot(0)):
         read(nl, at, arena, {1: arena})
     assert read(nl, spot(1 << 20), arena, {}) is None
+
+
+def test_objects_read_in_no_order_make_nothing():
+    nl, arena = NextLease(), object()
+    arenas = {1: arena}
+    made = []
+    for k in range(64):   # each range followed by another each time: no successor is seen twice
+        nl.make(lambda where: arenas.get(where[1]), lambda at, a: made.append(at) or Made(at, a))
+        nl.take(spot((k * 7919 % 64) << 20), arena)
+    assert made == []
