@@ -587,8 +587,9 @@ class Handoff:
             dirs = self._pools.directories
             if not dirs:
                 return None
-        spin_until = time.perf_counter() + (0.0 if timeout == 0 else self._channel.get_spin_s)
-        made = timeout == 0
+        spin = 0.0 if timeout == 0 else self._channel.get_spin_s
+        spin_until = time.perf_counter() + spin
+        made = not spin   # (no spin: the broker is asked at once, nothing to make meanwhile)
         while True:
             changes = [view.change() for view, _ in dirs.values()]
             for pool, (view, pidx) in dirs.items():
