@@ -30,6 +30,7 @@ from ..backend.base import BrokerBackend
 from ..config import Config
 from ..errors import AlreadyRunning, IpcPoolError, PeerRefused, ProtocolError, QuotaExceeded
 from ..replies import GrowableState
+from . import collector
 from .access import PoolAccess
 from .arenas import Handoffs
 from .checkpoints import CheckpointTable
@@ -300,12 +301,14 @@ class Broker:
         # Wake at least twice per watchdog period, so a live loop never misses its WATCHDOG=1.
         wd = self.notifier.watchdog_interval
         timeout_ms = 1000 if wd is None else max(10, min(1000, int(wd * 1000)))
+        collector.start()
         try:
             while not self._stop:
                 self.poll_once(timeout_ms)
                 self.notifier.tick()
                 self._report()
         finally:
+            collector.stop()
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
@@ -392,8 +395,10 @@ class Broker:
         if spinning:   # right after a request: don't sleep (busy_poll_us)
             timeout_ms = 0
             self._tell_awake(awake_until)
-        elif self.registry is not None and self.backend.pending_frees:
-            timeout_ms = min(timeout_ms, 2)   # frees wait on done events: look again soon
+        else:
+            collector.between_requests()   # (about to sleep: nobody waits)
+            if self.registry is not None and self.backend.pending_frees:
+                timeout_ms = min(timeout_ms, 2)   # frees wait on done events: look again soon
         # The growth stock is refilled while idle: after a burst of requests, not during one.
         # Making a chunk and its FD takes up to a millisecond, and a request arriving meanwhile
         # waits: a burst of grows (each one a request a few hundred µs after the last) must not
@@ -533,6 +538,7 @@ class Broker:
             self._answer(session, "create", c.rid, self.handlers.create(session, c), t0)
         finally:
             session.backend.peer_progressed()
+            collector.in_create()
 
     def _run(self, session: Session, op: str, fields: dict, rid: int) -> None:
         """A checked request of either channel handled, timed and answered (on the message channel)."""
@@ -543,6 +549,7 @@ class Broker:
             self._answer(session, op, rid, self.handlers.handle(session, op, fields, rid), t0)
         finally:   # (after the answer: retiring events and sweeping frees wait for no reader)
             session.backend.peer_progressed()
+            collector.between_requests()
 
     def _answer(self, session: Session, op: str, rid: int, reply: dict | GrowableState | None, t0: float) -> None:
         """A handled request (begun at ``t0``) traced, timed and answered; None: answered later."""
