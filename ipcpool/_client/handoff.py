@@ -162,17 +162,16 @@ class NextLease:
         self._last: tuple | None = None
         self._made: tuple | None = None        # (where, the arena's import, the buffer)
 
-    def make(self, arena_of: Callable[[tuple], Any], lease_at: Callable[[tuple, Any], Any]) -> None:
+    def make(self, arena_of: Callable[[str, int], Any], lease_at: Callable[[tuple, Any], Any]) -> None:
         """The buffer for where the next object most likely lies (``lease_at(where, arena)``),
-        where its arena is imported here (``arena_of(where)``)."""
+        where its arena is imported here (``arena_of(pool, arena id)``); nothing where it is made."""
         after = self._after.get(self._last)
         at = None if after is None or not after[1] else after[0]
-        arena = None if at is None else arena_of(at)
+        if at is None or (self._made is not None and self._made[0] == at):
+            return
+        arena = arena_of(at[0], at[1])
         if arena is not None:
             self._made = (at, arena, lease_at(at, arena))
-
-    def made(self) -> bool:
-        return self._made is not None
 
     def forget(self) -> None:
         """Drop what was made (at close: its tensor views the pool's memory)."""
@@ -182,10 +181,15 @@ class NextLease:
         """The buffer made for ``at`` in ``arena``, else None; either way ``at`` is learnt."""
         made, self._made = self._made, None
         last, self._last = self._last, at
+        if last is not None:
+            self._learn(last, at)
+        if made is None or made[0] != at or made[1] is not arena:   # (an arena imported again: not its range)
+            return None
+        return made[2]
+
+    def _learn(self, last: tuple, at: tuple) -> None:
         after = self._after.get(last)
-        if last is None:
-            pass
-        elif after is None:
+        if after is None:
             if len(self._after) >= self.MAX_SEEN:
                 self._after.clear()
             self._after[last] = [at, 0]
@@ -195,9 +199,6 @@ class NextLease:
             after[1] -= 1
         else:
             after[0] = at
-        if made is None or made[0] != at or made[1] is not arena:   # (an arena imported again: not its range)
-            return None
-        return made[2]
 
 
 class Handoff:
@@ -599,34 +600,36 @@ class Handoff:
                         return None
                     if timeout == 0 and entry.state != directory.SEALED:   # the broker says why not
                         return None
-                    if entry.alloc not in self._arena_views.get(pool, ()) and not self._arena_for(pool, entry):
+                    arena = self._arena_of(pool, entry.alloc)
+                    if arena is None:
+                        arena = self._arena_for(pool, entry)
+                    if arena is None:
                         return None
-                    return self._take(pool, view, pidx, entry, name, stream, timeout)
+                    return self._take(pool, view, pidx, entry, arena, name, stream, timeout)
             if not made:   # waiting: the lease the entry will most likely name, made meanwhile
                 made = True
-                if not self._next.made():
-                    self._next.make(self._arena_of, self._lease_at)
+                self._next.make(self._arena_of, self._lease_at)
             while [view.change() for view, _ in dirs.values()] == changes:
                 if time.perf_counter() >= spin_until:
                     return None
 
-    def _arena_for(self, pool: str, entry: Any) -> bool:
-        """Import the arena ``entry`` lies in, once (``dir_export``); False where it cannot serve
+    def _arena_for(self, pool: str, entry: Any) -> ImportedMemory | None:
+        """Import the arena ``entry`` lies in, once (``dir_export``); None where it cannot serve
         a reader without a request of its own each time (not an arena, or not a slab range)."""
         try:
             export = Allocation.decode(self._channel.call("dir_export", pool=pool, alloc=entry.alloc)).export
             client_pool = self._pools.get(pool)
             if client_pool.seal_event and not export.sub:
-                return False   # a pool allocation of its own: imported and released per lease
+                return None   # a pool allocation of its own: imported and released per lease
             memory = self._pools.import_allocation(entry.alloc, pool, export)
         except IpcPoolError as exc:
             log.debug("arena %d of pool %r not imported for a directory read: %s", entry.alloc, pool, exc)
-            return False
+            return None
         self._arena_views.setdefault(pool, {})[entry.alloc] = memory
-        return True
+        return memory
 
-    def _take(self, pool: str, view: Any, pidx: int, entry: Any, name: str, stream: Any,
-              timeout: float | None) -> Any:
+    def _take(self, pool: str, view: Any, pidx: int, entry: Any, arena: ImportedMemory, name: str,
+              stream: Any, timeout: float | None) -> Any:
         """Hazard slot first, then the entry checked again, then the memory (``shm.leases``)."""
         page = self._pools.lease_page
         got = page.take(pidx, entry.index, entry.gen)
@@ -643,7 +646,6 @@ class Handoff:
             self._end_lease(pool, lease, b"")
             return None
         at = (pool, entry.alloc, entry.offset, entry.size, entry.dtype, entry.shape)
-        arena = self._arena_views[pool][entry.alloc]
         buf = self._next.take(at, arena)
         if buf is None:
             buf = self._lease_at(at, arena, ahead=state != directory.SEALED)   # (its view made while the writer works)
@@ -660,9 +662,9 @@ class Handoff:
             raise
         return buf
 
-    def _arena_of(self, at: tuple) -> ImportedMemory | None:
-        """The import of the arena ``at`` (pool, arena, ...) lies in, where this reader has one."""
-        return self._arena_views.get(at[0], {}).get(at[1])
+    def _arena_of(self, pool: str, alloc: int) -> ImportedMemory | None:
+        """This reader's import of arena ``alloc`` of ``pool``, where it has one."""
+        return self._arena_views.get(pool, {}).get(alloc)
 
     def _lease_at(self, at: tuple, arena: ImportedMemory, ahead: bool = True) -> Any:
         """A read lease's buffer, not yet entered or named, over ``at`` (pool, arena, offset,

@@ -30,6 +30,7 @@ from ..backend.base import BrokerBackend
 from ..config import Config
 from ..errors import AlreadyRunning, IpcPoolError, PeerRefused, ProtocolError, QuotaExceeded
 from ..replies import GrowableState
+from ..shm.leases import LeasePage
 from . import collector
 from .access import PoolAccess
 from .arenas import Handoffs
@@ -353,16 +354,20 @@ class Broker:
 
     def _take_rings(self) -> bool:
         """The frames every session put in its request ring (``shm.requests``); whether any was waiting."""
-        waiting = [session for session, page in self.directories.pages.items() if page.ring.waiting()]
-        for session in waiting:
-            self._take_ring(session)
+        waiting = [(session, page) for session, page in self.directories.pages.items() if page.ring.waiting()]
+        for session, page in waiting:
+            self._take_page_ring(session, page)
         return bool(waiting)
 
     def _take_ring(self, session: Session) -> None:
         """The frames ``session`` put in its request ring, handled as frames from its socket,
         before anything else it sent; a ring that does not add up ends the session."""
         page = self.directories.pages.get(session)
-        if page is None or session.orphaned:
+        if page is not None:
+            self._take_page_ring(session, page)
+
+    def _take_page_ring(self, session: Session, page: LeasePage) -> None:
+        if session.orphaned:
             return
         try:
             waiting = page.ring.take()

@@ -30,8 +30,8 @@ _SLOTS = struct.Struct("<" + "IIQQ8x" * SLOTS)
 _NONCE_AT = 16
 # The count (word 0) and the nonces, as ``sealing.words``: a count read as 0 while it is written
 # would make the broker skip the page and miss a slot taken long before.
-_NONCE_WORD, _SLOT_WORDS = (HEAD + _NONCE_AT) // 8, SLOT // 8
-_FIRST_WORD = HEAD // 8   # a slot's pool and entry, then gen, then its nonce (_NONCE_WORD)
+_FIRST_WORD, _SLOT_WORDS = HEAD // 8, SLOT // 8   # a slot's pool and entry, then gen, then its nonce
+_NONCE_WORD = _FIRST_WORD + _NONCE_AT // 8
 assert HEAD + SLOTS * SLOT <= requests.AT == mmap.PAGESIZE
 
 
@@ -89,10 +89,10 @@ class ClientLeasePage:
         words[0] = SLOTS - len(self._free)
         # The nonce last: the broker reads it first, so a slot it counts is whole (TSO keeps the
         # order of these stores, and of its loads). Pool and entry are one word ("<II").
-        at = _FIRST_WORD + slot * _SLOT_WORDS
-        words[at] = pool | entry << 32
-        words[at + 1] = gen
-        words[at + 2] = self._nonce
+        at = slot * _SLOT_WORDS
+        words[_FIRST_WORD + at] = pool | entry << 32
+        words[_FIRST_WORD + at + 1] = gen
+        words[_NONCE_WORD + at] = self._nonce
         return slot, self._nonce
 
     def give_back(self, slot: int) -> None:

@@ -18,7 +18,7 @@ def spot(offset, pool="default", alloc=1, size=1 << 20):
 
 def read(nl, at, arena, arenas):
     """One get: the guess made while waiting, then the entry ``at`` taken; what take gave back."""
-    nl.make(lambda where: arenas.get(where[1]), Made)
+    nl.make(lambda pool, alloc: arenas.get(alloc), Made)
     return nl.take(at, arena)
 
 
@@ -81,6 +81,6 @@ def test_objects_read_in_no_order_make_nothing():
     arenas = {1: arena}
     made = []
     for k in range(64):   # each range followed by another each time: no successor is seen twice
-        nl.make(lambda where: arenas.get(where[1]), lambda at, a: made.append(at) or Made(at, a))
+        nl.make(lambda pool, alloc: arenas.get(alloc), lambda at, a: made.append(at) or Made(at, a))
         nl.take(spot((k * 7919 % 64) << 20), arena)
     assert made == []
