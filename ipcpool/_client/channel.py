@@ -365,7 +365,8 @@ class Channel:
         *args)`` makes it), without waiting; its id. Answered on the message channel as any request.
         ``ring``: (the session's request ring, the directory that says how long the broker
         busy-polls), where the frame goes instead while the broker reads it (``shm.requests``)."""
-        self._check_alive()
+        if self._gone is not None or time.monotonic() - self._alive_at >= ALIVE_CHECK_S:
+            self._check_alive()   # (only then: a call less on the hand-off's path)
         rid = self._next_id
         self._next_id = rid + 1
         data = build(rid, *args)

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 MIN_ARENA = 1 << 20
 LOW_SLOTS = 16   # a reader's free lease slots below which its release takes in the answers waiting
 _NO_CREDIT = bytes(HANDLE_BYTES)
+_NONE: dict = {}
 
 
 # -- carving: an arena is an allocation of this client's, imported once; its free ranges are kept here
@@ -103,9 +104,6 @@ class ClientArena:
     def free_slot(self, slot: int) -> None:
         self._slots.append(slot)
 
-    def memory_at(self, offset: int, nbytes: int) -> ImportedMemory:
-        return self.pool.carved(self.memory, offset, nbytes)
-
     def reclaimed(self, offset: int) -> None:
         """The broker says the range at ``offset`` is idle: every importer is done with it."""
         if self.ranges.taken(offset):   # (a stale notice of a refused range: never taken)
@@ -141,6 +139,7 @@ class Carving:
     stream: Any = None          # where its last work was queued (a refusal frees it after)
     sent: bool = False          # its seal (or free) went out before the reply came
     framed: bool = False        # its create went as a frame on the control socket (``ipcpool.frames``)
+    ring: Any = None            # ... or in the session's request ring, where there is one (``Handoff._ring``)
     memory: ImportedMemory | None = None   # the range, imported: what its buffer holds
 
 
@@ -178,37 +177,36 @@ class NextLease:
         self._made = None
 
     def take(self, at: tuple, arena: ImportedMemory) -> Any:
-        """The buffer made for ``at`` in ``arena``, else None; either way ``at`` is learnt."""
+        """The buffer made for ``at`` in ``arena``, else None; either way ``at`` is learnt (here,
+        not in a call of its own: this runs on the hand-off's path)."""
         made, self._made = self._made, None
         last, self._last = self._last, at
-        if last is not None:
-            self._learn(last, at)
+        if last is not None:   # learn: ``at`` followed ``last``
+            after = self._after.get(last)
+            if after is None:
+                if len(self._after) >= self.MAX_SEEN:
+                    self._after.clear()
+                self._after[last] = [at, 0]
+            elif after[0] == at:
+                if after[1] < 3:
+                    after[1] += 1
+            elif after[1]:
+                after[1] -= 1
+            else:
+                after[0] = at
         if made is None or made[0] != at or made[1] is not arena:   # (an arena imported again: not its range)
             return None
         return made[2]
 
-    def _learn(self, last: tuple, at: tuple) -> None:
-        after = self._after.get(last)
-        if after is None:
-            if len(self._after) >= self.MAX_SEEN:
-                self._after.clear()
-            self._after[last] = [at, 0]
-        elif after[0] == at:
-            after[1] = min(after[1] + 1, 3)
-        elif after[1]:
-            after[1] -= 1
-        else:
-            after[0] = at
-
 
 class Handoff:
     def __init__(self, channel: Channel, pools: Pools, arena_bytes: int, keep: Callable[..., Any],
-                 enter: Callable[[Any], None], views: Views):
+                 entered: dict[int, Any], views: Views):
         """``keep(alloc_id, pool, memory, owner, name, meta, readonly, enter=True)`` makes a buffer
-        and enters it in the lease table (``enter``: later, by ``enter(buf)``); ``views`` makes
-        their tensors."""
+        and enters it in the lease table, ``entered`` (by id; ``enter=False``: here, later);
+        ``views`` makes their tensors."""
         self._channel = channel
-        self._enter = enter
+        self._entered = entered
         self._views = views
         self._ahead: Any = None                   # the next carve, made ready (``_prepare``)
         self._last: tuple[str, int] | None = None   # (pool, nbytes) of the last carved create
@@ -388,9 +386,10 @@ class Handoff:
             packed = protocol.pack(meta) if meta else b""
             cut.framed = name is not None and len(packed) <= frames.MAX_META
             if cut.framed:
+                cut.ring = self._ring(buf.pool)   # (its seal's too)
                 cut.rid = self._channel.send_frame(frames.create, buf.pool.encode(), name.encode(), packed,
                                                    cut.arena.aid, cut.offset, buf.memory.size, cut.slot, cut.seq,
-                                                   cut.promise or _NO_CREDIT, ring=self._ring(buf.pool))
+                                                   cut.promise or _NO_CREDIT, ring=cut.ring)
             else:
                 extra: dict[str, Any] = {} if cut.slot is None else {"slot": cut.slot, "seq": cut.seq}
                 if cut.promise:
@@ -401,7 +400,7 @@ class Handoff:
             raise
         if trace.hook is not None:
             trace.emit("client.create_sent", op=op, name=name, rid=cut.rid, framed=cut.framed)
-        self._enter(buf)
+        self._entered[id(buf)] = buf
         self._inflight[cut.rid] = buf
 
     def _ring(self, pool: str) -> tuple[Any, Any] | None:
@@ -426,7 +425,7 @@ class Handoff:
                     cut.slot, cut.seq = got
                 else:
                     arena.free_slot(got[0])
-        cut.memory = arena.memory_at(offset, nbytes)
+        cut.memory = arena.pool.carved(arena.memory, offset, nbytes)
         return cut
 
     # A writer that hands off objects of one size has its next one made ready as it seals the last
@@ -527,7 +526,10 @@ class Handoff:
         if cut.error is not None:
             cut.arena.refused(cut.offset, stream)
             raise cut.error
-        done = self.release(buf.pool, cut.memory, stream, cut.promise or None)
+        if cut.promise:   # the credit it promised (the usual hand-off): recorded by the pool, one call
+            done = self._imported[buf.pool].release(cut.memory, stream, cut.promise)
+        else:
+            done = self.release(buf.pool, cut.memory, stream)
         if cut.slot is not None:
             self.boards[buf.pool].post(cut.arena.words + cut.slot, cut.seq)   # after the record
             cut.arena.free_slot(cut.slot)   # numbers grow, so the word may serve the next object
@@ -535,7 +537,7 @@ class Handoff:
         cut.sent = True
         name = buf.name
         if cut.framed:
-            rid = self._channel.send_frame(frames.seal, name.encode(), done or _NO_CREDIT, ring=self._ring(buf.pool))
+            rid = self._channel.send_frame(frames.seal, name.encode(), done or _NO_CREDIT, ring=cut.ring)
         else:   # after a create on the message channel: there too, so it cannot overtake it
             rid = self._channel.send("seal", name=name, **({"done_event": done} if done else {}))
         if trace.hook is not None:
@@ -588,24 +590,20 @@ class Handoff:
             dirs = self._pools.directories
             if not dirs:
                 return None
+        # The usual reader finds its entry at once: no change counts read, nothing set up to wait.
+        for pool, (view, pidx) in dirs.items():
+            entry = view.lookup(name)
+            if entry is not None:
+                return self._take(pool, view, pidx, entry, name, stream, timeout)
         spin = 0.0 if timeout == 0 else self._channel.get_spin_s
         spin_until = time.perf_counter() + spin
         made = not spin   # (no spin: the broker is asked at once, nothing to make meanwhile)
         while True:
-            changes = [view.change() for view, _ in dirs.values()]
+            changes = [view.change() for view, _ in dirs.values()]   # (before the look: no entry missed)
             for pool, (view, pidx) in dirs.items():
                 entry = view.lookup(name)
                 if entry is not None:
-                    if entry.has_user_meta or not entry.in_arena:   # the broker serves those
-                        return None
-                    if timeout == 0 and entry.state != directory.SEALED:   # the broker says why not
-                        return None
-                    arena = self._arena_of(pool, entry.alloc)
-                    if arena is None:
-                        arena = self._arena_for(pool, entry)
-                    if arena is None:
-                        return None
-                    return self._take(pool, view, pidx, entry, arena, name, stream, timeout)
+                    return self._take(pool, view, pidx, entry, name, stream, timeout)
             if not made:   # waiting: the lease the entry will most likely name, made meanwhile
                 made = True
                 self._next.make(self._arena_of, self._lease_at)
@@ -628,9 +626,20 @@ class Handoff:
         self._arena_views.setdefault(pool, {})[entry.alloc] = memory
         return memory
 
-    def _take(self, pool: str, view: Any, pidx: int, entry: Any, arena: ImportedMemory, name: str,
-              stream: Any, timeout: float | None) -> Any:
-        """Hazard slot first, then the entry checked again, then the memory (``shm.leases``)."""
+    def _take(self, pool: str, view: Any, pidx: int, entry: Any, name: str, stream: Any,
+              timeout: float | None) -> Any:
+        """The lease on ``entry``, found for ``name`` in ``pool``'s directory: hazard slot first,
+        then the entry checked again, then the memory (``shm.leases``). None where the broker
+        serves it instead."""
+        if entry.has_user_meta or not entry.in_arena:   # the broker serves those
+            return None
+        if timeout == 0 and entry.state != directory.SEALED:   # the broker says why not
+            return None
+        arena = self._arena_views.get(pool, _NONE).get(entry.alloc)   # (``_arena_of``)
+        if arena is None:
+            arena = self._arena_for(pool, entry)
+            if arena is None:
+                return None
         page = self._pools.lease_page
         got = page.take(pidx, entry.index, entry.gen)
         if got is None and self._releasing:   # every slot waits for its release's answer: the first
@@ -650,7 +659,7 @@ class Handoff:
         if buf is None:
             buf = self._lease_at(at, arena, ahead=state != directory.SEALED)   # (its view made while the writer works)
         buf.name = name
-        self._enter(buf)
+        self._entered[id(buf)] = buf
         buf.dirlease = lease
         try:
             event, kept = entry.event, entry.kept_event

@@ -174,8 +174,8 @@ class Leases:
         self._pools = pools
         self.backend = backend
         self.views = Views(backend.on_gpu)
-        self.handoff = Handoff(channel, pools, arena_bytes, self.keep, self._enter, self.views)
         self.buffers: dict[int, Buffer] = {}
+        self.handoff = Handoff(channel, pools, arena_bytes, self.keep, self.buffers, self.views)
         self._writing: set[str] = set()   # names of objects this client is writing
 
     # -- importing ----------------------------------------------------------------------------
@@ -199,9 +199,6 @@ class Leases:
         if enter:
             self.buffers[id(buf)] = buf
         return buf
-
-    def _enter(self, buf: Buffer) -> None:
-        self.buffers[id(buf)] = buf
 
     def hand_over(self, buf: Buffer) -> None:
         """Out of the table and done with here, without a free: the caller's request gives its

@@ -61,6 +61,8 @@ _FLAGS_AT = 54
 _U16 = struct.Struct("<H")
 _body_into = _BODY.pack_into   # (publish's, bound once)
 _NO_EVENT = bytes(64)
+_new = tuple.__new__   # (an Entry without its generated ``__new__``, a Python call)
+_DIMS = [struct.Struct(f"<{n}Q") for n in range(MAX_DIMS + 1)]   # a shape's layout, by its ndim
 
 
 class Entry(NamedTuple):   # (a tuple: made on every lookup, where a frozen dataclass costs ~3 µs)
@@ -221,6 +223,7 @@ class DirectoryView:
             raise ValueError("a name directory whose header does not match")
         sealing.populate(self._map, write=False)
         self._words = sealing.words(self._map)
+        self._probes = min(MAX_PROBE, capacity)
 
     def change(self) -> int:
         return self._words[_CHANGE_AT // 8]
@@ -229,28 +232,34 @@ class DirectoryView:
         return self._words[_AWAKE_AT // 8]
 
     def lookup(self, name: str) -> Entry | None:
-        """The live entry of ``name`` (WRITING or SEALED), or None."""
+        """The live entry of ``name`` (WRITING or SEALED), or None. One function, no calls of ours:
+        a reader's get runs it first, often on a CPU whose caches its sleep left cold."""
         raw = name.encode()
         n = len(raw)
         cap = self.capacity
-        start = home(raw, cap)
-        m, words = self._map, self._words
-        for k in range(min(MAX_PROBE, cap)):
-            index = (start + k) % cap
+        index = zlib.crc32(raw) % cap   # (``home``)
+        m, words, head_of = self._map, self._words, _HEAD.unpack_from
+        for _ in range(self._probes):
             at = (index + 1) * ENTRY
-            w = at // 8
+            w = at >> 3
             for _ in range(1000):   # a torn copy is retried; the broker writes an entry in ~1 µs
                 ver = words[w]
                 if ver & 1:
                     continue
-                head = _HEAD.unpack_from(m, at)
-                state, name_len = head[2], head[3]
+                (_, gen, state, name_len, alloc, offset, size, word, ndim, dtype_len, flags, seq,
+                 event) = head_of(m, at)
                 if state == EMPTY:
                     if words[w] == ver:
                         return None
                     continue
-                found = name_len == n and m[at + _NAME_AT: at + _NAME_AT + n] == raw
-                entry = self._entry(index, head, at) if found and state in (WRITING, SEALED) else None
+                entry = None
+                if (name_len == n and (state == WRITING or state == SEALED)
+                        and m[at + _NAME_AT: at + _NAME_AT + n] == raw):
+                    dtype = bytes(m[at + _DTYPE_AT: at + _DTYPE_AT + dtype_len]).decode() if dtype_len else None
+                    shape = _DIMS[min(ndim, MAX_DIMS)].unpack_from(m, at + _SHAPE_AT) if flags & HAS_SHAPE else None
+                    entry = _new(Entry, (index, gen, state, alloc, offset, size, None if word == NO_WORD else word,
+                                         seq, b"" if event == _NO_EVENT else event, dtype, shape,
+                                         bool(flags & HAS_USER_META), bool(flags & IN_ARENA), bool(flags & KEPT_EVENT)))
                 if words[w] != ver:
                     continue
                 if entry is not None:
@@ -258,16 +267,8 @@ class DirectoryView:
                 break
             else:
                 return None
+            index = index + 1 if index + 1 < cap else 0
         return None
-
-    def _entry(self, index: int, head: tuple, at: int) -> Entry:
-        (_, gen, state, _, alloc, offset, size, word, ndim, dtype_len, flags, seq, event) = head
-        m = self._map
-        dtype = bytes(m[at + _DTYPE_AT: at + _DTYPE_AT + dtype_len]).decode() if dtype_len else None
-        shape = struct.unpack_from(f"<{ndim}Q", m, at + _SHAPE_AT) if flags & HAS_SHAPE else None
-        return Entry(index, gen, state, alloc, offset, size, None if word == NO_WORD else word, seq,
-                     b"" if event == _NO_EVENT else event, dtype, shape, bool(flags & HAS_USER_META), bool(flags & IN_ARENA),
-                     bool(flags & KEPT_EVENT))
 
     def state(self, index: int, gen: int) -> int:
         """The state of entry ``index`` while it still holds object ``gen``; GONE once it does not."""
