@@ -13,8 +13,9 @@ MODE (default: full):
           cProfile (bench/profiles.py grow)
   check   tests + the VMM grow benchmarks of vmm
   bench   the other benchmarks (round trip, hand-off on GPU and host, hot attach, host round
-          trip) and the hand-off's timeline across its three processes
-          (bench/handoff_timeline.py); no tests
+          trip), the hand-off's timeline across its three processes
+          (bench/handoff_timeline.py) and its client steps against the same work by hand
+          (bench/handoff_steps.py); no tests
   full    check + bench
   mps     the GPU tests under CUDA MPS, without the tests that kill CUDA processes (marker
           kills_clients): starts a private MPS control daemon (nvidia-cuda-mps-control -d, its
@@ -188,6 +189,7 @@ if has bench "bench full"; then
   BENCH_RC=${PIPESTATUS[0]}
   timeout 240 python3 bench/handoff.py --backend cuda --handoffs 1000 2>&1 | tee "$OUT/handoff_cuda.log"
   timeout 150 python3 bench/handoff_timeline.py --handoffs 300 --out-dir "$OUT" 2>&1 | tee "$OUT/handoff_timeline.log"
+  timeout 120 python3 bench/handoff_steps.py --backend cuda --handoffs 1000 2>&1 | tee "$OUT/handoff_steps.log"
   timeout 300 python3 bench/hot_attach.py --gib 8 2>&1 | tee "$OUT/hot_attach.log"
   timeout 120 python3 bench/handoff.py --backend host --handoffs 1000 2>&1 | tee "$OUT/handoff_host.log"
   timeout 180 python3 bench/host_roundtrip.py --iterations 5000 2>&1 | tee "$OUT/host_roundtrip.log"

@@ -70,6 +70,20 @@ def test_the_handoff_timeline_runs_on_the_host_backend(tmp_path):
     assert result["handlers_us"]["create"] > 0 and result["handlers_us"]["seal"] > 0
 
 
+def test_the_handoff_steps_run_by_ipcpool_and_by_hand_on_the_host_backend(tmp_path):
+    """Both kinds of each step are timed in one run, the by-hand reader reading the broker's own
+    directory (a name it could not find there, or a wrong range, would fail the run)."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench/handoff_steps.py"), "--backend", "host",
+                          "--handoffs", "200", "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    steps = json.loads((tmp_path / "handoff_steps_host.json").read_text())["steps"]
+    assert set(steps) == {"writer create+view+seal", "reader get+view (sealed)"}
+    for label, row in steps.items():
+        assert row["ipcpool_n"] > 50 and row["by_hand_n"] > 50, (label, row)
+        assert row["ipcpool_p50_us"] > 0 and row["by_hand_p50_us"] > 0, (label, row)
+    assert "writer create+view+seal" in out.stdout and "ipcpool writer p50: create" in out.stdout
+
+
 def test_the_host_attach_splits_each_attach_into_its_phases(tmp_path):
     """Every phase is seen (by the attaching client's trace events), and together they are the attach."""
     out = subprocess.run([sys.executable, str(ROOT / "bench/host_attach.py"), "--mib", "4", "--counts", "1", "64",
