@@ -101,6 +101,27 @@ def save(name: str, data: dict, plot, out_dir: Path = RESULTS) -> Path:
     return path
 
 
+def paired_bars(path: Path, labels: list[str], series: dict[str, list[float]], title: str, unit: str,
+                across: bool = False) -> None:
+    """Two series side by side per label (``across``: horizontal bars, for long labels), saved to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    at = range(len(labels))
+    fig, ax = plt.subplots(figsize=(7, 3.2 if across else 4))
+    for k, (name, values) in enumerate(series.items()):
+        side = (-0.2 if k == 0 else 0.2) * (-1 if across else 1)   # the first series left, or on top
+        (ax.barh if across else ax.bar)([i + side for i in at], values, 0.4, label=name)
+    (ax.set_yticks if across else ax.set_xticks)(list(at), labels)
+    (ax.set_xlabel if across else ax.set_ylabel)(unit)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120 if across else 100)
+
+
 def progress(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 

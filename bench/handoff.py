@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import broker, machine, percentiles, save  # noqa: E402
+from bench.common import broker, machine, paired_bars, percentiles, save  # noqa: E402
 from bench.handoff_peers import (  # noqa: E402
     SIZE, WARMUP, core_consumer, core_producer, devices, floor_consumer, floor_producer, read_first, report_steps,
     shm_consumer, shm_producer, torch_consumer, torch_producer)
@@ -164,24 +164,9 @@ def run_pair(label, producer, consumer, n, socket_dir=None, backend=None, pipe=F
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(results["peers"])
-    p50 = [results["peers"][k]["p50_us"] for k in names]
-    p99 = [results["peers"][k]["p99_us"] for k in names]
-    x = range(len(names))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar([i - 0.2 for i in x], p50, 0.4, label="p50")
-    ax.bar([i + 0.2 for i in x], p99, 0.4, label="p99")
-    ax.set_xticks(list(x), names)
-    ax.set_ylabel("µs per 1 MiB hand-off")
-    ax.set_title(f"hand-off latency ({results['backend']})")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    paired_bars(path, names, {q: [results["peers"][k][f"{q}_us"] for k in names] for q in ("p50", "p99")},
+                f"hand-off latency ({results['backend']})", "µs per 1 MiB hand-off")
 
 
 def main() -> None:

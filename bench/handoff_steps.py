@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import broker, machine, save  # noqa: E402
+from bench.common import broker, machine, paired_bars, save  # noqa: E402
 from bench.handoff_peers import SIZE  # noqa: E402
 from ipcpool.progress import Progress  # noqa: E402
 
@@ -352,23 +352,12 @@ def _p50(xs: list[int]) -> float:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = results["steps"]
     labels = list(steps)
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    ys = range(len(labels))
-    ax.barh([y + 0.2 for y in ys], [steps[k]["ipcpool_p50_us"] for k in labels], 0.4, label="ipcpool")
-    ax.barh([y - 0.2 for y in ys], [steps[k]["by_hand_p50_us"] for k in labels], 0.4, label="by hand")
-    ax.set_yticks(list(ys), labels)
-    ax.set_xlabel("p50 µs")
-    ax.set_title(f"hand-off client steps ({results['backend']}, {results.get('device', {}).get('device', 'host')})")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    paired_bars(path, labels, {"ipcpool": [steps[k]["ipcpool_p50_us"] for k in labels],
+                               "by hand": [steps[k]["by_hand_p50_us"] for k in labels]},
+                f"hand-off client steps ({results['backend']}, {results.get('device', {}).get('device', 'host')})",
+                "p50 µs", across=True)
 
 
 def main() -> None:
