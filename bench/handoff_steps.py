@@ -73,13 +73,17 @@ class HandWriter:
 
         self._create, self._seal = frames.create, frames.seal
         arena = client._leases.handoff._arenas[POOL][-1]   # (a bench's look inside: the arena in use)
-        self._aid, self._stream = arena.aid, stream
+        self._aid = arena.aid
         self._offsets = collections.deque(range(0, min(arena.memory.size, 4 * SIZE), SIZE))
         self._views = {o: _view(arena.memory, o, SIZE) for o in self._offsets}
         self._ring, self._board = _Ring(), memoryview(mmap.mmap(-1, mmap.PAGESIZE)).cast("Q")
         self._pool, self._seq, self._rid = POOL.encode(), 0, 0
-        self._event, self._handle = _ipc_event(stream) if stream is not None else (None, bytes(64))
+        self._event, self._handle = _ipc_event() if stream is not None else (None, bytes(64))
         self._stream_h = int(stream.cuda_stream) if stream is not None else 0
+        if stream is not None:
+            from cuda.bindings.driver import cuEventRecord
+
+            self._record = cuEventRecord
 
     def create(self, name: str) -> int:
         raw, offset = name.encode(), self._offsets[0]
@@ -95,9 +99,7 @@ class HandWriter:
 
     def seal(self, name: str) -> None:
         if self._event is not None:
-            from cuda.bindings.driver import cuEventRecord
-
-            cuEventRecord(self._event, self._stream_h)
+            self._record(self._event, self._stream_h)
         self._board[0] = self._seq
         self._rid += 1
         self._ring.put(self._seal(self._rid, name.encode(), self._handle))
@@ -115,6 +117,10 @@ class HandReader:
         self._arenas = client._leases.handoff._arena_views[POOL]
         self._board = client._leases.handoff.boards[POOL]
         self._on_gpu = on_gpu
+        if on_gpu:
+            from cuda.bindings.driver import CUresult, cuEventQuery
+
+            self._query, self._not_ready = cuEventQuery, CUresult.CUDA_ERROR_NOT_READY
         self._hazard = memoryview(mmap.mmap(-1, mmap.PAGESIZE)).cast("Q")
         self._free, self._nonce = list(range(32)), 0
         self._events: dict[bytes, object] = {}
@@ -167,12 +173,10 @@ class HandReader:
             while self._board.read(word) < seq:
                 pass
         if self._on_gpu:
-            from cuda.bindings.driver import CUresult, cuEventQuery
-
             opened = self._events.get(event)
             if opened is None:
                 opened = self._events[event] = _open_event(event)
-            while cuEventQuery(opened)[0] == CUresult.CUDA_ERROR_NOT_READY:
+            while self._query(opened)[0] == self._not_ready:
                 pass
         x = self._views.get((alloc, offset, size))
         if x is None:
@@ -197,7 +201,7 @@ def _view(arena, offset: int, size: int):
     return torch.from_dlpack(arena.buffer).view(torch.uint8)[offset: offset + size]
 
 
-def _ipc_event(stream):
+def _ipc_event():
     from cuda.bindings import driver as cu
 
     flags = int(cu.CUevent_flags.CU_EVENT_INTERPROCESS) | int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
