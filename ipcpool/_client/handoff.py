@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 MIN_ARENA = 1 << 20
 LOW_SLOTS = 16   # a reader's free lease slots below which its release takes in the answers waiting
 _NO_CREDIT = bytes(HANDLE_BYTES)
-_NONE: dict = {}
+_NO_ARENAS: dict = {}   # (a pool none of whose arenas is imported here)
 
 
 # -- carving: an arena is an allocation of this client's, imported once; its free ranges are kept here
@@ -635,7 +635,7 @@ class Handoff:
             return None
         if timeout == 0 and entry.state != directory.SEALED:   # the broker says why not
             return None
-        arena = self._arena_views.get(pool, _NONE).get(entry.alloc)   # (``_arena_of``)
+        arena = self._arena_views.get(pool, _NO_ARENAS).get(entry.alloc)   # (``_arena_of``)
         if arena is None:
             arena = self._arena_for(pool, entry)
             if arena is None:
