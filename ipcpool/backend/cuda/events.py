@@ -208,12 +208,20 @@ def open_ipc(handle: bytes) -> DriverEvent:
 
 
 class Graveyard:
-    """Objects to drop once ``stream`` has passed the point where they were buried."""
+    """Objects to drop once ``stream`` has passed the point where they were buried (events that
+    have completed by then go at once)."""
 
     def __init__(self) -> None:
         self._graves: collections.deque[tuple[Event, tuple]] = collections.deque()
 
     def bury(self, stream: Any, *objects: Any) -> None:
+        if objects and all(_complete(obj) for obj in objects):
+            # Nothing left for a marker to pass: dropped now (a query each). A marker is a command
+            # of the broker's on the GPU, and every hand-off's range retires its seal's credit this
+            # way as it goes idle: a third context with work between a writer's fill and its
+            # reader's copy, which the GPU switches to and back (see ``IpcEvent``).
+            _close_all(objects)
+            return
         self._graves.append((record_marker(stream), objects))
 
     def sweep(self) -> int:
@@ -223,10 +231,7 @@ class Graveyard:
         while self._graves and self._graves[0][0].is_done:
             marker, objects = self._graves.popleft()
             marker.close()
-            for obj in objects:
-                close = getattr(obj, "close", None)
-                if close is not None:
-                    close()
+            _close_all(objects)
             n += 1
         return n
 
@@ -239,7 +244,23 @@ class Graveyard:
             marker, objects = self._graves.popleft()
             marker.sync()
             marker.close()
-            for obj in objects:
-                close = getattr(obj, "close", None)
-                if close is not None:
-                    close()
+            _close_all(objects)
+
+
+def _complete(obj: Any) -> bool:
+    """Whether ``obj`` is an event whose work has completed (a query: no command of ours)."""
+    if getattr(type(obj), "is_done", None) is None:
+        return False
+    try:
+        return bool(obj.is_done)
+    except Exception as exc:   # noqa: BLE001 (a driver failure: the marker decides, as before)
+        if not is_cuda_error(exc):
+            raise
+        return False
+
+
+def _close_all(objects: tuple) -> None:
+    for obj in objects:
+        close = getattr(obj, "close", None)
+        if close is not None:
+            close()
