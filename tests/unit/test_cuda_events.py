@@ -129,8 +129,8 @@ class Kept:
 
 
 def test_events_complete_when_buried_are_dropped_with_no_marker_on_the_gpu(steps):
-    """A freed hand-off range retires its seal's credit, long complete: a marker would be a command
-    of the broker's between the next writer's fill and its reader's copy."""
+    """A freed hand-off range retires its seal's credit, long complete: no record, query and destroy
+    of a marker per hand-off."""
     graves, stream = events.Graveyard(), Stream(steps, refusals=0)
     stream.options = events._PLAIN
     graves.bury(stream, Kept(steps, True), Kept(steps, True))

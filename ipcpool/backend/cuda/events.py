@@ -216,10 +216,9 @@ class Graveyard:
 
     def bury(self, stream: Any, *objects: Any) -> None:
         if objects and all(_complete(obj) for obj in objects):
-            # Nothing left for a marker to pass: dropped now (a query each). A marker is a command
-            # of the broker's on the GPU, and every hand-off's range retires its seal's credit this
-            # way as it goes idle: a third context with work between a writer's fill and its
-            # reader's copy, which the GPU switches to and back (see ``IpcEvent``).
+            # Nothing left for a marker to pass: dropped now (a query each). Every hand-off's range
+            # retires its seal's credit this way as it goes idle, complete by then: a marker was a
+            # record, then a sweep's query and a destroy, per hand-off for nothing.
             _close_all(objects)
             return
         self._graves.append((record_marker(stream), objects))
