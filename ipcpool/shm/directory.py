@@ -33,6 +33,7 @@ ENTRY = 512
 CAPACITY = 8192          # entries per pool: 4 MiB of address space, pages backed as used
 MAX_CAPACITY = 1 << 20
 MAX_PROBE = 64           # past this many taken slots a name gets no entry (readers ask the broker)
+TORN_READS = 1000        # a lookup reading entries the broker is writing gives up after this many
 MAX_NAME = 255
 MAX_DIMS = 8             # more dimensions: no shape here (the reader asks the broker for metadata)
 NO_WORD = 0xFFFFFFFF
@@ -232,42 +233,43 @@ class DirectoryView:
         return self._words[_AWAKE_AT // 8]
 
     def lookup(self, name: str) -> Entry | None:
-        """The live entry of ``name`` (WRITING or SEALED), or None. One function, no calls of ours:
-        a reader's get runs it first, often on a CPU whose caches its sleep left cold."""
+        """The live entry of ``name`` (WRITING or SEALED), or None. One function, no calls of ours
+        and no iterator per probe: a reader's get runs it first, often on a CPU whose caches its
+        sleep left cold. An entry read while the broker writes it is read again (up to TORN_READS
+        in all, then None: the caller looks again or asks the broker)."""
         raw = name.encode()
         n = len(raw)
         cap = self.capacity
         index = zlib.crc32(raw) % cap   # (``home``)
         m, words, head_of = self._map, self._words, _HEAD.unpack_from
-        for _ in range(self._probes):
+        probes, torn = self._probes, 0
+        while probes:
             at = (index + 1) * ENTRY
             w = at >> 3
-            for _ in range(1000):   # a torn copy is retried; the broker writes an entry in ~1 µs
-                ver = words[w]
-                if ver & 1:
-                    continue
+            ver = words[w]
+            if not ver & 1:
                 (_, gen, state, name_len, alloc, offset, size, word, ndim, dtype_len, flags, seq,
                  event) = head_of(m, at)
                 if state == EMPTY:
                     if words[w] == ver:
                         return None
-                    continue
-                entry = None
-                if (name_len == n and (state == WRITING or state == SEALED)
+                elif (name_len == n and (state == WRITING or state == SEALED)
                         and m[at + _NAME_AT: at + _NAME_AT + n] == raw):
-                    dtype = bytes(m[at + _DTYPE_AT: at + _DTYPE_AT + dtype_len]).decode() if dtype_len else None
-                    shape = _DIMS[min(ndim, MAX_DIMS)].unpack_from(m, at + _SHAPE_AT) if flags & HAS_SHAPE else None
-                    entry = _new(Entry, (index, gen, state, alloc, offset, size, None if word == NO_WORD else word,
-                                         seq, b"" if event == _NO_EVENT else event, dtype, shape,
-                                         bool(flags & HAS_USER_META), bool(flags & IN_ARENA), bool(flags & KEPT_EVENT)))
-                if words[w] != ver:
+                    entry = _new(Entry, (
+                        index, gen, state, alloc, offset, size, None if word == NO_WORD else word, seq,
+                        b"" if event == _NO_EVENT else event,
+                        bytes(m[at + _DTYPE_AT: at + _DTYPE_AT + dtype_len]).decode() if dtype_len else None,
+                        _DIMS[ndim].unpack_from(m, at + _SHAPE_AT) if flags & HAS_SHAPE and ndim <= MAX_DIMS else None,
+                        flags & HAS_USER_META != 0, flags & IN_ARENA != 0, flags & KEPT_EVENT != 0))
+                    if words[w] == ver:
+                        return entry
+                elif words[w] == ver:   # another name's entry, whole: the next on the probe
+                    probes -= 1
+                    index = index + 1 if index + 1 < cap else 0
                     continue
-                if entry is not None:
-                    return entry
-                break
-            else:
+            torn += 1   # being written: this entry again
+            if torn >= TORN_READS:
                 return None
-            index = index + 1 if index + 1 < cap else 0
         return None
 
     def state(self, index: int, gen: int) -> int:

@@ -59,3 +59,35 @@ def test_a_live_entry_behind_a_gone_one_is_still_found_and_a_hazard_on_the_gone_
     assert view.lookup(names[0]).index == first
     view.close()
     d.close()
+
+
+def _same_home(capacity: int, count: int) -> list[str]:
+    names, home = [], None
+    for k in range(10_000):
+        name = f"n/{k}"
+        if home is None:
+            home = layout.home(name.encode(), capacity)
+        if layout.home(name.encode(), capacity) == home:
+            names.append(name)
+            if len(names) == count:
+                return names
+    raise AssertionError("no names sharing a home")
+
+
+def test_an_entry_the_broker_is_writing_is_read_again_never_passed_and_then_given_up_on():
+    """The seqlock: an odd version is an entry mid-write, the name being written may be the one
+    looked for, so the probe neither reads it as whole nor passes it; after TORN_READS it answers
+    None (the caller looks again or asks the broker), and once whole the name is found."""
+    d = layout.Directory("t", 8)
+    view = _reader(d)
+    first, second = _same_home(8, 2)
+    at_first = _publish(d, first, 1)
+    at_second = _publish(d, second, 2)
+    assert at_second != at_first and view.lookup(second).gen == 2   # found one probe past the first
+    ver_at = (at_first + 1) * layout.ENTRY // 8
+    d._words[ver_at] += 1   # the first entry, mid-write
+    assert view.lookup(first) is None and view.lookup(second) is None
+    d._words[ver_at] += 1   # whole again
+    assert view.lookup(first).gen == 1 and view.lookup(second).gen == 2
+    view.close()
+    d.close()
