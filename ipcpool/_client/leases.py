@@ -22,6 +22,8 @@ from .handoff import Carving, Handoff
 from .interop import Views
 from .pools import Pools
 
+_MAX_WAIT_S = protocol.MAX_WAIT_MS / 1000   # the longest timeout a get takes, in seconds
+
 
 class Buffer:
     """Memory from the broker. Free it (or use ``with``); the client frees leftovers on close."""
@@ -272,7 +274,7 @@ class Leases:
     def get(self, name: str, stream: Any, timeout: float | None) -> Buffer:
         # Checked before anything is read or sent (nan, inf and negatives compare False here).
         if timeout is not None and (not isinstance(timeout, (int, float))
-                                    or not 0 <= timeout <= protocol.MAX_WAIT_MS / 1000):
+                                    or not 0 <= timeout <= _MAX_WAIT_S):
             raise InvalidRequest(f"get: timeout is None (wait without limit) or 0 to "
                                  f"{protocol.MAX_WAIT_MS // 1000} seconds, got {timeout!r}")
         with self._lock:
