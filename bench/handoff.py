@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import broker, machine, paired_bars, percentiles, save  # noqa: E402
 from bench.handoff_peers import (  # noqa: E402
-    SIZE, WARMUP, core_consumer, core_producer, devices, floor_consumer, floor_producer, read_first, report_steps,
+    SIZE, WARMUP, core_consumer, core_producer, devices, first_reader, floor_consumer, floor_producer, report_steps,
     shm_consumer, shm_producer, torch_consumer, torch_producer)
 from ipcpool.progress import Progress  # noqa: E402
 
@@ -106,6 +106,7 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             torch.cuda.set_device(consumer)   # its stream, and the reads, on the consumer's GPU
             stream = torch.cuda.Stream()
             torch.cuda.set_stream(stream)
+            read_first = first_reader(backend)
         steps, marks, late = [], [], []
         for i in range(n + LATE):
             go.put(True)
@@ -116,7 +117,7 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             t_got = time.perf_counter_ns()
             x = lease.tensor() if stream is not None else lease.view
             t_view = time.perf_counter_ns()
-            value = read_first(x, consumer) if stream is not None else x[0]
+            value = read_first(x) if stream is not None else x[0]
             del x
             t1 = time.perf_counter_ns()
             assert value == i % 251, (value, i)

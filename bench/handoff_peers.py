@@ -198,12 +198,16 @@ def devices(backend: str) -> tuple[int, int]:
     return producer, consumer
 
 
-def read_first(x, consumer: int) -> int:
-    """The first element of a tensor, read where the consumer runs: on another GPU, copied there
-    first (torch orders a copy between devices after both devices' current streams)."""
-    if x.device.index == consumer:
-        return int(x[0].item())
-    return int(x[:1].to(f"cuda:{consumer}").item())
+def first_reader(backend: str):
+    """How a consumer reads a tensor's first element where it runs, decided once per run as the
+    floor's reader has it decided (no device looked up per read): on the producer's GPU,
+    ``x[0].item()``; on another, copied there first (torch orders a copy between devices after
+    both devices' current streams)."""
+    producer, consumer = devices(backend)
+    if producer == consumer:
+        return lambda x: int(x[0].item())
+    there = f"cuda:{consumer}"
+    return lambda x: int(x[:1].to(there).item())
 
 
 # -- torch.multiprocessing (CUDA tensors through a Queue) -------------------------------------------
@@ -225,10 +229,11 @@ def torch_consumer(_, backend, n, go, link, acks, out):
 
     consumer = devices(backend)[1]
     torch.cuda.set_device(consumer)
+    read_first = first_reader(backend)
     for i in range(n):
         go.put(True)
         t0, t = link.get()
-        value = read_first(t, consumer)
+        value = read_first(t)
         t1 = time.perf_counter_ns()
         assert value == i % 251
         del t

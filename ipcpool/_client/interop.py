@@ -337,7 +337,7 @@ class Views:
 
     def _torch_typed(self, lease: Any, memory: ImportedMemory, dtype: Any, shape: list[int]) -> Any:
         nbytes = math.prod(shape) * dtype.itemsize
-        fast = self._slab_tensor(memory, dtype, shape, nbytes)
+        fast = self._slab_tensor(memory, dtype, shape, nbytes, again=True)
         if fast is not None:
             return fast
         return self._torch_bytes(lease)[:nbytes].view(dtype).reshape(shape)
@@ -354,10 +354,13 @@ class Views:
             warnings.simplefilter("ignore", UserWarning)
             return torch.from_numpy(numpy.asarray(lease).view(numpy.uint8))
 
-    def _slab_tensor(self, memory: ImportedMemory, dtype: Any, shape: list[int], nbytes: int) -> Any:
+    def _slab_tensor(self, memory: ImportedMemory, dtype: Any, shape: list[int], nbytes: int,
+                     again: bool = False) -> Any:
         """A CUDA slab range as one strided view of a tensor over its whole slab (made once per
         slab and dtype): one call per object instead of an import, slices and reshapes. None
-        where that does not apply (not a slab range, or an offset the dtype does not divide)."""
+        where that does not apply (not a slab range, or an offset the dtype does not divide).
+        ``again``: the range's last tensor where it may be handed out again (``_RangeTensors``:
+        one object's tensor; a batch's objects lie each in a range of its own)."""
         base = memory.slab() if self.on_gpu else None   # (host memory: numpy's, _torch_bytes)
         itemsize = dtype.itemsize
         if base is None or base[1] % itemsize or nbytes > memory.size:
@@ -382,6 +385,8 @@ class Views:
             if len(_STRIDES) > 4096:   # bounded: a worker sees a few hundred shapes at most
                 _STRIDES.clear()
             strides = _STRIDES[key] = tuple(strides[::-1])
+        if not again:
+            return whole.as_strided(key, strides, offset // itemsize)
         at = (id(whole), offset, key)
         made = self._ranges.get(at, memory.ptr, key, strides, dtype)
         return made if made is not None else self._ranges.keep(at, whole.as_strided(key, strides, offset // itemsize))

@@ -15,18 +15,25 @@ pytestmark = pytest.mark.gpu
 SIZE = 1 << 20
 
 
-def _hand_off(w, r, stream, i, *, keep=None, change=None):
+TYPED = {"dtype": "float32", "shape": [256, 1024]}   # (SIZE bytes)
+
+
+def _hand_off(w, r, stream, i, *, keep=None, change=None, meta=None):
     """One object: created, filled with i % 251 through its tensor, sealed, read back by ``r``.
-    ``keep``: a list the writer's tensor is kept in; ``change``: done to it before it is dropped."""
-    buf = w.create(f"rt/{i}", SIZE, stream=stream)
+    ``keep``: a list the writer's tensor is kept in; ``change``: done to it before it is dropped;
+    ``meta``: its dtype and shape (else bytes)."""
+    buf = w.create(f"rt/{i}", SIZE, stream=stream, meta=meta)
     x = buf.tensor()
-    assert tuple(x.shape) == (SIZE,) and x.dtype.itemsize == 1 and not x.requires_grad
+    shape = (SIZE,) if meta is None else tuple(meta["shape"])
+    assert tuple(x.shape) == shape and x.is_contiguous() and not x.requires_grad
     seen = (weakref.ref(x), buf.carved_at)
     x.fill_(i % 251)
     buf.seal(stream=stream)
     lease = r.get(f"rt/{i}", stream=stream, timeout=30)
     y = lease.tensor()
-    got = (int(y[0].item()), int(y[-1].item()), tuple(y.shape))
+    flat = y.view(-1)
+    got = (int(flat[0].item()), int(flat[-1].item()), tuple(y.shape))
+    del flat
     del y
     lease.release(stream=stream)
     if change is not None:
@@ -38,16 +45,18 @@ def _hand_off(w, r, stream, i, *, keep=None, change=None):
     return seen, got
 
 
-def test_a_ranges_tensor_comes_back_for_its_next_object_and_reads_its_own_bytes(start_broker):
+@pytest.mark.parametrize("meta", [None, TYPED], ids=["bytes", "typed"])
+def test_a_ranges_tensor_comes_back_for_its_next_object_and_reads_its_own_bytes(start_broker, meta):
     import torch
 
     b = start_broker(backend="cuda")
     stream = torch.cuda.Stream()
+    shape = (SIZE,) if meta is None else tuple(meta["shape"])
     with ipcpool.connect(b.socket_dir) as w, ipcpool.connect(b.socket_dir) as r, torch.cuda.stream(stream):
         by_range, reused = {}, 0
         for i in range(60):
-            (ref, where), got = _hand_off(w, r, stream, i)
-            assert got == (i % 251, i % 251, (SIZE,))
+            (ref, where), got = _hand_off(w, r, stream, i, meta=meta)
+            assert got == (i % 251, i % 251, shape)
             before = by_range.get(where)
             if before is not None and before() is not None and before() is ref():
                 reused += 1
