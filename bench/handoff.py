@@ -59,17 +59,18 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
             torch.cuda.set_stream(stream)   # the worker's stream for all its work, set once
         fill = bytes(SIZE)
         steps = []
-        sent = {"client.create_sent": 0, "client.seal_sent": 0}
+        sent = {"client.create_sent": 0, "client.seal_posted": 0, "client.seal_sent": 0}
+        timeline = bool(os.environ.get("HANDOFF_MARKS"))   # (bench/handoff_timeline.py: every moment)
 
         def stamp(event, _info):   # when the create and the seal leave (neither waits for a reply)
             if event in sent:
                 sent[event] = time.perf_counter_ns()
 
-        if os.environ.get("HANDOFF_SENT_STAMPS"):   # (--sent-stamps: ~15 trace events a hand-off)
+        if os.environ.get("HANDOFF_SENT_STAMPS") or timeline:   # (--sent-stamps: ~15 trace events a hand-off)
             trace.set_trace(stamp)
         for i in range(n + LATE):
             go.get()
-            sent["client.create_sent"] = sent["client.seal_sent"] = 0
+            sent["client.create_sent"] = sent["client.seal_posted"] = sent["client.seal_sent"] = 0
             t0 = time.perf_counter_ns()
             buf = c.create(f"h/{i}", SIZE, stream=stream)
             t1 = time.perf_counter_ns()
@@ -86,7 +87,12 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
             t2 = time.perf_counter_ns()
             buf.seal(stream=stream)
             t3 = time.perf_counter_ns()
-            link.put((t0, sent["client.seal_sent"] or t3, sent["client.create_sent"] or t1))
+            moments = None
+            if timeline:
+                moments = {"w_start": t0, "w_create_sent": sent["client.create_sent"], "w_created": t1,
+                           "w_filled": t2, "w_seal_posted": sent["client.seal_posted"],
+                           "w_seal_sent": sent["client.seal_sent"], "w_sealed": t3}
+            link.put((t0, sent["client.seal_sent"] or t3, sent["client.create_sent"] or t1, moments))
             if i < n:
                 steps.append((t1 - t0, t_view - t1, t2 - t_view, t3 - t2))
             acks.get()
@@ -108,7 +114,19 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             torch.cuda.set_stream(stream)
             read_first = first_reader(backend)
         steps, marks, late = [], [], []
+        seen: dict[str, int] = {}
+        if os.environ.get("HANDOFF_MARKS"):   # the reader's own moments, from its trace events
+            from ipcpool import trace
+
+            names = {"client.entry_found": "r_entry", "client.seal_seen": "r_seal_seen", "client.ordered": "r_ordered"}
+
+            def stamp(event, _info):
+                if event in names:
+                    seen[names[event]] = time.perf_counter_ns()
+
+            trace.set_trace(stamp)
         for i in range(n + LATE):
+            seen.clear()
             go.put(True)
             if i >= n:   # asked once sealed: the reader's own cost
                 link.get()
@@ -125,9 +143,10 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             if i >= n:
                 late.append((t_got - t_asked, t_view - t_got))
             else:
-                t0, t_sent, t_create = link.get()
+                t0, t_sent, t_create, moments = link.get()
                 steps.append((t_got - t0, t_got - t_sent, t_view - t_got, t1 - t_view))
-                marks.append((t0, t_create, t_sent, t_got, t_got))
+                if moments is not None:
+                    marks.append({**moments, **seen, "r_asked": t_asked, "r_got": t_got, "r_read": t1})
                 out.put(t1 - t0)
             acks.put(True)
         names = ("start->got lease", "seal sent->got lease", "view", "read")

@@ -2,16 +2,20 @@
 
 ``handoff.py``'s ipcpool pair runs against a broker whose trace events (``ipcpool.trace``) this
 module takes in: the broker imports it at start (``IPCPOOL_TRACE=bench.handoff_timeline:
-broker_event``) and stamps each request as its handling begins and ends, each directory entry and
-each answer it sends. The reader keeps each hand-off's moments (the writer's start, its create and
-seal leaving, from the writer's own trace events, the lease in hand). All stamps are
-CLOCK_MONOTONIC, one clock for the three processes, so each hand-off becomes one timeline:
+broker_event``) and stamps each request as its handling begins and ends, and each directory entry.
+The writer stamps its own steps and trace events (create sent, seal posted on the board, seal
+sent), the reader its own (entry found, seal seen, ordered after it, lease in hand, element read).
+All stamps are CLOCK_MONOTONIC, one clock for the three processes, so each hand-off becomes one
+timeline; its two branches meet where the reader, holding the entry, sees the seal:
 
-    start -> create sent -> broker handles the create -> its directory entry -> broker answers
-    the reader (pending) -> reader has the lease;   seal sent -> broker handles the seal -> ...
+    writer:  start -> create sent -> create returns -> view and fill -> seal posted -> seal sent
+    broker:           create received -> directory entry
+    reader:                                 entry found ... seal seen -> ordered -> lease -> read
 
 "Reaches the broker" is when the request, read and checked, is handed to its handler: reading a
-frame and checking it (a few µs) count in the trip.
+frame and checking it (a few µs) count in the trip. The report says how often the entry was found
+before the seal was posted: then the broker is off the hand-off's critical path, and the writer's
+steps and the reader's after the seal are on it.
 
 Prints each segment's p25/p50/p75 over the hand-offs and the broker's handlers (median µs), and
 draws the median timeline.
@@ -35,18 +39,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# (label, from, to): the moments are the reader's (r_*) or the broker's (b_*) for one hand-off.
+# (label, from, to): the writer's moments (w_*), the broker's (b_*) and the reader's (r_*) of one hand-off.
 SEGMENTS = [
-    ("create leaves the writer", "r_start", "r_create"),
-    ("create reaches the broker", "r_create", "b_recv_create"),
-    ("broker handles the create", "b_recv_create", "b_done_create"),
-    ("directory entry written (from the create)", "b_recv_create", "b_entry"),
-    ("pending answer sent (from the create)", "b_recv_create", "b_send_pending"),
-    ("pending answer reaches the reader", "b_send_pending", "r_answered"),
-    ("seal leaves the writer (from start)", "r_start", "r_seal"),
-    ("seal reaches the broker", "r_seal", "b_recv_seal"),
-    ("reader has the lease (from the answer)", "r_answered", "r_got"),
-    ("whole hand-off", "r_start", "r_got"),
+    ("create: until its frame leaves", "w_start", "w_create_sent"),
+    ("create reaches the broker", "w_create_sent", "b_recv_create"),
+    ("broker: create to directory entry", "b_recv_create", "b_entry"),
+    ("reader finds the entry", "b_entry", "r_entry"),
+    ("create returns (after its frame)", "w_create_sent", "w_created"),
+    ("view and fill", "w_created", "w_filled"),
+    ("seal: record, post the board word", "w_filled", "w_seal_posted"),
+    ("seal reaches the broker", "w_seal_sent", "b_recv_seal"),
+    ("reader sees the seal", "w_seal_posted", "r_seal_seen"),
+    ("reader orders after the seal", "r_seal_seen", "r_ordered"),
+    ("get returns", "r_ordered", "r_got"),
+    ("view and read one element", "r_got", "r_read"),
+    ("whole hand-off", "w_start", "r_read"),
 ]
 
 
@@ -71,32 +78,28 @@ def broker_event(name: str, info: dict) -> None:
         _events.append((t, "done", info["op"], None))
     elif name == "broker.entry":
         _events.append((t, "entry", "create", info["name"]))
-    elif name == "broker.reply":
-        _events.append((t, "send", "pending" if info["reply"].get("pending") else "reply", None))
-    elif name == "broker.send":
-        msg = info["msg"]
-        _events.append((t, "send", msg.get("notify") or ("pending" if msg.get("pending") else "reply"), None))
 
 
 if os.environ.get(MARKS_ENV):   # imported by the broker (IPCPOOL_TRACE names broker_event)
     atexit.register(lambda: Path(os.environ[MARKS_ENV]).write_text(json.dumps({"events": _events, "spent": _spent})))
 
 
-def timelines(reader: list, events: list) -> list[dict[str, int]]:
-    """One dict of moments per hand-off: the reader's, and the broker's between its start and the next."""
+def timelines(hand_offs: list[dict], events: list) -> list[dict[str, int]]:
+    """One dict of moments per hand-off: the writer's and the reader's, and the broker's between
+    its start and the next hand-off's (its create and seal by name)."""
     rows = []
-    starts = [m[0] for m in reader] + [float("inf")]
+    starts = [m["w_start"] for m in hand_offs] + [float("inf")]
+    keys = {("recv", "create"): "b_recv_create", ("done", "create"): "b_done_create",
+            ("entry", "create"): "b_entry", ("recv", "seal"): "b_recv_seal"}
     i = 0
-    for k, (start, create, seal, answered, got) in enumerate(reader):
-        row = {"r_start": start, "r_create": create, "r_seal": seal, "r_answered": answered, "r_got": got}
-        while i < len(events) and events[i][0] < start:
+    for k, moments in enumerate(hand_offs):
+        row = {key: t for key, t in moments.items() if t}   # (0: a trace event that did not come)
+        while i < len(events) and events[i][0] < starts[k]:
             i += 1
         j = i
         while j < len(events) and events[j][0] < starts[k + 1]:
             t, what, op, _name = events[j]
-            key = {("recv", "create"): "b_recv_create", ("done", "create"): "b_done_create",
-                   ("entry", "create"): "b_entry", ("recv", "seal"): "b_recv_seal",
-                   ("send", "pending"): "b_send_pending"}.get((what, op))
+            key = keys.get((what, op))
             if key and key not in row:
                 row[key] = t
             j += 1
@@ -113,12 +116,16 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.patches
     import matplotlib.pyplot as plt
 
     rows = [r for r in result["segments"] if r["n"] and r["label"] != "whole hand-off"]
     fig, ax = plt.subplots(figsize=(9, 4.5))
+    colors = {"w": "tab:blue", "b": "tab:orange", "r": "tab:green"}   # whose moment ends the segment
     ax.barh([r["label"] for r in rows], [r["p50_us"] for r in rows],
-            left=[r["starts_at_us"] for r in rows], color="tab:blue")
+            left=[r["starts_at_us"] for r in rows], color=[colors[r["to"][0]] for r in rows])
+    ax.legend(handles=[matplotlib.patches.Patch(color=c, label=who) for who, c in
+                       zip(("writer", "broker", "reader"), colors.values())], loc="lower right")
     ax.invert_yaxis()
     ax.set_xlabel("µs after the writer starts (medians)")
     ax.set_title(f"one hand-off across three processes, {result['backend']} backend")
@@ -137,16 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     from bench.common import broker, machine, save
 
     with tempfile.TemporaryDirectory(prefix="ipcpool-timeline-") as tmp:
-        broker_marks, reader_marks = Path(tmp, "broker.json"), Path(tmp, "reader.json")
+        broker_marks, pair_marks = Path(tmp, "broker.json"), Path(tmp, "pair.json")
         env = {"IPCPOOL_TRACE": "bench.handoff_timeline:broker_event", MARKS_ENV: str(broker_marks),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         with broker(args.backend, env=env) as sock:
-            os.environ["HANDOFF_MARKS"] = str(reader_marks)   # inherited by the spawned pair
+            os.environ["HANDOFF_MARKS"] = str(pair_marks)   # inherited by the spawned pair
             handoff.run_pair("ipcpool", handoff._ipc_producer, handoff._ipc_consumer,
                              args.handoffs + handoff.WARMUP, sock, args.backend)
         marks = json.loads(broker_marks.read_text())   # written as the broker stopped
-        reader = json.loads(reader_marks.read_text())
-    rows = timelines(reader, marks["events"])
+        pair = json.loads(pair_marks.read_text())
+    rows = timelines(pair, marks["events"])
     result: dict = {"benchmark": "handoff_timeline", "backend": args.backend, "machine": machine(),
                     "handoffs": len(rows), "segments": [], "handlers_us": {}}
     if args.backend == "cuda":
@@ -156,13 +163,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'segment':<42}{'n':>5}{'p25 µs':>9}{'p50 µs':>9}{'p75 µs':>9}")
     for label, a, b in SEGMENTS:
         xs = [(r[b] - r[a]) / 1000 for r in rows if a in r and b in r]
-        starts = [(r[a] - r["r_start"]) / 1000 for r in rows if a in r and b in r]
+        starts = [(r[a] - r["w_start"]) / 1000 for r in rows if a in r and b in r]
         seg = {"label": label, "from": a, "to": b, "n": len(xs)}
         if xs:
             p25, p50, p75 = quartiles(xs)
             seg.update(p25_us=p25, p50_us=p50, p75_us=p75, starts_at_us=statistics.median(starts))
             print(f"{label:<42}{len(xs):>5}{p25:>9.1f}{p50:>9.1f}{p75:>9.1f}")
         result["segments"].append(seg)
+    both = [r for r in rows if "r_entry" in r and "w_seal_posted" in r]
+    early = sum(r["r_entry"] <= r["w_seal_posted"] for r in both)
+    result["entry_before_seal"] = early / len(both) if both else None
+    if both:
+        print(f"\nthe reader had the entry before the seal was posted in {early} of {len(both)} hand-offs "
+              "(the broker off the critical path)")
     print("\nbroker handlers, median µs: " + ", ".join(
         f"{op} {statistics.median(v) / 1000:.1f} ({len(v)})" for op, v in sorted(marks["spent"].items())))
     result["handlers_us"] = {op: statistics.median(v) / 1000 for op, v in marks["spent"].items()}

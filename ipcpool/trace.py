@@ -30,7 +30,12 @@ Events (``name``: fields; where):
 
 - ``client.create_sent``: op (create or allocate), name, rid, framed (a control-socket frame,
   else a message). A carved create left the writer, no reply awaited (``_client/handoff``).
+- ``client.seal_posted``: name. A carved object's seal recorded and its board word posted: its
+  readers may go on from here (``_client/handoff``).
 - ``client.seal_sent``: name, rid, framed. Its seal left (``_client/handoff``).
+- ``client.entry_found``: name. A directory reader found the object's entry (``_client/handoff``).
+- ``client.seal_seen``, ``client.ordered``: name. It saw the object sealed (its board word or
+  entry), then has its stream (or the host) ordered after the seal.
 - ``client.wait``: rid. A caller starts waiting for the reply to request ``rid``
   (``Channel.wait_reply``).
 - ``client.received``: nbytes. A message from the broker taken off the message channel, not yet

@@ -536,6 +536,8 @@ class Handoff:
             cut.slot = None
         cut.sent = True
         name = buf.name
+        if trace.hook is not None:
+            trace.emit("client.seal_posted", name=name)
         if cut.framed:
             rid = self._channel.send_frame(frames.seal, name.encode(), done or _NO_CREDIT, ring=cut.ring)
         else:   # after a create on the message channel: there too, so it cannot overtake it
@@ -594,6 +596,8 @@ class Handoff:
         for pool, (view, pidx) in dirs.items():
             entry = view.lookup(name)
             if entry is not None:
+                if trace.hook is not None:
+                    trace.emit("client.entry_found", name=name)
                 return self._take(pool, view, pidx, entry, name, stream, timeout)
         spin = 0.0 if timeout == 0 else self._channel.get_spin_s
         spin_until = time.perf_counter() + spin
@@ -603,6 +607,8 @@ class Handoff:
             for pool, (view, pidx) in dirs.items():
                 entry = view.lookup(name)
                 if entry is not None:
+                    if trace.hook is not None:
+                        trace.emit("client.entry_found", name=name)
                     return self._take(pool, view, pidx, entry, name, stream, timeout)
             if not made:   # waiting: the lease the entry will most likely name, made meanwhile
                 made = True
@@ -665,7 +671,11 @@ class Handoff:
             event, kept = entry.event, entry.kept_event
             if state != directory.SEALED:
                 event, kept = self._await_entry(buf, view, entry, timeout)
+            if trace.hook is not None:
+                trace.emit("client.seal_seen", name=name)
             self._imported[pool].order_after(event, stream, kept)
+            if trace.hook is not None:
+                trace.emit("client.ordered", name=name)
         except BaseException:
             buf.free(stream)
             raise

@@ -1,6 +1,7 @@
 """The scripts under scripts/ and bench/: their help, their options, and what they talk about."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -52,16 +53,26 @@ def test_the_handoff_profile_runs_on_the_host_backend(tmp_path):
 
 
 def test_the_handoff_timeline_runs_on_the_host_backend(tmp_path):
-    """The broker's moments of every hand-off come from its trace events (``IPCPOOL_TRACE``)."""
+    """The broker's moments of every hand-off come from its trace events (``IPCPOOL_TRACE``), the
+    writer's and the reader's from theirs: every segment of the timeline is there for each."""
+    # The reader reads from the directory (its events) only where it spins for the entry: on any
+    # number of CPUs here, long enough that the writer's create always comes within it.
+    env = {**os.environ, "IPCPOOL_GET_SPIN_US": "100000"}
     out = subprocess.run([sys.executable, str(ROOT / "bench/handoff_timeline.py"), "--backend", "host",
-                          "--handoffs", "30", "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=180)
+                          "--handoffs", "30", "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=180,
+                         env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     [path] = tmp_path.glob("handoff_timeline_host_*.json")
     result = json.loads(path.read_text())
     segments = {s["label"]: s for s in result["segments"]}
-    for label in ("create leaves the writer", "broker handles the create", "directory entry written (from the create)",
-                  "whole hand-off"):
+    for label in ("create: until its frame leaves", "broker: create to directory entry", "create returns (after its frame)",
+                  "view and fill", "seal: record, post the board word", "reader orders after the seal", "get returns",
+                  "view and read one element", "whole hand-off"):
         assert segments[label]["n"] == 30 and segments[label]["p50_us"] > 0, segments[label]
+    # The reader may find the entry, or see the seal, a moment before the other side's stamp.
+    for label in ("reader finds the entry", "reader sees the seal"):
+        assert segments[label]["n"] == 30, segments[label]
+    assert 0 <= result["entry_before_seal"] <= 1
     # A frame the writer puts in its request ring is the spinning broker's before the writer's own
     # trace event stamps it sent: these two come out near zero, of either sign.
     for label in ("create reaches the broker", "seal reaches the broker"):
