@@ -73,11 +73,15 @@ def test_the_handoff_timeline_runs_on_the_host_backend(tmp_path):
     for label in ("reader finds the entry", "reader sees the seal"):
         assert segments[label]["n"] == 30, segments[label]
     assert 0 <= result["entry_before_seal"] <= 1
-    # A frame the writer puts in its request ring is the spinning broker's before the writer's own
-    # trace event stamps it sent: these two come out near zero, of either sign.
+    assert result["asked_broker"]["n"] == 0 and result["whole_p99_us"] >= segments["whole hand-off"]["p50_us"]
+    # A frame the writer puts in its request ring may be the spinning broker's before the writer's
+    # own trace event stamps it sent (a trip of either sign). The create's comes before the reader
+    # can find its entry, so within the hand-off; the seal's is off its path (the reader goes on
+    # from the board word), and on a machine of two CPUs the spinning reader may hold it up.
     for label in ("create reaches the broker", "seal reaches the broker"):
         assert segments[label]["n"] == 30, segments[label]
-        assert abs(segments[label]["p50_us"]) < segments["whole hand-off"]["p50_us"], segments[label]
+    create_trip = segments["create reaches the broker"]["p50_us"]
+    assert abs(create_trip) < segments["whole hand-off"]["p50_us"], segments["create reaches the broker"]
     assert result["handlers_us"]["create"] > 0 and result["handlers_us"]["seal"] > 0
 
 
