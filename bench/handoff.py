@@ -10,8 +10,10 @@ floor and the peers live in bench/handoff_peers.py; this module has the ipcpool 
 
 Latency is from the producer's first call to the consumer holding the element (CLOCK_MONOTONIC is
 one clock for every process). The step report (stderr) splits ipcpool's hand-off into the writer's
-and the reader's calls; its last line is a reader that asks only once the object is sealed (its get
-and view wait for nothing: the reader's own cost). Writes bench/results/handoff_<backend>.json and .png.
+and the reader's calls; then a reader that asks only once the object is sealed (its get and view
+wait for nothing: the reader's own cost), and how many hand-offs the reader read without the
+directory, where any (its spin ran out before the entry came: it asked the broker), with their p50.
+Writes bench/results/handoff_<backend>.json and .png.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             stream = torch.cuda.Stream()
             torch.cuda.set_stream(stream)
             read_first = first_reader(backend)
-        steps, marks, late = [], [], []
+        steps, marks, late, asked = [], [], [], []
         seen: dict[str, int] = {}
         if os.environ.get("HANDOFF_MARKS"):   # the reader's own moments, from its trace events
             from ipcpool import trace
@@ -139,12 +141,15 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             del x
             t1 = time.perf_counter_ns()
             assert value == i % 251, (value, i)
+            from_directory = lease.dirlease is not None   # (else the reader's spin ran out: it asked the broker)
             lease.release(stream=stream)
             if i >= n:
                 late.append((t_got - t_asked, t_view - t_got))
             else:
                 t0, t_sent, t_create, moments = link.get()
                 steps.append((t_got - t0, t_got - t_sent, t_view - t_got, t1 - t_view))
+                if not from_directory and i >= WARMUP:   # (counted as the figures are)
+                    asked.append(t1 - t0)
                 if moments is not None:
                     marks.append({**moments, **seen, "r_asked": t_asked, "r_got": t_got, "r_read": t1})
                 out.put(t1 - t0)
@@ -154,6 +159,10 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             names, steps = names[::2] + names[3:], [(s[0], s[2], s[3]) for s in steps]
         report_steps("consumer", names, steps)
         report_steps("consumer", ("get once sealed", "its view"), late)
+        if asked:   # the hand-offs a broker's answer served: a reader spins on the directory only so long
+            p50 = sorted(asked)[len(asked) // 2] / 1000
+            sys.stderr.write(f"  consumer: {len(asked)} of {n - WARMUP} hand-offs read without the directory (its spin "
+                             f"ran out: asked the broker), p50 {p50:.1f} µs\n")
     if os.environ.get("HANDOFF_MARKS"):   # each hand-off's moments, for bench/handoff_timeline.py
         Path(os.environ["HANDOFF_MARKS"]).write_text(json.dumps(marks[WARMUP:]))
 
