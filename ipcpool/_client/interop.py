@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import warnings
 from typing import Any
 
@@ -21,6 +20,7 @@ from ..backend.base import ImportedMemory
 from ..errors import InvalidRequest, MissingDependency
 from ..meta import dtype_name
 from ..optional import require
+from .rangetensors import RangeTensors
 
 log = logging.getLogger(__name__)
 
@@ -31,46 +31,6 @@ _STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
 _MODULES: dict[str, Any] = {}
 _XP_DTYPES: dict[tuple[str, str], Any] = {}
 _UNIT = (1,)
-
-
-def _refs_when_unshared() -> int:
-    """``sys.getrefcount`` of a value held only by a dict, read into a local (as ``_RangeTensors``
-    reads one): the count that says nobody else holds it, whatever this Python counts."""
-    kept = {0: object()}
-    value = kept[0]
-    return sys.getrefcount(value)
-
-
-class _RangeTensors:
-    """The tensor last made over each slab range, handed out again for the range's next object
-    where nobody holds it any more and it is as it was made. A writer (or reader) of one size of
-    object meets the same few ranges in turn (``handoff.ClientArena``): on an H100 host a tensor
-    made right after a 1 ms sleep cost ~20 µs, one checked here ~8.
-
-    "As made": the same memory, shape, strides and dtype, no gradient asked for or given. A tensor
-    someone still holds is never handed out twice (the count of references says so)."""
-
-    MAX = 4096   # ranges remembered; past them, forgotten
-
-    def __init__(self) -> None:
-        self._kept: dict[tuple, Any] = {}
-
-    def get(self, key: tuple, ptr: int, shape: tuple, strides: tuple, dtype: Any) -> Any:
-        t = self._kept.get(key)
-        if (t is not None and sys.getrefcount(t) == _UNSHARED and not t.requires_grad and t.grad is None
-                and t.data_ptr() == ptr and t.shape == shape and t.stride() == strides and t.dtype is dtype):
-            return t
-        return None
-
-    def keep(self, key: tuple, t: Any) -> Any:
-        kept = self._kept
-        if len(kept) >= self.MAX:
-            kept.clear()
-        kept[key] = t
-        return t
-
-    def clear(self) -> None:
-        self._kept.clear()
 
 
 def _module(kind: str) -> Any:
@@ -193,9 +153,6 @@ def _torch_dtype(name: str, dtype: str) -> Any:
     return torch_dtype
 
 
-_UNSHARED = _refs_when_unshared()
-
-
 class Views:
     """One client's tensors and arrays over its leases. On CUDA a slab range is a strided view
     of one tensor over the whole slab, made once per slab and dtype and kept here until close."""
@@ -203,7 +160,7 @@ class Views:
     def __init__(self, on_gpu: bool):
         self.on_gpu = on_gpu   # memory on a GPU: torch tensors are made by DLPack
         self._bases: dict = {}
-        self._ranges = _RangeTensors()
+        self._ranges = RangeTensors()
         self.asked = False     # a tensor was asked for: the hand-off makes the next ones ahead
 
     def clear(self) -> None:
@@ -359,7 +316,7 @@ class Views:
         """A CUDA slab range as one strided view of a tensor over its whole slab (made once per
         slab and dtype): one call per object instead of an import, slices and reshapes. None
         where that does not apply (not a slab range, or an offset the dtype does not divide).
-        ``again``: the range's last tensor where it may be handed out again (``_RangeTensors``:
+        ``again``: the range's last tensor where it may be handed out again (``RangeTensors``:
         one object's tensor; a batch's objects lie each in a range of its own)."""
         base = memory.slab() if self.on_gpu else None   # (host memory: numpy's, _torch_bytes)
         itemsize = dtype.itemsize

@@ -1,10 +1,10 @@
 """A tensor over a slab range is handed out again for the range's next object only where nobody
-holds it and it is as it was made (``interop._RangeTensors``). Stand-in tensors: the check reads
+holds it and it is as it was made (``rangetensors.RangeTensors``). Stand-in tensors: the check reads
 only their public attributes and the count of references (real tensors: tests/gpu)."""
 
 from __future__ import annotations
 
-from ipcpool._client.interop import _RangeTensors
+from ipcpool._client.rangetensors import RangeTensors
 
 U8, F32 = object(), object()
 
@@ -22,19 +22,19 @@ class FakeTensor:
         return self.strides
 
 
-def _kept(ranges: _RangeTensors, key=("slab", 0, 64)) -> FakeTensor:
+def _kept(ranges: RangeTensors, key=("slab", 0, 64)) -> FakeTensor:
     return ranges.keep(key, FakeTensor(1000, (64,), (1,), U8))
 
 
 def test_a_tensor_nobody_holds_comes_back_for_its_range():
-    ranges = _RangeTensors()
+    ranges = RangeTensors()
     made_id = id(_kept(ranges))   # (the caller dropped it)
     again = ranges.get(("slab", 0, 64), 1000, (64,), (1,), U8)
     assert again is not None and id(again) == made_id
 
 
 def test_a_tensor_someone_holds_is_not_handed_out_twice():
-    ranges = _RangeTensors()
+    ranges = RangeTensors()
     held = _kept(ranges)
     assert ranges.get(("slab", 0, 64), 1000, (64,), (1,), U8) is None
     del held
@@ -47,22 +47,22 @@ def test_a_tensor_changed_in_place_is_not_handed_out():
         ("grad", object()),
     ]
     for field, value in changes:
-        ranges = _RangeTensors()
+        ranges = RangeTensors()
         setattr(_kept(ranges), field, value)   # (what resize_, set_, requires_grad_ ... would leave)
         assert ranges.get(("slab", 0, 64), 1000, (64,), (1,), U8) is None, field
 
 
 def test_another_range_or_no_tensor_yet_gets_none():
-    ranges = _RangeTensors()
+    ranges = RangeTensors()
     _kept(ranges)
     assert ranges.get(("slab", 64, 64), 1064, (64,), (1,), U8) is None
-    assert _RangeTensors().get(("slab", 0, 64), 1000, (64,), (1,), U8) is None
+    assert RangeTensors().get(("slab", 0, 64), 1000, (64,), (1,), U8) is None
 
 
 def test_the_ranges_remembered_are_bounded():
-    ranges = _RangeTensors()
-    for k in range(_RangeTensors.MAX + 10):
+    ranges = RangeTensors()
+    for k in range(RangeTensors.MAX + 10):
         _kept(ranges, ("slab", k, 64))
-    assert len(ranges._kept) <= _RangeTensors.MAX
+    assert len(ranges._kept) <= RangeTensors.MAX
     ranges.clear()
-    assert ranges.get(("slab", _RangeTensors.MAX + 9, 64), 1000, (64,), (1,), U8) is None
+    assert ranges.get(("slab", RangeTensors.MAX + 9, 64), 1000, (64,), (1,), U8) is None
