@@ -596,8 +596,6 @@ class Handoff:
         for pool, (view, pidx) in dirs.items():
             entry = view.lookup(name)
             if entry is not None:
-                if trace.hook is not None:
-                    trace.emit("client.entry_found", name=name)
                 return self._take(pool, view, pidx, entry, name, stream, timeout)
         spin = 0.0 if timeout == 0 else self._channel.get_spin_s
         spin_until = time.perf_counter() + spin
@@ -607,8 +605,6 @@ class Handoff:
             for pool, (view, pidx) in dirs.items():
                 entry = view.lookup(name)
                 if entry is not None:
-                    if trace.hook is not None:
-                        trace.emit("client.entry_found", name=name)
                     return self._take(pool, view, pidx, entry, name, stream, timeout)
             if not made:   # waiting: the lease the entry will most likely name, made meanwhile
                 made = True
@@ -637,6 +633,8 @@ class Handoff:
         """The lease on ``entry``, found for ``name`` in ``pool``'s directory: hazard slot first,
         then the entry checked again, then the memory (``shm.leases``). None where the broker
         serves it instead."""
+        if trace.hook is not None:
+            trace.emit("client.entry_found", name=name)
         if entry.has_user_meta or not entry.in_arena:   # the broker serves those
             return None
         if timeout == 0 and entry.state != directory.SEALED:   # the broker says why not
