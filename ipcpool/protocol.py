@@ -185,6 +185,11 @@ def check_wait(key: str, ms: int) -> None:
         raise InvalidRequest(f"{key}: at most {MAX_WAIT_MS} ms, got {ms}")
 
 
+def check_wake(key: str, wake: str) -> None:
+    if wake not in ("entry", "seal"):
+        raise InvalidRequest(f"{key}: 'entry' or 'seal', got {wake[:20]!r}")
+
+
 def check_kind(key: str, kind: str) -> None:
     if kind not in ("objects", "growables"):
         raise InvalidRequest(f"{key}: 'objects' or 'growables', got {kind[:20]!r}")
@@ -221,7 +226,11 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "seal": {"name": _object_name(), "alloc": _u64(required=False), "done_event": _event()},
     # A range of pool memory this session carves objects from itself (a create without waiting).
     "arena": {"pool": _name(), "nbytes": _u64()},
-    "get": {"name": _object_name(), "timeout_ms": Field(int, False, min_value=0, check=check_wait)},
+    # ``wake``: no lease, only an answer ({}) once the object exists ("entry": at its create where
+    # its seal goes on the board, else at its seal) or is sealed or gone ("seal"): a directory
+    # reader whose spin ran out sleeps until then, and reads its pool's directory (``ipcpool.shm``).
+    "get": {"name": _object_name(), "timeout_ms": Field(int, False, min_value=0, check=check_wait),
+            "wake": Field(str, False, max_len=8, check=check_wake)},
     "get_many": {"names": Field(list, max_len=MAX_BATCH, check=check_names)},
     "delete": {"name": _object_name()},
     # Paged: at most ``limit`` (and LIST_PAGE) entries of each kind whose names sort after ``after``;

@@ -10,6 +10,8 @@
 - **Seal.** A carved object has a word on its pool's seal board and, on CUDA, an event of the
   broker's (a credit) it promised in its create to record its seal on. ``seal`` records, posts
   the word, and sends the seal without waiting.
+- **Read.** A reader looks for its object in its pool's name directory and takes its lease there
+  (``look``); one that waits past its spin budget sleeps until the broker wakes it (``_wake``).
 - **Wait.** A reader whose ``get`` the broker answered *pending* (it already has the object's
   memory and the promised event) spins on the board word, then sleeps until the broker's notice,
   and orders its work after the event by querying it on the host (``ClientPool.order_after``).
@@ -577,8 +579,9 @@ class Handoff:
     # -- reader: straight from a name directory (``ipcpool.shm``) -------------------------------------
     def look(self, name: str, stream: Any, timeout: float | None) -> Any:
         """A read lease on ``name`` taken from a directory of the pools this client has, without a
-        request; None where the broker must answer instead (no entry after the spin budget, an
-        object the directory cannot serve, every lease slot in use)."""
+        request; None where the broker must answer instead (no entry even once woken, an object
+        the directory cannot serve, every lease slot in use). A reader whose spin budget runs out
+        before the entry comes sleeps until the broker says it exists (``_wake``): one request."""
         if not fence.registered(wait=1.0):   # (the broker's barrier must reach this process first)
             return None
         dirs = self._pools.directories
@@ -598,8 +601,10 @@ class Handoff:
             if entry is not None:
                 return self._take(pool, view, pidx, entry, name, stream, timeout)
         spin = 0.0 if timeout == 0 else self._channel.get_spin_s
-        spin_until = time.perf_counter() + spin
-        made = not spin   # (no spin: the broker is asked at once, nothing to make meanwhile)
+        began = time.perf_counter()
+        spin_until = began + spin
+        made = not spin   # (no spin: nothing to make meanwhile)
+        woken = timeout == 0   # (a get that does not wait asks the broker at once)
         while True:
             changes = [view.change() for view, _ in dirs.values()]   # (before the look: no entry missed)
             for pool, (view, pidx) in dirs.items():
@@ -611,7 +616,11 @@ class Handoff:
                 self._next.make(self._arena_of, self._lease_at)
             while [view.change() for view, _ in dirs.values()] == changes:
                 if time.perf_counter() >= spin_until:
-                    return None
+                    if woken:   # (woken, and still no entry here: the broker answers instead)
+                        return None
+                    woken = True
+                    self._wake(name, "entry", timeout, began)
+                    break
 
     def _arena_for(self, pool: str, entry: Any) -> ImportedMemory | None:
         """Import the arena ``entry`` lies in, once (``dir_export``); None where it cannot serve
@@ -702,10 +711,12 @@ class Handoff:
     def _await_entry(self, buf: Any, view: Any, entry: Any, timeout: float | None) -> tuple[bytes, bool]:
         """Until the object of ``entry`` is sealed: its board word, else its entry; the event its
         seal is recorded on, and whether that is a credit to keep open. Spins for the get spin
-        budget, then sleeps a little longer each time."""
+        budget, then sleeps until the broker has the seal (``_wake``)."""
         board = self.boards.get(buf.pool)
         deadline = None if timeout is None else time.monotonic() + timeout
-        spin_until = time.perf_counter() + self._channel.get_spin_s
+        began = time.perf_counter()
+        spin_until = began + self._channel.get_spin_s
+        woken = False
         pause = 20e-6
         word, seq = entry.word, entry.seq
         while True:
@@ -723,8 +734,23 @@ class Handoff:
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(f"object {buf.name!r} was not sealed within the timeout")
             if time.perf_counter() >= spin_until:
-                time.sleep(pause)
+                if not woken:   # asleep until the broker has the seal (or the object is gone)
+                    woken = True
+                    self._wake(buf.name, "seal", timeout, began)
+                    continue
+                time.sleep(pause)   # (woken, yet not sealed here: a board word seen late, say)
                 pause = min(pause * 2, 1e-3)
+
+    def _wake(self, name: str, wake: str, timeout: float | None, began: float) -> None:
+        """Sleep until the broker says ``name`` exists ("entry") or is sealed or gone ("seal"):
+        a get that takes no lease (``protocol``), for a directory reader whose spin ran out. Its
+        error (the timeout, counted from ``began``; an abandoned object) is the get's."""
+        fields: dict[str, Any] = {"name": name, "wake": wake}
+        left = None
+        if timeout is not None:
+            left = max(0.0, timeout - (time.perf_counter() - began))
+            fields["timeout_ms"] = max(1, int(left * 1000))
+        self._channel.call("get", _wait=left, **fields)
 
     def end_lease(self, buf: Any, stream: Any) -> None:
         """Release a lease taken from a directory: the done event after the reader's work (R2).

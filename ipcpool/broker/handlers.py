@@ -154,6 +154,13 @@ class Handlers:
         self.tables.durable.record_object(obj)
 
     def op_get(self, session: Session, f: dict, rid: int) -> dict | None:
+        wake = f.get("wake")
+        if wake is not None:   # a directory reader asleep: woken, it reads the directory (no lease here)
+            if self.tables.objects.awake(f["name"], wake):
+                return {}
+            timeout = f.get("timeout_ms")
+            self.tables.objects.wait(session, f["name"], rid, None if timeout is None else timeout / 1000, wake)
+            return None
         obj = self.tables.objects.lease(session, f["name"])
         if obj is not None:
             return lease(obj, credit(obj.alloc.pool, session)).encode()

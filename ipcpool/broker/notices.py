@@ -38,6 +38,9 @@ class Notices:
         *pending* lease now, and watch the board from then on."""
         for w in self.objects.take_waiters(obj.name):
             if w.session.token in self.sessions:
+                if w.wake is not None:   # (the entry is written: the reader takes its lease there)
+                    self.send(w.session.token, protocol.ok_reply(w.rid))
+                    continue
                 self.objects.lease_pending(w.session, obj.name)
                 self.send(w.session.token, protocol.ok_reply(w.rid, **pending(obj).encode()))
 
@@ -52,6 +55,9 @@ class Notices:
             obj.pending = []
         for w in self.objects.take_waiters(obj.name):
             if w.session.token in self.sessions:
+                if w.wake is not None:
+                    self.send(w.session.token, protocol.ok_reply(w.rid))
+                    continue
                 self.objects.lease(w.session, obj.name)
                 fields = lease(obj, credit(obj.alloc.pool, w.session)).encode()
                 self.send(w.session.token, protocol.ok_reply(w.rid, **fields))

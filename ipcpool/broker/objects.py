@@ -75,6 +75,7 @@ class Waiter:
     deadline: float | None
     name: str = ""
     done: bool = False   # settled (sealed, aborted, timed out or its session gone)
+    wake: str | None = None   # a get that takes no lease, only its answer ({}): ``protocol``'s "wake"
 
 
 @dataclass(eq=False)
@@ -245,7 +246,13 @@ class ObjectTable:
         self.registry.hold_many([o.alloc for o in objs], session)
         return objs
 
-    def wait(self, session: Session, name: str, rid: int, timeout_s: float | None) -> None:
+    def awake(self, name: str, wake: str) -> bool:
+        """Whether a get that asks only to be woken is answered now: ``name`` has its directory
+        entry ("entry"), or is sealed or gone ("seal": the reader's directory says which)."""
+        obj = self.caught_up(self.objects.get(name))
+        return obj is not None if wake == "entry" else obj is None or obj.sealed
+
+    def wait(self, session: Session, name: str, rid: int, timeout_s: float | None, wake: str | None = None) -> None:
         if timeout_s == 0:
             obj = self.objects.get(name)
             state = "is still being written" if obj else "does not exist"
@@ -254,7 +261,7 @@ class ObjectTable:
         _check_cap(uid, self.waits_by_uid[uid], self.registry.config.waits_per_uid, "gets waiting for a seal",
                    "waits_per_uid", "wait with a timeout, or for fewer objects at once")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        w = Waiter(session, rid, deadline, name)
+        w = Waiter(session, rid, deadline, name, wake=wake)
         self.waiters.setdefault(name, {})[w] = None
         self._by_session.setdefault(session, set()).add(w)
         self.waits_by_uid[uid] += 1

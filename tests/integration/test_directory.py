@@ -56,6 +56,61 @@ def test_a_reader_before_the_create_and_one_after_the_seal_send_no_request(broke
         assert sent["release"] == 2                       # the releases go to the broker (R2)
 
 
+def _count_wakes(client) -> list:
+    """The ``wake`` of each get ``client`` sends from now on (None: a get that takes a lease)."""
+    ch, wakes = client._channel, []
+    send = ch.send
+
+    def counted(op, **fields):
+        if op == "get":
+            wakes.append(fields.get("wake"))
+        return send(op, **fields)
+
+    ch.send = counted
+    return wakes
+
+
+def test_a_reader_past_its_spin_sleeps_until_woken_and_still_reads_from_the_directory(broker, monkeypatch):
+    """Its spin (1 ms) runs out before the create, and again before the seal: each time it sleeps
+    until the broker answers a get that takes no lease, then reads its lease from the directory."""
+    monkeypatch.setenv("IPCPOOL_GET_SPIN_US", "1000")
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        _warm(w, r)
+        wakes = _count_wakes(r)
+        got = {}
+        reader = threading.Thread(target=lambda: got.setdefault("lease", r.get("h/slow", timeout=10)))
+        reader.start()
+        time.sleep(0.2)                                   # asleep before the create
+        buf = w.create("h/slow", 4 * KiB)
+        buf.view[:4] = b"slow"
+        w.flush()
+        time.sleep(0.2)                                   # asleep before the seal
+        assert reader.is_alive()
+        buf.seal()
+        reader.join(10)
+        lease = got["lease"]
+        assert bytes(lease.view[:4]) == b"slow" and lease.dirlease is not None
+        assert wakes == ["entry", "seal"]
+        assert w.list()[0]["leases"] == 1                 # the directory's lease, none of the broker's
+        lease.release()
+
+
+def test_a_sleeping_directory_reader_times_out_with_the_gets_error(broker, monkeypatch):
+    monkeypatch.setenv("IPCPOOL_GET_SPIN_US", "1000")
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        _warm(w, r)
+        wakes = _count_wakes(r)
+        t0 = time.monotonic()
+        with pytest.raises(ipcpool.WaitTimeout, match="'never' was not sealed within the timeout"):
+            r.get("never", timeout=0.3)
+        assert 0.25 < time.monotonic() - t0 < 5 and wakes == ["entry"]
+        w.create("never", 4 * KiB)                        # created, never sealed: the seal's wake times out
+        w.flush()
+        with pytest.raises(ipcpool.WaitTimeout, match="'never' was not sealed within the timeout"):
+            r.get("never", timeout=0.3)
+        assert wakes == ["entry", "seal"]
+
+
 def test_an_object_deleted_while_a_directory_reader_holds_it_is_not_reused(broker):
     with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
         _warm(w, r)
@@ -92,8 +147,9 @@ def _create_and_die(socket_dir, out):
     time.sleep(600)
 
 
-def test_a_writer_killed_before_its_seal_gives_directory_readers_object_aborted(broker, monkeypatch):
-    monkeypatch.setenv("IPCPOOL_GET_SPIN_US", "10000000")
+@pytest.mark.parametrize("spin_us", ["10000000", "1000"], ids=["spinning", "asleep"])
+def test_a_writer_killed_before_its_seal_gives_directory_readers_object_aborted(broker, monkeypatch, spin_us):
+    monkeypatch.setenv("IPCPOOL_GET_SPIN_US", spin_us)
     out = SPAWN.Queue()
     p = SPAWN.Process(target=_create_and_die, args=(broker.socket_dir, out))
     p.start()

@@ -31,6 +31,13 @@ def test_bad_requests_are_protocol_errors(msg, match):
         protocol.validate(msg, protocol.REQUESTS)
 
 
+def test_a_get_wakes_for_an_entry_or_a_seal_only():
+    for wake in ("entry", "seal"):
+        assert protocol.validate({"op": "get", "name": "a", "wake": wake}, protocol.REQUESTS)[1]["wake"] == wake
+    with pytest.raises(InvalidRequest, match="wake: 'entry' or 'seal', got 'lease'"):
+        protocol.validate({"op": "get", "name": "a", "wake": "lease"}, protocol.REQUESTS)
+
+
 @pytest.mark.parametrize("op, fields", [("free", {"alloc": 1}), ("seal", {"name": "a"}),
                                         ("create", {"name": "a", "nbytes": 1, "pool": "p"})])
 def test_an_event_handle_is_64_bytes_or_none(op, fields):
