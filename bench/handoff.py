@@ -14,6 +14,10 @@ and the reader's calls; then a reader that asks only once the object is sealed (
 wait for nothing: the reader's own cost), and how many hand-offs the reader read without the
 directory, where any (its spin ran out before the entry came: it asked the broker), with their p50.
 Writes bench/results/handoff_<backend>.json and .png.
+
+With --writer-late-ms each producer starts that long after its consumer asked, and every consumer
+sleeps meanwhile (ipcpool's past its spin, the floor's in the kernel): the hand-off to a reader that
+arrived before the create.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import broker, machine, paired_bars, percentiles, save  # noqa: E402
 from bench.handoff_peers import (  # noqa: E402
     SIZE, WARMUP, core_consumer, core_producer, devices, first_reader, floor_consumer, floor_producer, report_steps,
-    shm_consumer, shm_producer, torch_consumer, torch_producer)
+    shm_consumer, shm_producer, torch_consumer, torch_producer, wait_go)
 from ipcpool.progress import Progress  # noqa: E402
 
 CTX = mp.get_context("spawn")
@@ -71,7 +75,7 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
         if os.environ.get("HANDOFF_SENT_STAMPS") or timeline:   # (--sent-stamps: ~15 trace events a hand-off)
             trace.set_trace(stamp)
         for i in range(n + LATE):
-            go.get()
+            wait_go(go)
             sent["client.create_sent"] = sent["client.seal_posted"] = sent["client.seal_sent"] = 0
             t0 = time.perf_counter_ns()
             buf = c.create(f"h/{i}", SIZE, stream=stream)
@@ -195,7 +199,9 @@ def run_pair(label, producer, consumer, n, socket_dir=None, backend=None, pipe=F
 def plot(results: dict, path: Path) -> None:
     names = list(results["peers"])
     paired_bars(path, names, {q: [results["peers"][k][f"{q}_us"] for k in names] for q in ("p50", "p99")},
-                f"hand-off latency ({results['backend']})", "µs per 1 MiB hand-off")
+                f"hand-off latency ({results['backend']}"
+                + (f", writer {results['writer_late_ms']:g} ms late)" if results.get("writer_late_ms") else ")"),
+                "µs per 1 MiB hand-off")
 
 
 def main() -> None:
@@ -212,8 +218,16 @@ def main() -> None:
                         help="CUDA: the producer on GPU P, the consumer on GPU C reading it through "
                              "peer access (ipcpool and torch.multiprocessing; the floor and cuda.core "
                              "lines are same-GPU only and left out)")
+    parser.add_argument("--writer-late-ms", type=float, default=0, metavar="MS",
+                        help="each producer starts MS after its consumer asks, which sleeps meanwhile (a "
+                             "reader that arrives before the create; the floor's reader asleep in the "
+                             "kernel); results go to bench/out/handoff_<backend>_late.json")
     parser.add_argument("--out-dir", type=Path, default=None, help="where the JSON and PNG go (default bench/results)")
     args = parser.parse_args()
+    if args.writer_late_ms < 0:
+        parser.error("--writer-late-ms is 0 or more")
+    if args.writer_late_ms:
+        os.environ["HANDOFF_WRITER_LATE_MS"] = str(args.writer_late_ms)   # (inherited by the spawned pairs)
     skip = set(filter(None, args.skip.split(",")))
     if args.sent_stamps:
         os.environ["HANDOFF_SENT_STAMPS"] = "1"   # (inherited by the spawned pair)
@@ -232,7 +246,7 @@ def main() -> None:
             skip |= {"floor", "cuda.core"}
     n = args.handoffs + WARMUP
     results = {"benchmark": "handoff", "backend": args.backend, "machine": machine(), "handoffs": args.handoffs,
-               "object_bytes": SIZE, "peers": {}}
+               "object_bytes": SIZE, "writer_late_ms": args.writer_late_ms, "peers": {}}
     if args.backend == "cuda":
         from bench.common import gpu_device
 
@@ -265,7 +279,10 @@ def main() -> None:
         row[f"speedup_vs_{peer}"] = peers[peer]["p50_us"] / row["p50_us"]
     base = peers["ipcpool"]["p50_us"]
     results["speedup_p50"] = {k: v["p50_us"] / base for k, v in peers.items() if not k.startswith("ipcpool")}
-    path = save(f"handoff_{args.backend}", results, plot, *([args.out_dir] if args.out_dir else []))
+    name, out_dir = f"handoff_{args.backend}", args.out_dir
+    if args.writer_late_ms:   # (not the usual hand-off: kept out of bench/results)
+        name, out_dir = f"{name}_late", out_dir or Path(__file__).resolve().parent / "out"
+    path = save(name, results, plot, *([out_dir] if out_dir else []))
     print(f"\n{'':<26}{'p50 µs':>9}{'p99 µs':>9}{'x floor':>9}{'  vs ' + peer.split('.')[0]:>14}")
     for k, v in peers.items():
         x_floor = "-" if v["x_floor"] is None else f"{v['x_floor']:.2f}"

@@ -15,6 +15,27 @@ import time
 
 SIZE = 1 << 20
 WARMUP = 50   # hand-offs left out of every figure
+# bench/handoff.py --writer-late-ms: each producer starts this long after its consumer is ready,
+# and the consumer sleeps meanwhile (a reader that arrives before the create). Set in the runner's
+# environment, which the spawned pairs inherit.
+WRITER_LATE_S = float(os.environ.get("HANDOFF_WRITER_LATE_MS", "0")) / 1000
+
+
+def wait_go(go) -> None:
+    """A producer's turn: its consumer is ready (then, writing late, the producer sleeps first)."""
+    go.get()
+    if WRITER_LATE_S:
+        time.sleep(WRITER_LATE_S)
+
+
+def await_notice(pipe) -> None:
+    """The floor's consumer waits for its notice: spinning, as the ipcpool client does for a while;
+    writing late, asleep in the kernel until it comes (the floor of a reader woken)."""
+    if WRITER_LATE_S:
+        pipe.poll(None)
+        return
+    while not pipe.poll(0):
+        pass
 
 
 def report_steps(who: str, names: tuple[str, ...], steps: list[tuple[int, ...]]) -> None:
@@ -49,7 +70,7 @@ def floor_producer(_, backend, n, go, link, acks, pipe):
         reduction.send_handle(pipe, fd, pipe.recv())   # the consumer's pid came first
         fill = bytes(SIZE)
         for i in range(n):
-            go.get()
+            wait_go(go)
             t0 = time.perf_counter_ns()
             k = i % SLOTS
             mem[k * SIZE : (k + 1) * SIZE] = fill
@@ -83,7 +104,7 @@ def floor_producer(_, backend, n, go, link, acks, pipe):
     pipe.recv_bytes()   # the consumer has opened everything
     steps = []
     for i in range(n):
-        go.get()
+        wait_go(go)
         t0 = time.perf_counter_ns()
         k = i % SLOTS
         views[k].fill_(i % 251)
@@ -109,8 +130,7 @@ def floor_consumer(_, backend, n, go, link, acks, out, pipe):
         mem = mmap.mmap(fd, SLOTS * SIZE)
         for i in range(n):
             go.put(True)
-            while not pipe.poll(0):   # spinning, as the ipcpool client does for a while
-                pass
+            await_notice(pipe)
             k = pipe.recv_bytes()[0]
             value = mem[k * SIZE]
             t1 = time.perf_counter_ns()
@@ -139,8 +159,7 @@ def floor_consumer(_, backend, n, go, link, acks, out, pipe):
     steps = []
     for i in range(n):
         go.put(True)
-        while not pipe.poll(0):
-            pass
+        await_notice(pipe)
         k = int.from_bytes(pipe.recv_bytes()[:8], "little")
         t_note = time.perf_counter_ns()
         while cu.cuEventQuery(events[k])[0] == not_ready:   # the host sees the fill complete
@@ -164,7 +183,7 @@ def shm_producer(_, __, n, go, link, acks):
 
     fill = bytes(SIZE)
     for i in range(n):
-        go.get()
+        wait_go(go)
         t0 = time.perf_counter_ns()
         shm = shared_memory.SharedMemory(create=True, size=SIZE)
         shm.buf[:] = fill
@@ -216,7 +235,7 @@ def torch_producer(_, backend, n, go, link, acks):
 
     device = f"cuda:{devices(backend)[0]}"
     for i in range(n):
-        go.get()
+        wait_go(go)
         t0 = time.perf_counter_ns()
         t = torch.empty(SIZE, dtype=torch.uint8, device=device).fill_(i % 251)
         link.put((t0, t))
@@ -253,7 +272,7 @@ def core_producer(_, __, n, go, link, acks):
     link.put(mr)          # the pool travels once
     torch.cuda.set_stream(torch.cuda.ExternalStream(int(stream.handle)))
     for i in range(n):
-        go.get()
+        wait_go(go)
         t0 = time.perf_counter_ns()
         buf = mr.allocate(SIZE, stream=stream)
         torch.from_dlpack(buf).view(torch.uint8).fill_(i % 251)

@@ -52,6 +52,19 @@ def test_the_handoff_profile_runs_on_the_host_backend(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("*.prof")) == ["broker.prof", "consumer.prof", "producer.prof"]
 
 
+def test_the_handoff_to_a_reader_that_arrived_first_runs_on_the_host_backend(tmp_path):
+    """Each producer starts 2 ms after its consumer asked: ipcpool's reader, asleep past its spin,
+    is woken by the broker and still reads from the directory (no hand-off counted without it)."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench/handoff.py"), "--backend", "host", "--handoffs", "60",
+                          "--writer-late-ms", "2", "--out-dir", str(tmp_path)], capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads((tmp_path / "handoff_host_late.json").read_text())
+    assert result["writer_late_ms"] == 2 and set(result["peers"]) == {"ipcpool", "floor", "shared_memory"}
+    assert all(row["p50_us"] > 0 for row in result["peers"].values())
+    assert "consumer step p50: start->got lease" in out.stderr and "without the directory" not in out.stderr
+
+
 def test_the_handoff_timeline_runs_on_the_host_backend(tmp_path):
     """The broker's moments of every hand-off come from its trace events (``IPCPOOL_TRACE``), the
     writer's and the reader's from theirs: every segment of the timeline is there for each."""
