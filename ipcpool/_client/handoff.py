@@ -48,6 +48,7 @@ MIN_ARENA = 1 << 20
 LOW_SLOTS = 16   # a reader's free lease slots below which its release takes in the answers waiting
 _NO_CREDIT = bytes(HANDLE_BYTES)
 _NO_ARENAS: dict = {}   # (a pool none of whose arenas is imported here)
+_DROP = object()       # a wake's answer nobody waits for any more
 
 
 # -- carving: an arena is an allocation of this client's, imported once; its free ranges are kept here
@@ -228,6 +229,7 @@ class Handoff:
         self._arena_views: dict[str, dict[int, ImportedMemory]] = {}   # pool -> arena -> its import
         self._releasing: dict[int, int] = {}   # directory leases' releases by request id -> slot
         self._next = NextLease()   # a directory reader's next lease, made ahead
+        self._wakes: dict[int, Any] = {}   # gets that only wake a reader, by id: None, their answer, or _DROP
 
     # -- what arrives from the broker --------------------------------------------------------------
     def on_notice(self, note: dict) -> bool:
@@ -251,6 +253,12 @@ class Handoff:
         lease's release. True: consumed."""
         self._keep_credits(reply)
         rid = reply.get("id")
+        if rid in self._wakes:   # a get that only wakes a reader: kept for it, or dropped
+            if self._wakes[rid] is _DROP:
+                del self._wakes[rid]
+            else:
+                self._wakes[rid] = reply
+            return True
         slot = self._releasing.pop(rid, None)
         if slot is not None:
             if not reply.get("ok"):
@@ -581,7 +589,8 @@ class Handoff:
         """A read lease on ``name`` taken from a directory of the pools this client has, without a
         request; None where the broker must answer instead (no entry even once woken, an object
         the directory cannot serve, every lease slot in use). A reader whose spin budget runs out
-        before the entry comes sleeps until the broker says it exists (``_wake``): one request."""
+        before the entry comes asks the broker to wake it once the object exists, spins once more
+        meanwhile, then sleeps until the answer (``_send_wake``): one request."""
         if not fence.registered(wait=1.0):   # (the broker's barrier must reach this process first)
             return None
         dirs = self._pools.directories
@@ -604,23 +613,32 @@ class Handoff:
         began = time.perf_counter()
         spin_until = began + spin
         made = not spin   # (no spin: nothing to make meanwhile)
-        woken = timeout == 0   # (a get that does not wait asks the broker at once)
+        wake = None       # the get that only wakes this reader, once sent; True once answered
         while True:
             changes = [view.change() for view, _ in dirs.values()]   # (before the look: no entry missed)
             for pool, (view, pidx) in dirs.items():
                 entry = view.lookup(name)
                 if entry is not None:
+                    if type(wake) is int:   # (found before its answer came: the answer is dropped)
+                        self._wakes[wake] = _DROP
                     return self._take(pool, view, pidx, entry, name, stream, timeout)
             if not made:   # waiting: the lease the entry will most likely name, made meanwhile
                 made = True
                 self._next.make(self._arena_of, self._lease_at)
             while [view.change() for view, _ in dirs.values()] == changes:
-                if time.perf_counter() >= spin_until:
-                    if woken:   # (woken, and still no entry here: the broker answers instead)
-                        return None
-                    woken = True
-                    self._wake(name, "entry", timeout, began)
-                    break
+                if time.perf_counter() < spin_until:
+                    continue
+                if wake is True or timeout == 0:   # (answered, and no entry here: the broker serves it)
+                    return None
+                if wake is None:
+                    # The broker is asked to wake this reader, and the spin goes on meanwhile: an
+                    # entry that comes before the answer is read at once, not a round trip later.
+                    wake = self._send_wake(name, "entry", timeout, began)
+                    spin_until = time.perf_counter() + spin
+                    continue
+                self._await_wake(wake)   # asleep until the broker says the object exists
+                wake = True
+                break
 
     def _arena_for(self, pool: str, entry: Any) -> ImportedMemory | None:
         """Import the arena ``entry`` lies in, once (``dir_export``); None where it cannot serve
@@ -745,12 +763,25 @@ class Handoff:
         """Sleep until the broker says ``name`` exists ("entry") or is sealed or gone ("seal"):
         a get that takes no lease (``protocol``), for a directory reader whose spin ran out. Its
         error (the timeout, counted from ``began``; an abandoned object) is the get's."""
+        self._await_wake(self._send_wake(name, wake, timeout, began))
+
+    def _send_wake(self, name: str, wake: str, timeout: float | None, began: float) -> int:
+        """``_wake``'s request, sent without waiting: its id (its answer is kept in ``_wakes``)."""
         fields: dict[str, Any] = {"name": name, "wake": wake}
-        left = None
         if timeout is not None:
-            left = max(0.0, timeout - (time.perf_counter() - began))
-            fields["timeout_ms"] = max(1, int(left * 1000))
-        self._channel.call("get", _wait=left, **fields)
+            fields["timeout_ms"] = max(1, int(max(0.0, timeout - (time.perf_counter() - began)) * 1000))
+        rid = self._channel.send("get", **fields)
+        self._wakes[rid] = None
+        return rid
+
+    def _await_wake(self, rid: int) -> None:
+        """Until the answer to wake ``rid`` comes (the broker answers a timeout itself); its error raised."""
+        ch = self._channel
+        if self._wakes.get(rid) is None:
+            ch.wait_reply(-1, None, until=lambda: self._wakes.get(rid) is not None, spin=0.0)
+        reply = self._wakes.pop(rid)
+        if not reply.get("ok"):
+            raise protocol.refusal(reply)
 
     def end_lease(self, buf: Any, stream: Any) -> None:
         """Release a lease taken from a directory: the done event after the reader's work (R2).
