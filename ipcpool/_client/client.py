@@ -36,9 +36,10 @@ def connect(socket_dir: str | os.PathLike | None = None, *, timeout: float = DEF
     (default ``IPCPOOL_ARENA_BYTES`` or 32 MiB; 0: every create waits for the broker).
 
     Spinning, read here from the environment: a reply is polled for ``IPCPOOL_CLIENT_SPIN_US``
-    (300) before sleeping, a seal a ``get`` waits for ``IPCPOOL_GET_SPIN_US`` (1000), a pending
-    seal event ``IPCPOOL_EVENT_SPIN_US`` (2000, CUDA) before a stream wait; waking a sleeping
-    process costs tens of µs each time. ``IPCPOOL_CLIENT_SPIN_US=0`` turns the first two off."""
+    (300) before sleeping, an object or its seal a ``get`` waits for ``IPCPOOL_GET_SPIN_US``
+    (1000, then as long again while the broker is asked to wake it), a pending seal event
+    ``IPCPOOL_EVENT_SPIN_US`` (2000, CUDA) before a stream wait; waking a sleeping process costs
+    tens to hundreds of µs each time. ``IPCPOOL_CLIENT_SPIN_US=0`` turns the first two off."""
     return Client(socket_dir, timeout=timeout, arena_bytes=arena_bytes)
 
 

@@ -11,7 +11,7 @@
   broker's (a credit) it promised in its create to record its seal on. ``seal`` records, posts
   the word, and sends the seal without waiting.
 - **Read.** A reader looks for its object in its pool's name directory and takes its lease there
-  (``look``); one that waits past its spin budget sleeps until the broker wakes it (``_wake``).
+  (``look``); one that waits past its spin budget sleeps until the broker wakes it (``_send_wake``).
 - **Wait.** A reader whose ``get`` the broker answered *pending* (it already has the object's
   memory and the promised event) spins on the board word, then sleeps until the broker's notice,
   and orders its work after the event by querying it on the host (``ClientPool.order_after``).
@@ -36,11 +36,12 @@ from ..errors import InvalidRequest, IpcPoolError, ObjectAborted, OutOfMemory, P
 from ..protocol import ARENA_ALIGN, MAX_ARENAS
 from ..ranges import RangeAllocator
 from ..replies import AbortNotice, Allocation, Arena, Carved, Lease, ReclaimNotice, SealNotice, credits_of
-from ..shm import directory, fence, sealboard
+from ..shm import directory, fence, futex, sealboard
 from ..sizes import HANDLE_BYTES
 from .channel import Channel
 from .interop import Views
 from .pools import Pools
+from .waitlog import SlowWait, describe
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +231,7 @@ class Handoff:
         self._releasing: dict[int, int] = {}   # directory leases' releases by request id -> slot
         self._next = NextLease()   # a directory reader's next lease, made ahead
         self._wakes: dict[int, Any] = {}   # gets that only wake a reader, by id: None, their answer, or _DROP
+        self._slow: SlowWait | None = None   # the get under way, waiting without a deadline (``_send_wake``)
 
     # -- what arrives from the broker --------------------------------------------------------------
     def on_notice(self, note: dict) -> bool:
@@ -593,6 +595,7 @@ class Handoff:
         meanwhile, then sleeps until the answer (``_send_wake``): one request."""
         if not fence.registered(wait=1.0):   # (the broker's barrier must reach this process first)
             return None
+        self._slow = None
         dirs = self._pools.directories
         if not dirs:
             if self._pools.imported or "default" not in self._channel.pool_names:
@@ -614,31 +617,35 @@ class Handoff:
         spin_until = began + spin
         made = not spin   # (no spin: nothing to make meanwhile)
         wake = None       # the get that only wakes this reader, once sent; True once answered
-        while True:
-            changes = [view.change() for view, _ in dirs.values()]   # (before the look: no entry missed)
-            for pool, (view, pidx) in dirs.items():
-                entry = view.lookup(name)
-                if entry is not None:
-                    if type(wake) is int:   # (found before its answer came: the answer is dropped)
-                        self._wakes[wake] = _DROP
-                    return self._take(pool, view, pidx, entry, name, stream, timeout)
-            if not made:   # waiting: the lease the entry will most likely name, made meanwhile
-                made = True
-                self._next.make(self._arena_of, self._lease_at)
-            while [view.change() for view, _ in dirs.values()] == changes:
-                if time.perf_counter() < spin_until:
-                    continue
-                if wake is True or timeout == 0:   # (answered, and no entry here: the broker serves it)
-                    return None
-                if wake is None:
-                    # The broker is asked to wake this reader, and the spin goes on meanwhile: an
-                    # entry that comes before the answer is read at once, not a round trip later.
-                    wake = self._send_wake(name, "entry", timeout, began)
-                    spin_until = time.perf_counter() + spin
-                    continue
-                self._await_wake(wake)   # asleep until the broker says the object exists
-                wake = True
-                break
+        # (asleep on the directory itself where there is one to look in: ``_doze``)
+        bed = next(iter(dirs.values()))[0] if len(dirs) == 1 and futex.usable else None
+        try:
+            while True:
+                changes = [view.change() for view, _ in dirs.values()]   # (before the look: no entry missed)
+                for pool, (view, pidx) in dirs.items():
+                    entry = view.lookup(name)
+                    if entry is not None:
+                        self._drop_wake(wake)   # (found before its answer came)
+                        return self._take(pool, view, pidx, entry, name, stream, timeout)
+                if not made:   # waiting: the lease the entry will most likely name, made meanwhile
+                    made = True
+                    self._next.make(self._arena_of, self._lease_at)
+                while [view.change() for view, _ in dirs.values()] == changes:
+                    if time.perf_counter() < spin_until:
+                        continue
+                    if wake is True or timeout == 0:   # (answered, and no entry here: the broker serves it)
+                        return None
+                    if wake is None:
+                        # The broker is asked to wake this reader, and the spin goes on meanwhile: an
+                        # entry that comes before the answer is read at once, not a round trip later.
+                        wake = self._send_wake(name, "entry", timeout, began)
+                        spin_until = time.perf_counter() + spin
+                        continue
+                    if self._doze(wake, bed, changes[0]):   # asleep until the object exists (or a while)
+                        wake = True
+                    break
+        finally:
+            self._drop_wake(wake)   # (interrupted, say)
 
     def _arena_for(self, pool: str, entry: Any) -> ImportedMemory | None:
         """Import the arena ``entry`` lies in, once (``dir_export``); None where it cannot serve
@@ -729,59 +736,90 @@ class Handoff:
     def _await_entry(self, buf: Any, view: Any, entry: Any, timeout: float | None) -> tuple[bytes, bool]:
         """Until the object of ``entry`` is sealed: its board word, else its entry; the event its
         seal is recorded on, and whether that is a credit to keep open. Spins for the get spin
-        budget, then sleeps until the broker has the seal (``_wake``)."""
+        budget, then sleeps until the broker has the seal (``_send_wake``)."""
         board = self.boards.get(buf.pool)
         deadline = None if timeout is None else time.monotonic() + timeout
         began = time.perf_counter()
-        spin_until = began + self._channel.get_spin_s
-        woken = False
+        spin = self._channel.get_spin_s
+        spin_until = began + spin
+        wake = None   # as ``look``'s
+        bed = view if futex.usable else None
         pause = 20e-6
         word, seq = entry.word, entry.seq
-        while True:
-            if word is not None and board is not None and board.read(word) >= seq:
-                return entry.event, entry.kept_event   # the promised event: recorded before the word was posted
-            state = view.state(entry.index, entry.gen)
-            if state == directory.SEALED:
-                sealed = view.lookup(buf.name)   # (the seal's own event, where it is not the promised one)
-                if sealed is not None and sealed.gen == entry.gen:
-                    return sealed.event, sealed.kept_event
-                return entry.event, entry.kept_event
-            if state == directory.GONE:
-                raise ObjectAborted(f"object {buf.name!r} was abandoned before it was sealed "
-                                    "(its writer went away or deleted it)")
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(f"object {buf.name!r} was not sealed within the timeout")
-            if time.perf_counter() >= spin_until:
-                if not woken:   # asleep until the broker has the seal (or the object is gone)
-                    woken = True
-                    self._wake(buf.name, "seal", timeout, began)
+        try:
+            while True:
+                seen = view.change()   # (before the looks: a change after them ends a sleep at once)
+                if word is not None and board is not None and board.read(word) >= seq:
+                    return entry.event, entry.kept_event   # the promised event: recorded before the word was posted
+                state = view.state(entry.index, entry.gen)
+                if state == directory.SEALED:
+                    sealed = view.lookup(buf.name)   # (the seal's own event, where it is not the promised one)
+                    if sealed is not None and sealed.gen == entry.gen:
+                        return sealed.event, sealed.kept_event
+                    return entry.event, entry.kept_event
+                if state == directory.GONE:
+                    raise ObjectAborted(f"object {buf.name!r} was abandoned before it was sealed "
+                                        "(its writer went away or deleted it)")
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WaitTimeout(f"object {buf.name!r} was not sealed within the timeout")
+                if time.perf_counter() < spin_until:
                     continue
-                time.sleep(pause)   # (woken, yet not sealed here: a board word seen late, say)
-                pause = min(pause * 2, 1e-3)
-
-    def _wake(self, name: str, wake: str, timeout: float | None, began: float) -> None:
-        """Sleep until the broker says ``name`` exists ("entry") or is sealed or gone ("seal"):
-        a get that takes no lease (``protocol``), for a directory reader whose spin ran out. Its
-        error (the timeout, counted from ``began``; an abandoned object) is the get's."""
-        self._await_wake(self._send_wake(name, wake, timeout, began))
+                if wake is None:   # the broker asked to wake this reader at the seal; spinning on meanwhile
+                    wake = self._send_wake(buf.name, "seal", timeout, began)
+                    spin_until = time.perf_counter() + spin
+                elif wake is not True:
+                    if self._doze(wake, bed, seen):
+                        wake = True
+                else:   # (answered, yet not sealed here: a board word seen late, say)
+                    time.sleep(pause)
+                    pause = min(pause * 2, 1e-3)
+        finally:
+            self._drop_wake(wake)
 
     def _send_wake(self, name: str, wake: str, timeout: float | None, began: float) -> int:
-        """``_wake``'s request, sent without waiting: its id (its answer is kept in ``_wakes``)."""
+        """A get that takes no lease (``protocol``): the broker answers once ``name`` exists
+        ("entry") or is sealed or gone ("seal"), and wakes the readers asleep on its pool's
+        directory. Sent without waiting; its id (the answer is kept in ``_wakes``). Its error (the
+        timeout, counted from ``began``; an abandoned object) is the get's (``_doze``)."""
         fields: dict[str, Any] = {"name": name, "wake": wake}
         if timeout is not None:
             fields["timeout_ms"] = max(1, int(max(0.0, timeout - (time.perf_counter() - began)) * 1000))
+        elif self._slow is None:   # a wait without a deadline says, once, what it waits for
+            self._slow = SlowWait(describe("get", {"name": name}))
         rid = self._channel.send("get", **fields)
         self._wakes[rid] = None
         return rid
 
-    def _await_wake(self, rid: int) -> None:
-        """Until the answer to wake ``rid`` comes (the broker answers a timeout itself); its error raised."""
+    def _doze(self, rid: int, bed: Any, seen: int) -> bool:
+        """One sleep of a reader whose wake ``rid`` is not answered: on ``bed``'s change count
+        (a directory: ``futex``) until it moves from ``seen`` or ``futex.SLICE_S`` passes, then
+        what arrived taken in; without a bed, on the channel until the answer. True once the
+        answer is here (its error raised: the get's)."""
         ch = self._channel
-        if self._wakes.get(rid) is None:
-            ch.wait_reply(-1, None, until=lambda: self._wakes.get(rid) is not None, spin=0.0)
-        reply = self._wakes.pop(rid)
+        if bed is not None:
+            bed.sleep(seen, futex.SLICE_S)
+            ch.pump(0)   # (the answer, and a broker gone: BrokerGone)
+            if self._slow is not None:
+                self._slow.tick()
+        elif self._wakes.get(rid) is None:
+            ch.wait_reply(-1, None, until=lambda: self._wakes.get(rid) is not None, spin=0.0, slow=self._slow)
+        reply = self._wakes.get(rid)
+        if reply is None:
+            return False
+        del self._wakes[rid]
         if not reply.get("ok"):
             raise protocol.refusal(reply)
+        return True
+
+    def _drop_wake(self, wake: Any) -> None:
+        """A wake whose answer nobody waits for any more (the object was found first): dropped
+        when it comes, or now where it came."""
+        if type(wake) is int and wake in self._wakes:
+            got = self._wakes[wake]
+            if got is None:
+                self._wakes[wake] = _DROP
+            elif got is not _DROP:
+                del self._wakes[wake]
 
     def end_lease(self, buf: Any, stream: Any) -> None:
         """Release a lease taken from a directory: the done event after the reader's work (R2).

@@ -107,6 +107,12 @@ class Directories:
         is allocated for it)."""
         self.by_pool[pool_name].set_state(entry[1], entry[2], layout.GONE)
 
+    def wake(self, pool_name: str) -> None:
+        """Wake the readers asleep on ``pool_name``'s directory (a wake request answered)."""
+        d = self.by_pool.get(pool_name)
+        if d is not None:
+            d.wake_sleepers()
+
     def sealed(self, obj) -> None:
         if obj.entry is not None:
             pool, index, gen = obj.entry

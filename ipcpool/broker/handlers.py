@@ -156,7 +156,10 @@ class Handlers:
     def op_get(self, session: Session, f: dict, rid: int) -> dict | None:
         wake = f.get("wake")
         if wake is not None:   # a directory reader asleep: woken, it reads the directory (no lease here)
-            if self.tables.objects.awake(f["name"], wake):
+            now, obj = self.tables.objects.awake(f["name"], wake)
+            if now:   # (it may be asleep on its directory already: a change it slept through)
+                if obj is not None:
+                    self.tables.directories.wake(obj.alloc.pool.spec.name)
                 return {}
             timeout = f.get("timeout_ms")
             self.tables.objects.wait(session, f["name"], rid, None if timeout is None else timeout / 1000, wake)

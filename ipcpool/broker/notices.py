@@ -28,19 +28,31 @@ Send = Callable[[bytes, dict], None]
 
 
 class Notices:
-    def __init__(self, objects: ObjectTable, sessions: dict[bytes, Session], send: Send):
+    def __init__(self, objects: ObjectTable, sessions: dict[bytes, Session], send: Send,
+                 wake: Callable[[str], None] = lambda pool: None):
         self.objects = objects
         self.sessions = sessions   # token -> open session (a message to any other is not sent)
         self.send = send
+        self.wake = wake   # wakes the readers asleep on a pool's directory (``Directories.wake``)
+
+    def _woken(self, obj: NamedObject, waiters: list) -> list:
+        """Answer the gets among ``waiters`` that only wake a reader (its directory holds the rest,
+        changed already), and wake those asleep on the directory; the other waiters."""
+        rest = []
+        for w in waiters:
+            if w.wake is None:
+                rest.append(w)
+            elif w.session.token in self.sessions:
+                self.send(w.session.token, protocol.ok_reply(w.rid))
+        if len(rest) < len(waiters):
+            self.wake(obj.alloc.pool.spec.name)
+        return rest
 
     def pending(self, obj: NamedObject) -> None:
         """An object created with a seal-board word: the gets already waiting for it get a
         *pending* lease now, and watch the board from then on."""
-        for w in self.objects.take_waiters(obj.name):
+        for w in self._woken(obj, self.objects.take_waiters(obj.name)):   # (the entry is written)
             if w.session.token in self.sessions:
-                if w.wake is not None:   # (the entry is written: the reader takes its lease there)
-                    self.send(w.session.token, protocol.ok_reply(w.rid))
-                    continue
                 self.objects.lease_pending(w.session, obj.name)
                 self.send(w.session.token, protocol.ok_reply(w.rid, **pending(obj).encode()))
 
@@ -53,11 +65,8 @@ class Notices:
                 if reader.token in self.sessions:
                     self.send(reader.token, SealNotice(aid, event, pool.spec.name, credit(pool, reader)).encode())
             obj.pending = []
-        for w in self.objects.take_waiters(obj.name):
+        for w in self._woken(obj, self.objects.take_waiters(obj.name)):
             if w.session.token in self.sessions:
-                if w.wake is not None:
-                    self.send(w.session.token, protocol.ok_reply(w.rid))
-                    continue
                 self.objects.lease(w.session, obj.name)
                 fields = lease(obj, credit(obj.alloc.pool, w.session)).encode()
                 self.send(w.session.token, protocol.ok_reply(w.rid, **fields))
@@ -73,6 +82,8 @@ class Notices:
         (each still frees its lease, as for any)."""
         for w in waiters:
             self.send(w.session.token, protocol.error_reply(w.rid, abort_error(obj.name)))
+        if any(w.wake is not None for w in waiters):   # (its entry is gone: they see it on waking)
+            self.wake(obj.alloc.pool.spec.name)
         for reader in obj.pending:
             if reader.token in self.sessions:
                 self.send(reader.token, AbortNotice(obj.alloc.aid, obj.name).encode())

@@ -246,11 +246,12 @@ class ObjectTable:
         self.registry.hold_many([o.alloc for o in objs], session)
         return objs
 
-    def awake(self, name: str, wake: str) -> bool:
+    def awake(self, name: str, wake: str) -> tuple[bool, NamedObject | None]:
         """Whether a get that asks only to be woken is answered now: ``name`` has its directory
-        entry ("entry"), or is sealed or gone ("seal": the reader's directory says which)."""
+        entry ("entry"), or is sealed or gone ("seal": the reader's directory says which); and
+        the object, where there is one."""
         obj = self.caught_up(self.objects.get(name))
-        return obj is not None if wake == "entry" else obj is None or obj.sealed
+        return (obj is not None if wake == "entry" else obj is None or obj.sealed), obj
 
     def wait(self, session: Session, name: str, rid: int, timeout_s: float | None, wake: str | None = None) -> None:
         if timeout_s == 0:

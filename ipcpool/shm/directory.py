@@ -12,9 +12,9 @@ is ``crc32(name) % capacity``; collisions probe linearly (at most ``MAX_PROBE``)
 tombstone that lookups pass and inserts reuse. Each entry is a seqlock: ``ver`` is odd while the
 broker writes it, so a reader copies it between two equal even reads (stores and loads keep their
 order on x86 and are fenced by the interpreter's calls elsewhere). ``change`` in the header counts
-every write, so a reader waiting for a name spins on one word; ``awake`` (at 64) is when the
-broker stops busy-polling (``shm.requests``). ``gen`` is the object's number,
-never reused: a reader's hazard slot (``shm.leases``) names (entry, gen).
+every write, so a reader waiting for a name spins on one word (and sleeps on it: ``shm.futex``);
+``awake`` (at 64) is when the broker stops busy-polling (``shm.requests``). ``gen`` is the
+object's number, never reused: a reader's hazard slot (``shm.leases``) names (entry, gen).
 
 The memfd is sealed read-only for everyone but the broker's own mapping (``shm.sealing``); only a
 pool's clients get it, so a directory says nothing to anyone outside its trust boundary.
@@ -27,7 +27,7 @@ import struct
 import zlib
 from typing import NamedTuple
 
-from . import sealing
+from . import futex, sealing
 
 ENTRY = 512
 CAPACITY = 8192          # entries per pool: 4 MiB of address space, pages backed as used
@@ -106,6 +106,7 @@ class Directory(sealing.Owned):
         self._taken: dict[int, bytes] = {}   # index -> name, for live entries (WRITING, SEALED)
         self._tombs: set[int] = set()        # gone entries a probe must pass (see ``_trim``)
         self._change = 0
+        self._sleepers_at = futex.address(self._map, _CHANGE_AT) if futex.usable else 0
 
     def _at(self, index: int) -> int:
         return (index + 1) * ENTRY
@@ -123,6 +124,12 @@ class Directory(sealing.Owned):
     def _changed(self) -> None:
         self._change += 1
         self._words[_CHANGE_AT // 8] = self._change
+
+    def wake_sleepers(self) -> None:
+        """Wake the readers asleep on the change count (``DirectoryView.sleep``), after a change
+        one of them asked to be woken for."""
+        if self._sleepers_at and self._map is not None:
+            futex.wake(self._sleepers_at)
 
     def publish(self, name: str, gen: int, state: int, alloc: int, offset: int, size: int,
                 word: int | None, seq: int, event: bytes, dtype: str | None,
@@ -225,9 +232,15 @@ class DirectoryView:
         sealing.populate(self._map, write=False)
         self._words = sealing.words(self._map)
         self._probes = min(MAX_PROBE, capacity)
+        self._change_at = futex.address(self._map, _CHANGE_AT) if futex.usable else 0
 
     def change(self) -> int:
         return self._words[_CHANGE_AT // 8]
+
+    def sleep(self, seen: int, timeout_s: float) -> None:
+        """Until the change count moves from ``seen`` (read before the caller last looked) and the
+        broker wakes its sleepers, at most ``timeout_s``; at once where it moved already."""
+        futex.wait(self._change_at, seen, timeout_s)
 
     def awake_until(self) -> int:
         return self._words[_AWAKE_AT // 8]

@@ -30,14 +30,20 @@ def _warm(w, r, name="warm"):
     w.delete(name)
 
 
+def _get_meanwhile(r, name):
+    """``r.get(name)`` on a thread of its own, started: (the thread, where its lease will be)."""
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("lease", r.get(name, timeout=10)))
+    t.start()
+    return t, got
+
+
 def test_a_reader_before_the_create_and_one_after_the_seal_send_no_request(broker, monkeypatch):
     monkeypatch.setenv("IPCPOOL_GET_SPIN_US", "10000000")   # spin on the directory, never park
     with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
         _warm(w, r)
         sent = count_requests(r)
-        got = {}
-        early = threading.Thread(target=lambda: got.setdefault("early", r.get("h/early", timeout=10)))
-        early.start()
+        early, got = _get_meanwhile(r, "h/early")
         time.sleep(0.05)                                  # the reader is spinning before the create
         buf = w.create("h/early", 4 * KiB)
         buf.view[:5] = b"first"
@@ -48,10 +54,10 @@ def test_a_reader_before_the_create_and_one_after_the_seal_send_no_request(broke
         late_buf.seal()
         w.flush()
         late = r.get("h/late", timeout=0)
-        assert bytes(got["early"].view[:5]) == b"first" and bytes(late.view[:4]) == b"late"
-        assert got["early"].dirlease is not None and late.dirlease is not None
+        assert bytes(got["lease"].view[:5]) == b"first" and bytes(late.view[:4]) == b"late"
+        assert got["lease"].dirlease is not None and late.dirlease is not None
         assert sum(v for k, v in sent.items() if k != "release") == 0, dict(sent)   # no request
-        got["early"].release()
+        got["lease"].release()
         late.release()
         assert sent["release"] == 2                       # the releases go to the broker (R2)
 
@@ -77,9 +83,7 @@ def test_a_reader_past_its_spin_sleeps_until_woken_and_still_reads_from_the_dire
     with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
         _warm(w, r)
         wakes = _count_wakes(r)
-        got = {}
-        reader = threading.Thread(target=lambda: got.setdefault("lease", r.get("h/slow", timeout=10)))
-        reader.start()
+        reader, got = _get_meanwhile(r, "h/slow")
         time.sleep(0.2)                                   # asleep before the create
         buf = w.create("h/slow", 4 * KiB)
         buf.view[:4] = b"slow"
@@ -109,6 +113,33 @@ def test_a_sleeping_directory_reader_times_out_with_the_gets_error(broker, monke
         with pytest.raises(ipcpool.WaitTimeout, match="'never' was not sealed within the timeout"):
             r.get("never", timeout=0.3)
         assert wakes == ["entry", "seal"]
+
+
+@pytest.mark.parametrize("what", ["entry", "seal"])
+def test_a_directory_reader_asleep_when_its_broker_dies_is_told_so(start_broker, monkeypatch, what):
+    """Asleep on its directory (past its spin, its wake request sent), it still watches its socket."""
+    monkeypatch.setenv("IPCPOOL_GET_SPIN_US", "1000")
+    b = start_broker()
+    with ipcpool.connect(b.socket_dir) as w, ipcpool.connect(b.socket_dir) as r:
+        _warm(w, r)
+        if what == "seal":
+            w.create("asleep", 4 * KiB)                   # created, never sealed
+            w.flush()
+        failed = {}
+
+        def read():
+            try:
+                r.get("asleep")                           # no timeout: only the broker's end ends it
+            except ipcpool.IpcPoolError as exc:
+                failed["err"] = exc
+        t = threading.Thread(target=read)
+        t.start()
+        time.sleep(0.3)
+        b.kill()
+        t0 = time.monotonic()
+        t.join(20)
+        assert not t.is_alive() and time.monotonic() - t0 < 5
+        assert isinstance(failed.get("err"), ipcpool.BrokerGone), failed
 
 
 def test_an_object_deleted_while_a_directory_reader_holds_it_is_not_reused(broker):
