@@ -12,7 +12,8 @@ Latency is from the producer's first call to the consumer holding the element (C
 one clock for every process). The step report (stderr) splits ipcpool's hand-off into the writer's
 and the reader's calls; then a reader that asks only once the object is sealed (its get and view
 wait for nothing: the reader's own cost), and how many hand-offs the reader read without the
-directory, where any (its spin ran out before the entry came: it asked the broker), with their p50.
+directory, where any (the broker served them), and how many waited past the reader's spin (it asked
+the broker to wake it), with their p50s.
 Writes bench/results/handoff_<backend>.json and .png.
 
 With --writer-late-ms each producer starts that long after its consumer asked, and every consumer
@@ -119,7 +120,7 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             stream = torch.cuda.Stream()
             torch.cuda.set_stream(stream)
             read_first = first_reader(backend)
-        steps, marks, late, asked = [], [], [], []
+        steps, marks, late, asked, slept = [], [], [], [], []
         seen: dict[str, int] = {}
         if os.environ.get("HANDOFF_MARKS"):   # the reader's own moments, from its trace events
             from ipcpool import trace
@@ -136,6 +137,7 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             go.put(True)
             if i >= n:   # asked once sealed: the reader's own cost
                 link.get()
+            wakes = c._handoff.wakes_sent
             t_asked = time.perf_counter_ns()
             lease = c.get(f"h/{i}", stream=stream, timeout=60)
             t_got = time.perf_counter_ns()
@@ -145,17 +147,22 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             del x
             t1 = time.perf_counter_ns()
             assert value == i % 251, (value, i)
-            from_directory = lease.dirlease is not None   # (else the reader's spin ran out: it asked the broker)
+            from_directory = lease.dirlease is not None   # (else the broker served it)
+            woken = c._handoff.wakes_sent != wakes          # (it waited past its spin: the broker woke it)
             lease.release(stream=stream)
             if i >= n:
                 late.append((t_got - t_asked, t_view - t_got))
             else:
                 t0, t_sent, t_create, moments = link.get()
                 steps.append((t_got - t0, t_got - t_sent, t_view - t_got, t1 - t_view))
-                if not from_directory and i >= WARMUP:   # (counted as the figures are)
-                    asked.append(t1 - t0)
+                if i >= WARMUP:   # (counted as the figures are)
+                    if not from_directory:
+                        asked.append(t1 - t0)
+                    if woken:
+                        slept.append(t1 - t0)
                 if moments is not None:
-                    marks.append({**moments, **seen, "r_asked": t_asked, "r_got": t_got, "r_read": t1})
+                    marks.append({**moments, **seen, "r_asked": t_asked, "r_got": t_got, "r_read": t1,
+                                  "r_woken": woken})
                 out.put(t1 - t0)
             acks.put(True)
         names = ("start->got lease", "seal sent->got lease", "view", "read")
@@ -163,10 +170,14 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             names, steps = names[::2] + names[3:], [(s[0], s[2], s[3]) for s in steps]
         report_steps("consumer", names, steps)
         report_steps("consumer", ("get once sealed", "its view"), late)
-        if asked:   # the hand-offs a broker's answer served: a reader spins on the directory only so long
+        if asked:   # the hand-offs a broker's answer served
             p50 = sorted(asked)[len(asked) // 2] / 1000
-            sys.stderr.write(f"  consumer: {len(asked)} of {n - WARMUP} hand-offs read without the directory (its spin "
-                             f"ran out: asked the broker), p50 {p50:.1f} µs\n")
+            sys.stderr.write(f"  consumer: {len(asked)} of {n - WARMUP} hand-offs read without the directory (the "
+                             f"broker served them), p50 {p50:.1f} µs\n")
+        if slept:   # a reader spins only so long: then the broker is asked to wake it
+            p50 = sorted(slept)[len(slept) // 2] / 1000
+            sys.stderr.write(f"  consumer: {len(slept)} of {n - WARMUP} hand-offs waited past the reader's spin (it "
+                             f"asked the broker to wake it), p50 {p50:.1f} µs\n")
     if os.environ.get("HANDOFF_MARKS"):   # each hand-off's moments, for bench/handoff_timeline.py
         Path(os.environ["HANDOFF_MARKS"]).write_text(json.dumps(marks[WARMUP:]))
 

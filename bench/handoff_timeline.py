@@ -172,12 +172,15 @@ def main(argv: list[str] | None = None) -> int:
         result["segments"].append(seg)
     whole = sorted((r["r_read"] - r["w_start"]) / 1000 for r in rows if "r_read" in r)
     asked = [(r["r_read"] - r["w_start"]) / 1000 for r in rows if "r_entry" not in r and "r_read" in r]
+    woken = [(r["r_read"] - r["w_start"]) / 1000 for r in rows if r.get("r_woken") and "r_read" in r]
     if whole:
         result["whole_p99_us"] = whole[min(len(whole) - 1, len(whole) * 99 // 100)]
         result["asked_broker"] = {"n": len(asked), "p50_us": statistics.median(asked) if asked else None}
+        result["woken"] = {"n": len(woken), "p50_us": statistics.median(woken) if woken else None}
         print(f"\nwhole hand-off p99 {result['whole_p99_us']:.1f} µs; {len(asked)} hand-offs read without the "
-              "directory (the reader's spin ran out: it asked the broker)"
-              + (f", p50 {statistics.median(asked):.1f} µs" if asked else ""))
+              "directory (the broker served them)" + (f", p50 {statistics.median(asked):.1f} µs" if asked else "")
+              + f"; {len(woken)} waited past the reader's spin (it asked the broker to wake it)"
+              + (f", p50 {statistics.median(woken):.1f} µs" if woken else ""))
     both = [r for r in rows if "r_entry" in r and "w_seal_posted" in r]
     early = sum(r["r_entry"] <= r["w_seal_posted"] for r in both)
     result["entry_before_seal"] = early / len(both) if both else None

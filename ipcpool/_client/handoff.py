@@ -232,6 +232,7 @@ class Handoff:
         self._next = NextLease()   # a directory reader's next lease, made ahead
         self._wakes: dict[int, Any] = {}   # gets that only wake a reader, by id: None, their answer, or _DROP
         self._slow: SlowWait | None = None   # the get under way, waiting without a deadline (``_send_wake``)
+        self.wakes_sent = 0   # gets that waited past the spin budget (``bench/handoff.py`` counts them)
 
     # -- what arrives from the broker --------------------------------------------------------------
     def on_notice(self, note: dict) -> bool:
@@ -788,6 +789,7 @@ class Handoff:
             self._slow = SlowWait(describe("get", {"name": name}))
         rid = self._channel.send("get", **fields)
         self._wakes[rid] = None
+        self.wakes_sent += 1
         return rid
 
     def _doze(self, rid: int, bed: Any, seen: int) -> bool:

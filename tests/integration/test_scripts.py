@@ -63,6 +63,7 @@ def test_the_handoff_to_a_reader_that_arrived_first_runs_on_the_host_backend(tmp
     assert result["writer_late_ms"] == 2 and set(result["peers"]) == {"ipcpool", "floor", "shared_memory"}
     assert all(row["p50_us"] > 0 for row in result["peers"].values())
     assert "consumer step p50: start->got lease" in out.stderr and "without the directory" not in out.stderr
+    assert "hand-offs waited past the reader's spin (it asked the broker to wake it)" in out.stderr
 
 
 def test_the_handoff_timeline_runs_on_the_host_backend(tmp_path):
@@ -87,6 +88,7 @@ def test_the_handoff_timeline_runs_on_the_host_backend(tmp_path):
         assert segments[label]["n"] == 30, segments[label]
     assert 0 <= result["entry_before_seal"] <= 1
     assert result["asked_broker"]["n"] == 0 and result["whole_p99_us"] >= segments["whole hand-off"]["p50_us"]
+    assert result["woken"]["n"] == 0   # (its spin outlasts every wait here)
     # A frame the writer puts in its request ring may be the spinning broker's before the writer's
     # own trace event stamps it sent (a trip of either sign). The create's comes before the reader
     # can find its entry, so within the hand-off; the seal's is off its path (the reader goes on
