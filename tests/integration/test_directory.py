@@ -99,6 +99,52 @@ def test_a_reader_past_its_spin_sleeps_until_woken_and_still_reads_from_the_dire
         lease.release()
 
 
+def test_a_reader_of_two_pools_past_its_spin_sleeps_on_its_socket_and_reads_from_the_directory(
+        start_broker, monkeypatch):
+    """With two directories to look in it cannot sleep on one (``shm.futex``): the broker's answer
+    wakes it; once it has the entry, it sleeps on that entry's directory for the seal."""
+    monkeypatch.setenv("IPCPOOL_GET_SPIN_US", "1000")
+    b = start_broker(config_text='[[pools]]\nname = "default"\n[[pools]]\nname = "second"\n')
+    with ipcpool.connect(b.socket_dir) as w, ipcpool.connect(b.socket_dir) as r:
+        _warm(w, r)
+        buf = w.create("warm2", 4 * KiB, pool="second")
+        buf.seal()
+        w.flush()
+        r.get("warm2", timeout=5).release()
+        assert len(r._pools.directories) == 2
+        wakes = _count_wakes(r)
+        reader, got = _get_meanwhile(r, "h/second")
+        time.sleep(0.2)
+        buf = w.create("h/second", 4 * KiB, pool="second")
+        buf.view[:3] = b"two"
+        w.flush()
+        time.sleep(0.2)
+        buf.seal()
+        reader.join(10)
+        lease = got["lease"]
+        assert bytes(lease.view[:3]) == b"two" and lease.dirlease is not None and wakes == ["entry", "seal"]
+        lease.release()
+
+
+def test_a_wake_answered_after_the_entry_was_found_is_dropped(broker, monkeypatch):
+    """The entry comes during the spin that follows the wake request: the answer, when it comes,
+    is taken in and dropped (nothing kept for it)."""
+    monkeypatch.setenv("IPCPOOL_GET_SPIN_US", "1000000")   # 1 s, then 1 s more once the broker is asked
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        _warm(w, r)
+        wakes = _count_wakes(r)
+        reader, got = _get_meanwhile(r, "h/found")
+        time.sleep(1.5)                                   # in the second spin
+        buf = w.create("h/found", 4 * KiB)
+        buf.seal()
+        w.flush()
+        reader.join(10)
+        assert got["lease"].dirlease is not None and wakes == ["entry"]
+        got["lease"].release()
+        r.stats()                                         # (a request: what arrived before its answer is taken in)
+        assert r._handoff._wakes == {}
+
+
 def test_a_sleeping_directory_reader_times_out_with_the_gets_error(broker, monkeypatch):
     monkeypatch.setenv("IPCPOOL_GET_SPIN_US", "1000")
     with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
