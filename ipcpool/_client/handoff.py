@@ -798,8 +798,7 @@ class Handoff:
         what arrived taken in; without a bed, on the channel until the answer. True once the
         answer is here (its error raised: the get's)."""
         ch = self._channel
-        if bed is not None:
-            bed.sleep(seen, futex.SLICE_S)
+        if bed is not None and bed.sleep(seen, futex.SLICE_S):
             ch.pump(0)   # (the answer, and a broker gone: BrokerGone)
             if self._slow is not None:
                 self._slow.tick()

@@ -237,10 +237,11 @@ class DirectoryView:
     def change(self) -> int:
         return self._words[_CHANGE_AT // 8]
 
-    def sleep(self, seen: int, timeout_s: float) -> None:
+    def sleep(self, seen: int, timeout_s: float) -> bool:
         """Until the change count moves from ``seen`` (read before the caller last looked) and the
-        broker wakes its sleepers, at most ``timeout_s``; at once where it moved already."""
-        futex.wait(self._change_at, seen, timeout_s)
+        broker wakes its sleepers, at most ``timeout_s``; at once where it moved already. False
+        where the kernel cannot sleep on this mapping (the caller sleeps on its socket instead)."""
+        return futex.wait(self._change_at, seen, timeout_s)
 
     def awake_until(self) -> int:
         return self._words[_AWAKE_AT // 8]

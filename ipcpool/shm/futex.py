@@ -16,6 +16,7 @@ at most ``SLICE_S`` at a time, so nothing depends on a wake arriving.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import platform
 
@@ -52,12 +53,18 @@ def address(mapping, offset: int) -> int:
         ctypes.pythonapi.PyBuffer_Release(ctypes.byref(view))
 
 
-def wait(addr: int, seen: int, timeout_s: float) -> None:
+def wait(addr: int, seen: int, timeout_s: float) -> bool:
     """Sleep while the word at ``addr`` still holds the low 32 bits of ``seen``, at most
-    ``timeout_s``; returns at once where it moved (a wake, a signal or the timeout also end it)."""
+    ``timeout_s``; returns at once where it moved (a wake, a signal or the timeout also end it).
+    False where this kernel cannot sleep on the word (the caller sleeps some other way)."""
     ts = _Timespec(int(timeout_s), int(timeout_s % 1 * 1e9))
-    _libc.syscall(_SYSCALL, ctypes.c_void_p(addr), _WAIT, ctypes.c_uint32(seen & 0xFFFFFFFF),
-                  ctypes.byref(ts), None, 0)
+    if _libc.syscall(_SYSCALL, ctypes.c_void_p(addr), _WAIT, ctypes.c_uint32(seen & 0xFFFFFFFF),
+                     ctypes.byref(ts), None, 0) == 0:
+        return True
+    return ctypes.get_errno() in _SLEPT
+
+
+_SLEPT = {errno.EAGAIN, errno.ETIMEDOUT, errno.EINTR}   # the word moved, the time passed, a signal
 
 
 def wake(addr: int) -> int:

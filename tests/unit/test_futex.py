@@ -51,11 +51,12 @@ def test_a_sleep_ends_at_once_where_the_word_moved_and_after_its_timeout_else():
         words[2] = 7
         at = futex.address(m, 16)
         t0 = time.monotonic()
-        futex.wait(at, 6, 5.0)                            # the word is not 6: no sleep
+        assert futex.wait(at, 6, 5.0)                     # the word is not 6: no sleep
         assert time.monotonic() - t0 < 1
         t0 = time.monotonic()
-        futex.wait(at, 7, 0.05)                           # still 7: the timeout ends it
+        assert futex.wait(at, 7, 0.05)                    # still 7: the timeout ends it
         assert 0.04 < time.monotonic() - t0 < 2
+        assert not futex.wait(8, 0, 0.05)                 # no memory there: the caller sleeps otherwise
         with pytest.raises(ValueError, match="4-byte aligned"):
             futex.address(m, 2)
         words.release()
