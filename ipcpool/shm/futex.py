@@ -2,8 +2,9 @@
 
 A directory reader that waits past its spin budget sleeps on its pool directory's change counter
 (``shm.directory``), and the broker wakes it when it answers the reader's wake request: one kernel
-wake, where an answer over ZeroMQ crosses the broker's and the reader's I/O threads first (each
-woken from idle: 0.4-1 ms on an H100 host). The reader maps the directory read-only: FUTEX_WAIT
+wake, where an answer over ZeroMQ also crosses the broker's and the reader's I/O threads (on an
+H100 host: the same median, most of it CPUs coming back from idle, and a lower p99; see
+docs/design.md). The reader maps the directory read-only: FUTEX_WAIT
 only reads the word, and the key of a shared mapping is its file and offset, so the broker's
 writable mapping of the same memfd wakes it.
 
