@@ -145,6 +145,34 @@ def test_a_wake_answered_after_the_entry_was_found_is_dropped(broker, monkeypatc
         assert r._handoff._wakes == {}
 
 
+def test_the_brokers_wake_answers_take_no_lease_and_keep_the_gets_errors(broker):
+    """A get with ``wake``, as the broker sees it: answered with nothing once the object exists
+    ("entry") or is sealed or gone ("seal"); parked until then, within the get's timeout."""
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        ch = r._channel
+
+        def answered(rid):
+            return ch.wait_reply(rid, 10) == {"id": rid, "ok": True}
+
+        assert answered(ch.send("get", name="none/x", wake="seal"))        # gone: its directory says so
+        with pytest.raises(ipcpool.WaitTimeout, match="'none/x' was not sealed within the timeout"):
+            ch.wait_reply(ch.send("get", name="none/x", wake="entry", timeout_ms=100), 10)
+        with pytest.raises(ipcpool.InvalidRequest, match="wake: 'entry' or 'seal', got 'lease'"):
+            ch.wait_reply(ch.send("get", name="none/x", wake="lease"), 10)
+        parked = ch.send("get", name="w/1", wake="entry", timeout_ms=10_000)
+        assert not ch._dealer.poll(200)                                     # parked: no answer yet
+        buf = w.create("w/1", 4 * KiB)
+        w.flush()
+        assert answered(parked)                                             # at its create
+        parked = ch.send("get", name="w/1", wake="seal", timeout_ms=10_000)
+        assert not ch._dealer.poll(200)
+        buf.seal()
+        w.flush()
+        assert answered(parked)                                             # at its seal
+        assert answered(ch.send("get", name="w/1", wake="entry")) and answered(ch.send("get", name="w/1", wake="seal"))
+        assert w.list()[0]["leases"] == 0                                   # none taken
+
+
 def test_a_sleeping_directory_reader_times_out_with_the_gets_error(broker, monkeypatch):
     monkeypatch.setenv("IPCPOOL_GET_SPIN_US", "1000")
     with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
