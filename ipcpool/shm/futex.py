@@ -35,7 +35,7 @@ class _Timespec(ctypes.Structure):
 
 
 class _Buffer(ctypes.Structure):   # Py_buffer, to read a read-only map's address
-    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.py_object), ("len", ctypes.c_ssize_t),
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
                 ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
                 ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
                 ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
