@@ -17,6 +17,7 @@ from ipcpool.fds import close_all
 from ipcpool.shm import leases, requests
 from tests.support.counting import count_requests
 from tests.support.procs import SPAWN
+from tests.support.waiting import wait_for
 
 KiB = 1 << 10
 
@@ -84,11 +85,13 @@ def test_a_reader_past_its_spin_sleeps_until_woken_and_still_reads_from_the_dire
         _warm(w, r)
         wakes = _count_wakes(r)
         reader, got = _get_meanwhile(r, "h/slow")
-        time.sleep(0.2)                                   # asleep before the create
+        wait_for(lambda: wakes == ["entry"])
+        time.sleep(0.05)                                  # asleep before the create
         buf = w.create("h/slow", 4 * KiB)
         buf.view[:4] = b"slow"
         w.flush()
-        time.sleep(0.2)                                   # asleep before the seal
+        wait_for(lambda: wakes == ["entry", "seal"])
+        time.sleep(0.05)                                  # asleep before the seal
         assert reader.is_alive()
         buf.seal()
         reader.join(10)
@@ -114,11 +117,13 @@ def test_a_reader_of_two_pools_past_its_spin_sleeps_on_its_socket_and_reads_from
         assert len(r._pools.directories) == 2
         wakes = _count_wakes(r)
         reader, got = _get_meanwhile(r, "h/second")
-        time.sleep(0.2)
+        wait_for(lambda: wakes == ["entry"])
+        time.sleep(0.05)
         buf = w.create("h/second", 4 * KiB, pool="second")
         buf.view[:3] = b"two"
         w.flush()
-        time.sleep(0.2)
+        wait_for(lambda: wakes == ["entry", "seal"])
+        time.sleep(0.05)
         buf.seal()
         reader.join(10)
         lease = got["lease"]
@@ -134,7 +139,7 @@ def test_a_wake_answered_after_the_entry_was_found_is_dropped(broker, monkeypatc
         _warm(w, r)
         wakes = _count_wakes(r)
         reader, got = _get_meanwhile(r, "h/found")
-        time.sleep(1.5)                                   # in the second spin
+        wait_for(lambda: wakes == ["entry"])                # in the second spin (1 s) from here
         buf = w.create("h/found", 4 * KiB)
         buf.seal()
         w.flush()

@@ -16,13 +16,7 @@ from ipcpool import fdpass, protocol
 from tests.support.broker import BrokerProc
 from tests.support.fds import fd_count
 from tests.support.raw import control
-
-
-def wait_for(pred, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
+from tests.support.waiting import wait_for
 
 
 def test_a_client_collected_without_close_ends_its_session(broker):
