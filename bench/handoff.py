@@ -170,14 +170,12 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             names, steps = names[::2] + names[3:], [(s[0], s[2], s[3]) for s in steps]
         report_steps("consumer", names, steps)
         report_steps("consumer", ("get once sealed", "its view"), late)
-        if asked:   # the hand-offs a broker's answer served
-            p50 = sorted(asked)[len(asked) // 2] / 1000
-            sys.stderr.write(f"  consumer: {len(asked)} of {n - WARMUP} hand-offs read without the directory (the "
-                             f"broker served them), p50 {p50:.1f} µs\n")
-        if slept:   # a reader spins only so long: then the broker is asked to wake it
-            p50 = sorted(slept)[len(slept) // 2] / 1000
-            sys.stderr.write(f"  consumer: {len(slept)} of {n - WARMUP} hand-offs waited past the reader's spin (it "
-                             f"asked the broker to wake it), p50 {p50:.1f} µs\n")
+        # The hand-offs a broker's answer served, and those whose reader outwaited its spin.
+        for xs, what in ((asked, "read without the directory (the broker served them)"),
+                         (slept, "waited past the reader's spin (it asked the broker to wake it)")):
+            if xs:
+                p50 = sorted(xs)[len(xs) // 2] / 1000
+                sys.stderr.write(f"  consumer: {len(xs)} of {n - WARMUP} hand-offs {what}, p50 {p50:.1f} µs\n")
     if os.environ.get("HANDOFF_MARKS"):   # each hand-off's moments, for bench/handoff_timeline.py
         Path(os.environ["HANDOFF_MARKS"]).write_text(json.dumps(marks[WARMUP:]))
 
