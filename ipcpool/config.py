@@ -93,6 +93,7 @@ class Config:
     default_quota: Quota = Quota()
     metrics_address: str = ""   # "host:port" of the Prometheus endpoint; empty: none
     busy_poll_us: int = 500     # after a request, poll without sleeping this long (0: never; 0 by default on < 4 CPUs)
+    busy_poll_parked_us: int = 5000   # ... and this long after a get that parked (waits for an object)
     sessions_per_uid: int = 4096   # sessions (open or waiting for their process to exit) per uid; 0: no cap
     waits_per_uid: int = 4096      # gets parked until a seal, per uid; 0: no cap
     watches_per_uid: int = 4096    # prefix watches (subscriptions), per uid; 0: no cap
@@ -131,6 +132,15 @@ def _size(value: Any, key: str) -> int:
 def _expect(value: Any, kind: type, key: str):
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def _busy_poll(data: dict, key: str, default: int) -> int:
+    """A busy-poll span in µs: 0 to 0.1 s; by default ``default``, or 0 where spinning does not pay
+    (``cpus.spin_default``)."""
+    value = _expect(data.get(key, spin_default(default)), int, key)
+    if not 0 <= value <= 100_000:
+        raise ConfigError(f"{key}: 0 to 100000 microseconds, got {value}")
     return value
 
 
@@ -260,7 +270,7 @@ def _fleet(data: dict[str, Any]) -> Fleet:
 
 def parse(data: dict[str, Any]) -> Config:
     _known(data, {"socket_dir", "socket_group", "socket_mode", "backend", "access", "pools", "quotas",
-                  "metrics_address", "busy_poll_us", "limits", "growth", "handoff", "nixl", "peers"}, "config")
+                  "metrics_address", "busy_poll_us", "busy_poll_parked_us", "limits", "growth", "handoff", "nixl", "peers"}, "config")
     fleet = _fleet(data)
     handoff = _expect(data.get("handoff", {}), dict, "handoff")
     _known(handoff, {"directory"}, "handoff")
@@ -291,9 +301,8 @@ def parse(data: dict[str, Any]) -> Config:
                                              "limits.pending_hellos_per_uid")
     if not 1 <= caps["pending_hellos_per_uid"] <= 1 << 16:
         raise ConfigError(f"limits.pending_hellos_per_uid: 1 to {1 << 16}, got {caps['pending_hellos_per_uid']}")
-    busy_poll_us = _expect(data.get("busy_poll_us", spin_default(500)), int, "busy_poll_us")
-    if not 0 <= busy_poll_us <= 100_000:
-        raise ConfigError(f"busy_poll_us: 0 to 100000 microseconds, got {busy_poll_us}")
+    busy_poll_us, busy_poll_parked_us = (_busy_poll(data, key, default) for key, default in (
+        ("busy_poll_us", Config.busy_poll_us), ("busy_poll_parked_us", Config.busy_poll_parked_us)))
     metrics_address = _expect(data.get("metrics_address", ""), str, "metrics_address")
     if metrics_address:
         host, _, port = metrics_address.rpartition(":")
@@ -356,6 +365,7 @@ def parse(data: dict[str, Any]) -> Config:
         default_quota=default_quota,
         metrics_address=metrics_address,
         busy_poll_us=busy_poll_us,
+        busy_poll_parked_us=busy_poll_parked_us,
         growth_stock=growth_stock,
         growth_board=growth_board,
         directory_entries=directory_entries,

@@ -115,6 +115,7 @@ class ObjectTable:
         self._by_session: dict[Session, set[Waiter]] = {}
         self.waits_by_uid: collections.Counter = collections.Counter()
         self._timed = 0   # parked gets with a deadline (the heap holds them and settled ones)
+        self.parked_at = 0.0   # when the last get parked (monotonic s): the broker busy-polls after it
 
     def create(self, session: Session, name: str, nbytes: int, pool: str, meta: dict, arena: Arena | None = None,
                offset: int = 0, word: int | None = None, seq: int = 0, promised: bytes = b"") -> NamedObject:
@@ -263,6 +264,7 @@ class ObjectTable:
                    "waits_per_uid", "wait with a timeout, or for fewer objects at once")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         w = Waiter(session, rid, deadline, name, wake=wake)
+        self.parked_at = time.monotonic()
         self.waiters.setdefault(name, {})[w] = None
         self._by_session.setdefault(session, set()).add(w)
         self.waits_by_uid[uid] += 1

@@ -395,7 +395,11 @@ class Broker:
             timeout_ms = max(0, min(timeout_ms, int((deadline - time.monotonic()) * 1000) + 1))
         if not self.guard.zmq_open:   # look again soon whether the message channel may open again
             timeout_ms = min(timeout_ms, 200)
-        awake_until = self._last_request + self.config.busy_poll_us / 1e6
+        # After a get that parked, longer: its reader waits for a create, and a broker asleep when
+        # it comes would add its own wake-up to the reader's (one spinner serves every reader). Both
+        # only grow, so the loop never sleeps before a moment it told (``_tell_awake``).
+        awake_until = max(self._last_request + self.config.busy_poll_us / 1e6,
+                          self.objects.parked_at + self.config.busy_poll_parked_us / 1e6)
         spinning = time.monotonic() < awake_until
         if spinning:   # right after a request: don't sleep (busy_poll_us)
             timeout_ms = 0

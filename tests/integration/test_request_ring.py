@@ -4,6 +4,7 @@ sleeping broker nudged, and a ring of garbage ending only its own session."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import struct
 import time
 
@@ -12,6 +13,8 @@ import pytest
 import ipcpool
 from ipcpool import frames
 from ipcpool.shm import requests
+from tests.support.counting import count_requests
+from tests.support.waiting import wait_for
 
 KiB = 1024
 SPINNING = "busy_poll_us = 100000\n"   # 0.1 s after each request: the ring is read throughout a test
@@ -135,3 +138,34 @@ def test_garbage_in_a_request_ring_ends_only_its_own_session(start_broker):
         w.flush()
         assert [o["name"] for o in w.list()] == ["after"]
     assert "request ring does not add up" in broker.log()
+
+
+@pytest.mark.parametrize("parked_us", [100_000, 0])
+def test_a_parked_get_keeps_the_broker_polling_for_the_create_it_waits_for(start_broker, parked_us):
+    """The broker polls without sleeping after a get that parked (busy_poll_parked_us), even with
+    no busy-poll after other requests: the create that get waits for, and its seal, go through
+    the ring, and the reader gets it. Without it the broker sleeps, and the create goes on the
+    socket (which wakes it)."""
+    broker = start_broker(config_text=f"busy_poll_us = 0\nbusy_poll_parked_us = {parked_us}\n")
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r, \
+            concurrent.futures.ThreadPoolExecutor(1) as pool:
+        _warm(w, r)
+        view = w._pools.directories["default"][0]
+        told = view.awake_until()
+        asked = count_requests(r)
+        waiting = pool.submit(r.get, "awaited", timeout=10)
+        wait_for(lambda: asked["get"] == 1)   # past its spin: the broker parks the get
+        if parked_us:   # told in the directory while it polls (the ring's condition)
+            wait_for(lambda: view.awake_until() > time.monotonic_ns() + 20_000_000)
+        else:
+            time.sleep(0.1)
+            assert view.awake_until() == told
+        seen = _count_frames(w)
+        buf = w.create("awaited", 4 * KiB)
+        buf.view[:6] = b"parked"
+        buf.seal()
+        lease = waiting.result(timeout=10)
+        assert bytes(lease.view[:6]) == b"parked"
+        lease.release()
+        w.flush()
+        assert (seen["ring"], seen["socket"]) == ((2, 0) if parked_us else (0, 1)), seen   # (ring: create, seal)

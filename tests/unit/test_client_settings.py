@@ -25,11 +25,11 @@ def test_on_fewer_than_four_cpus_neither_a_client_nor_the_broker_spins_by_defaul
     """A process held to one CPU (its affinity, as a cgroup or taskset would set it)."""
     code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
             "from ipcpool._client.settings import Settings; from ipcpool.config import parse; "
-            "s = Settings.from_env(None); print(s.spin_s, s.get_spin_s, parse({}).busy_poll_us)")
+            "s = Settings.from_env(None); print(s.spin_s, s.get_spin_s, parse({}).busy_poll_us, parse({}).busy_poll_parked_us)")
     env = {k: v for k, v in os.environ.items() if k not in ("IPCPOOL_CLIENT_SPIN_US", "IPCPOOL_GET_SPIN_US")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["0.0", "0.0", "0"]
+    assert out.stdout.split() == ["0.0", "0.0", "0", "0"]
     assert cpus.spin_default(500, cpus=4) == 500 and cpus.spin_default(500, cpus=3) == 0
 
 

@@ -49,6 +49,8 @@ def test_full_config(tmp_path):
         ('pools = []', "pools"),
         ('busy_poll_us = -1', "busy_poll_us"),
         ('busy_poll_us = "fast"', "busy_poll_us"),
+        ('busy_poll_parked_us = 100001', "busy_poll_parked_us: 0 to 100000"),
+        ('busy_poll_parked_us = true', "busy_poll_parked_us"),
         ('[[pools]]\nname = "a"\nslab_memory = "hbm"', "pools[0].slab_memory: one of pool, vmm"),
         ('[[pools]]\nname = "a"\nslab_memory = 1', "pools[0].slab_memory"),
     ],
