@@ -18,7 +18,8 @@ Writes bench/results/handoff_<backend>.json and .png.
 
 With --writer-late-ms each producer starts that long after its consumer asked, and every consumer
 sleeps meanwhile (ipcpool's past its spin, the floor's in the kernel): the hand-off to a reader that
-arrived before the create.
+arrived before the create. With --writer-busy-ms each producer works that long on its CPU after its
+fill, before it hands off: ipcpool's reader sleeps on the object's seal-board word past its spin.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import broker, machine, paired_bars, percentiles, save  # noqa: E402
 from bench.handoff_peers import (  # noqa: E402
     SIZE, WARMUP, core_consumer, core_producer, devices, first_reader, floor_consumer, floor_producer, report_steps,
-    shm_consumer, shm_producer, torch_consumer, torch_producer, wait_go)
+    shm_consumer, shm_producer, torch_consumer, torch_producer, wait_go, writer_busy)
 from ipcpool.progress import Progress  # noqa: E402
 
 CTX = mp.get_context("spawn")
@@ -91,6 +92,7 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
                 x[:] = fill
                 x[0] = i % 251
             del x
+            writer_busy()
             t2 = time.perf_counter_ns()
             buf.seal(stream=stream)
             t3 = time.perf_counter_ns()
@@ -209,7 +211,8 @@ def plot(results: dict, path: Path) -> None:
     names = list(results["peers"])
     paired_bars(path, names, {q: [results["peers"][k][f"{q}_us"] for k in names] for q in ("p50", "p99")},
                 f"hand-off latency ({results['backend']}"
-                + (f", writer {results['writer_late_ms']:g} ms late)" if results.get("writer_late_ms") else ")"),
+                + (f", writer {results['writer_late_ms']:g} ms late" if results.get("writer_late_ms") else "")
+                + (f", writer busy {results['writer_busy_ms']:g} ms" if results.get("writer_busy_ms") else "") + ")",
                 "µs per 1 MiB hand-off")
 
 
@@ -231,12 +234,17 @@ def main() -> None:
                         help="each producer starts MS after its consumer asks, which sleeps meanwhile (a "
                              "reader that arrives before the create; the floor's reader asleep in the "
                              "kernel); results go to bench/out/handoff_<backend>_late.json")
+    parser.add_argument("--writer-busy-ms", type=float, default=0, metavar="MS",
+                        help="each producer works MS on its CPU after its fill, before it hands off (ipcpool's "
+                             "reader, which found the object at its create, waits for the seal past its "
+                             "spin); results go to bench/out/handoff_<backend>_busy.json")
     parser.add_argument("--out-dir", type=Path, default=None, help="where the JSON and PNG go (default bench/results)")
     args = parser.parse_args()
-    if args.writer_late_ms < 0:
-        parser.error("--writer-late-ms is 0 or more")
-    if args.writer_late_ms:
-        os.environ["HANDOFF_WRITER_LATE_MS"] = str(args.writer_late_ms)   # (inherited by the spawned pairs)
+    for key, value in (("writer-late-ms", args.writer_late_ms), ("writer-busy-ms", args.writer_busy_ms)):
+        if value < 0:
+            parser.error(f"--{key} is 0 or more")
+        if value:   # (inherited by the spawned pairs)
+            os.environ[f"HANDOFF_{key.upper().replace('-', '_')}"] = str(value)
     skip = set(filter(None, args.skip.split(",")))
     if args.sent_stamps:
         os.environ["HANDOFF_SENT_STAMPS"] = "1"   # (inherited by the spawned pair)
@@ -255,7 +263,8 @@ def main() -> None:
             skip |= {"floor", "cuda.core"}
     n = args.handoffs + WARMUP
     results = {"benchmark": "handoff", "backend": args.backend, "machine": machine(), "handoffs": args.handoffs,
-               "object_bytes": SIZE, "writer_late_ms": args.writer_late_ms, "peers": {}}
+               "object_bytes": SIZE, "writer_late_ms": args.writer_late_ms,
+               "writer_busy_ms": args.writer_busy_ms, "peers": {}}
     if args.backend == "cuda":
         from bench.common import gpu_device
 
@@ -289,8 +298,9 @@ def main() -> None:
     base = peers["ipcpool"]["p50_us"]
     results["speedup_p50"] = {k: v["p50_us"] / base for k, v in peers.items() if not k.startswith("ipcpool")}
     name, out_dir = f"handoff_{args.backend}", args.out_dir
-    if args.writer_late_ms:   # (not the usual hand-off: kept out of bench/results)
-        name, out_dir = f"{name}_late", out_dir or Path(__file__).resolve().parent / "out"
+    if args.writer_late_ms or args.writer_busy_ms:   # (not the usual hand-off: kept out of bench/results)
+        name = name + ("_late" if args.writer_late_ms else "") + ("_busy" if args.writer_busy_ms else "")
+        out_dir = out_dir or Path(__file__).resolve().parent / "out"
     path = save(name, results, plot, *([out_dir] if out_dir else []))
     print(f"\n{'':<26}{'p50 µs':>9}{'p99 µs':>9}{'x floor':>9}{'  vs ' + peer.split('.')[0]:>14}")
     for k, v in peers.items():

@@ -19,6 +19,10 @@ WARMUP = 50   # hand-offs left out of every figure
 # and the consumer sleeps meanwhile (a reader that arrives before the create). Set in the runner's
 # environment, which the spawned pairs inherit.
 WRITER_LATE_S = float(os.environ.get("HANDOFF_WRITER_LATE_MS", "0")) / 1000
+# bench/handoff.py --writer-busy-ms: each producer works this long on its CPU after its fill, before
+# it hands the object off (ipcpool's reader, which found the object at its create, waits for the
+# seal past its spin: a writer that prepares its data between create and seal).
+WRITER_BUSY_S = float(os.environ.get("HANDOFF_WRITER_BUSY_MS", "0")) / 1000
 
 
 def wait_go(go) -> None:
@@ -26,6 +30,14 @@ def wait_go(go) -> None:
     go.get()
     if WRITER_LATE_S:
         time.sleep(WRITER_LATE_S)
+
+
+def writer_busy() -> None:
+    """A producer's work between its fill and its hand-off (--writer-busy-ms), on its CPU."""
+    if WRITER_BUSY_S:
+        until = time.perf_counter() + WRITER_BUSY_S
+        while time.perf_counter() < until:
+            pass
 
 
 def await_notice(pipe) -> None:
@@ -75,6 +87,7 @@ def floor_producer(_, backend, n, go, link, acks, pipe):
             k = i % SLOTS
             mem[k * SIZE : (k + 1) * SIZE] = fill
             mem[k * SIZE] = i % 251
+            writer_busy()
             pipe.send_bytes(bytes((k,)))
             link.put((t0, t0))
             pipe.recv_bytes()   # the consumer's one-byte ack
@@ -108,6 +121,7 @@ def floor_producer(_, backend, n, go, link, acks, pipe):
         t0 = time.perf_counter_ns()
         k = i % SLOTS
         views[k].fill_(i % 251)
+        writer_busy()
         t1 = time.perf_counter_ns()
         cu.cuEventRecord(events[k], h)
         t2 = time.perf_counter_ns()
@@ -188,6 +202,7 @@ def shm_producer(_, __, n, go, link, acks):
         shm = shared_memory.SharedMemory(create=True, size=SIZE)
         shm.buf[:] = fill
         shm.buf[0] = i % 251
+        writer_busy()
         link.put((t0, shm.name))
         acks.get()
         shm.close()
@@ -238,6 +253,7 @@ def torch_producer(_, backend, n, go, link, acks):
         wait_go(go)
         t0 = time.perf_counter_ns()
         t = torch.empty(SIZE, dtype=torch.uint8, device=device).fill_(i % 251)
+        writer_busy()
         link.put((t0, t))
         acks.get()
         del t
@@ -276,6 +292,7 @@ def core_producer(_, __, n, go, link, acks):
         t0 = time.perf_counter_ns()
         buf = mr.allocate(SIZE, stream=stream)
         torch.from_dlpack(buf).view(torch.uint8).fill_(i % 251)
+        writer_busy()
         stream.sync()     # this path has no IPC event: the producer synchronises before handing off
         link.put((t0, buf))
         acks.get()

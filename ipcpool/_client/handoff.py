@@ -737,7 +737,8 @@ class Handoff:
     def _await_entry(self, buf: Any, view: Any, entry: Any, timeout: float | None) -> tuple[bytes, bool]:
         """Until the object of ``entry`` is sealed: its board word, else its entry; the event its
         seal is recorded on, and whether that is a credit to keep open. Spins for the get spin
-        budget, then sleeps until the broker has the seal (``_send_wake``)."""
+        budget, then sleeps on the object's board word, which the writer's post wakes (no request:
+        ``sealboard``); without one, until the broker has the seal (``_send_wake``)."""
         board = self.boards.get(buf.pool)
         deadline = None if timeout is None else time.monotonic() + timeout
         began = time.perf_counter()
@@ -747,11 +748,15 @@ class Handoff:
         bed = view if futex.usable else None
         pause = 20e-6
         word, seq = entry.word, entry.seq
+        on_board = word is not None and board is not None and board.sleeps
+        posted = 0
         try:
             while True:
                 seen = view.change()   # (before the looks: a change after them ends a sleep at once)
-                if word is not None and board is not None and board.read(word) >= seq:
-                    return entry.event, entry.kept_event   # the promised event: recorded before the word was posted
+                if word is not None and board is not None:
+                    posted = board.read(word)
+                    if posted >= seq:
+                        return entry.event, entry.kept_event   # the promised event: recorded before the word was posted
                 state = view.state(entry.index, entry.gen)
                 if state == directory.SEALED:
                     sealed = view.lookup(buf.name)   # (the seal's own event, where it is not the promised one)
@@ -765,6 +770,12 @@ class Handoff:
                     raise WaitTimeout(f"object {buf.name!r} was not sealed within the timeout")
                 if time.perf_counter() < spin_until:
                     continue
+                if on_board:   # asleep on the word until the writer posts it (its abort: the broker wakes it)
+                    nap = futex.SLICE_S if deadline is None else min(futex.SLICE_S, max(0.0, deadline - time.monotonic()))
+                    if board.sleep(word, posted, nap):
+                        self._board_slept(buf.name, timeout)
+                        continue
+                    on_board = False   # (this kernel will not: the broker wakes it instead)
                 if wake is None:   # the broker asked to wake this reader at the seal; spinning on meanwhile
                     wake = self._send_wake(buf.name, "seal", timeout, began)
                     spin_until = time.perf_counter() + spin
@@ -776,6 +787,15 @@ class Handoff:
                     pause = min(pause * 2, 1e-3)
         finally:
             self._drop_wake(wake)
+
+    def _board_slept(self, name: str, timeout: float | None) -> None:
+        """After a sleep on a board word: what arrived taken in (a broker gone: BrokerGone), and a
+        wait without a deadline says, once, what it waits for."""
+        self._channel.pump(0)
+        if timeout is None:
+            if self._slow is None:
+                self._slow = SlowWait(describe("get", {"name": name}))
+            self._slow.tick()
 
     def _send_wake(self, name: str, wake: str, timeout: float | None, began: float) -> int:
         """A get that takes no lease (``protocol``): the broker answers once ``name`` exists

@@ -29,11 +29,19 @@ Send = Callable[[bytes, dict], None]
 
 class Notices:
     def __init__(self, objects: ObjectTable, sessions: dict[bytes, Session], send: Send,
-                 wake: Callable[[str], None] = lambda pool: None):
+                 wake: Callable[[str], None] = lambda pool: None,
+                 wake_word: Callable[[str, int], None] = lambda pool, word: None):
         self.objects = objects
         self.sessions = sessions   # token -> open session (a message to any other is not sent)
         self.send = send
         self.wake = wake   # wakes the readers asleep on a pool's directory (``Directories.wake``)
+        self.wake_word = wake_word   # ... and those asleep on a seal-board word (``Board.wake``)
+
+    def _wake_board(self, obj: NamedObject) -> None:
+        """Readers asleep on ``obj``'s board word see its end (a seal whose word was not posted,
+        an abort) now, not after their sleep."""
+        if obj.word is not None:
+            self.wake_word(obj.alloc.pool.spec.name, obj.word)
 
     def _woken(self, obj: NamedObject, waiters: list) -> list:
         """Answer the gets among ``waiters`` that only wake a reader (its directory holds the rest,
@@ -59,6 +67,7 @@ class Notices:
     def sealed(self, obj: NamedObject) -> None:
         """A seal settles the gets waiting for it, tells pending readers (who may have seen it on
         the board already) and the watchers of its prefix."""
+        self._wake_board(obj)
         if obj.pending:   # each with a credit for the free of its lease, kept off the pending answer's path
             aid, event, pool = obj.alloc.aid, ready_event(obj), obj.alloc.pool
             for reader in obj.pending:
@@ -80,6 +89,7 @@ class Notices:
     def aborted(self, obj: NamedObject, waiters: list) -> None:
         """An object that will never be sealed: its waiting gets fail, its pending readers are told
         (each still frees its lease, as for any)."""
+        self._wake_board(obj)
         for w in waiters:
             self.send(w.session.token, protocol.error_reply(w.rid, abort_error(obj.name)))
         if any(w.wake is not None for w in waiters):   # (its entry is gone: they see it on waking)

@@ -165,7 +165,8 @@ class Broker:
             if self.backend.durable:
                 self.durable.store(self.registry)
                 self.durable.save()
-            self.notices = Notices(self.objects, self.sessions, self.send, self.directories.wake)
+            self.notices = Notices(self.objects, self.sessions, self.send, self.directories.wake,
+                                   lambda pool, word: self.handoffs.board(pool).wake(word))
             self.tables = Tables(self.registry, self.objects, self.growables, self.handoffs, self.durable,
                                  self.directories, CheckpointTable(self.registry))
             self.handlers = Handlers(tables=self.tables, notices=self.notices, sessions=self.sessions,

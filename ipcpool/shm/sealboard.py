@@ -12,6 +12,13 @@ it: it is trusted only as far as the pool's clients are (they can write the pool
 reader checks the word's index against the board's bounds, and the broker stays the authority: it
 still receives every seal, and tells a pending reader of it (or of an abort) over ZeroMQ, so a
 garbled word can make a reader wait for that notice, never wait forever or read outside the pool.
+
+A reader whose spin runs out before the seal sleeps on the object's word (``sleep``, a futex) and
+the writer's post wakes it, with no request and no broker on the way; the broker wakes it too
+where the object is aborted (or sealed without a post). A sleeper says so first in the board's
+last page (``sleepers``: until when some reader may sleep, monotonic ns), so a writer makes the
+wake's system call only then. Sleeps last at most ``futex.SLICE_S``: a wake lost to a race
+costs time, never correctness.
 """
 
 from __future__ import annotations
@@ -19,14 +26,18 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import time
 
 from ..errors import InvalidRequest, OutOfMemory
 from ..ranges import RangeAllocator
+from . import futex
 
 WORD = 8
 BLOCK = 256            # words per arena: the unsealed objects one arena can have on the board
 WORDS = 1 << 16        # words per pool: 256 arenas at once; an arena beyond that gets no block
-BYTES = WORDS * WORD   # 512 KiB of address space; only pages whose words are used are backed
+_SLEEPERS_AT = WORDS * WORD   # then a page whose first word is ``sleepers``
+BYTES = _SLEEPERS_AT + mmap.PAGESIZE   # 512 KiB and a page of address space; only pages used are backed
+_SLEEP_MARGIN_NS = 1_000_000   # a sleeper says it sleeps this much longer than it asks (its slice may overrun)
 
 
 class Board:
@@ -44,6 +55,8 @@ class Board:
                 os.close(fd)   # the mapping holds the memory
         self.fd = fd if owner else -1
         self._words = (ctypes.c_uint64 * WORDS).from_buffer(self._map)
+        self._sleepers = ctypes.c_uint64.from_buffer(self._map, _SLEEPERS_AT)
+        self._base = ctypes.addressof(self._words) if futex.usable else 0   # (0: no sleeping here)
 
     @classmethod
     def create(cls, name: str) -> Board:
@@ -55,8 +68,39 @@ class Board:
             raise
 
     def post(self, index: int, seq: int) -> None:
-        """The object at word ``index`` is sealed (one aligned 8-byte store)."""
+        """The object at word ``index`` is sealed (one aligned 8-byte store), and a reader asleep
+        on the word woken (a system call only while some reader may sleep on this board)."""
         self._words[index] = seq
+        if self._sleepers.value:
+            self.wake(index)
+
+    def wake(self, index: int) -> None:
+        """Wake the readers asleep on word ``index``, where some reader may sleep on this board."""
+        if self.sleeping and 0 <= index < WORDS:
+            futex.wake(self._base + index * WORD)
+
+    @property
+    def sleeps(self) -> bool:
+        """Whether a reader can sleep on a word here (``sleep``)."""
+        return self._base != 0
+
+    @property
+    def sleeping(self) -> bool:
+        """Whether some reader may be asleep on a word of this board now."""
+        return self._base != 0 and self._sleepers.value > time.monotonic_ns()
+
+    def sleep(self, index: int, seen: int, timeout_s: float) -> bool:
+        """Sleep while word ``index`` still holds ``seen``, at most ``timeout_s`` (no longer than
+        ``futex.SLICE_S`` is asked for: the caller looks again after each); False where it could
+        not sleep (the caller sleeps some other way)."""
+        if not self._base or not 0 <= index < WORDS:
+            return False
+        until = time.monotonic_ns() + int(timeout_s * 1e9) + _SLEEP_MARGIN_NS
+        if self._sleepers.value < until:   # (said before the word is read again: see the module's doc)
+            self._sleepers.value = until
+        if self._words[index] != seen:
+            return True
+        return futex.wait(self._base + index * WORD, seen, timeout_s)
 
     def read(self, index: int) -> int:
         return self._words[index] if 0 <= index < WORDS else 0
@@ -67,7 +111,8 @@ class Board:
 
     def close(self) -> None:
         if self._words is not None:
-            self._words = None
+            self._words = self._sleepers = None
+            self._base = 0
             self._map.close()
             if self.fd >= 0:
                 os.close(self.fd)

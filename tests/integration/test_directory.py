@@ -14,7 +14,7 @@ import pytest
 import ipcpool
 from ipcpool import fdpass, paths, protocol
 from ipcpool.fds import close_all
-from ipcpool.shm import leases, requests
+from ipcpool.shm import futex, leases, requests
 from tests.support.counting import count_requests
 from tests.support.procs import SPAWN
 from tests.support.waiting import wait_for
@@ -78,9 +78,11 @@ def _count_wakes(client) -> list:
 
 
 def test_a_reader_past_its_spin_sleeps_until_woken_and_still_reads_from_the_directory(broker, monkeypatch):
-    """Its spin (1 ms) runs out before the create, and again before the seal: each time it sleeps
-    until the broker answers a get that takes no lease, then reads its lease from the directory."""
+    """Its spin (1 ms) runs out before the create: it sleeps until the broker answers a get that
+    takes no lease. Then again before the seal: it sleeps on the object's board word, and the
+    writer's post wakes it (no request; a sleep of 10 s unless woken). It reads from the directory."""
     monkeypatch.setenv("IPCPOOL_GET_SPIN_US", "1000")
+    monkeypatch.setattr(futex, "SLICE_S", 10.0)
     with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
         _warm(w, r)
         wakes = _count_wakes(r)
@@ -90,14 +92,17 @@ def test_a_reader_past_its_spin_sleeps_until_woken_and_still_reads_from_the_dire
         buf = w.create("h/slow", 4 * KiB)
         buf.view[:4] = b"slow"
         w.flush()
-        wait_for(lambda: wakes == ["entry", "seal"])
-        time.sleep(0.05)                                  # asleep before the seal
+        board = w._pools.boards["default"]
+        wait_for(lambda: board.sleeping)                  # asleep on the board word before the seal
+        time.sleep(0.05)
         assert reader.is_alive()
         buf.seal()
+        t0 = time.monotonic()
         reader.join(10)
+        assert time.monotonic() - t0 < 5                  # woken by the post, not at the end of its sleep
         lease = got["lease"]
         assert bytes(lease.view[:4]) == b"slow" and lease.dirlease is not None
-        assert wakes == ["entry", "seal"]
+        assert wakes == ["entry"]
         assert w.list()[0]["leases"] == 1                 # the directory's lease, none of the broker's
         lease.release()
 
@@ -105,7 +110,7 @@ def test_a_reader_past_its_spin_sleeps_until_woken_and_still_reads_from_the_dire
 def test_a_reader_of_two_pools_past_its_spin_sleeps_on_its_socket_and_reads_from_the_directory(
         start_broker, monkeypatch):
     """With two directories to look in it cannot sleep on one (``shm.futex``): the broker's answer
-    wakes it; once it has the entry, it sleeps on that entry's directory for the seal."""
+    wakes it; once it has the entry, it sleeps on the object's board word for the seal."""
     monkeypatch.setenv("IPCPOOL_GET_SPIN_US", "1000")
     b = start_broker(config_text='[[pools]]\nname = "default"\n[[pools]]\nname = "second"\n')
     with ipcpool.connect(b.socket_dir) as w, ipcpool.connect(b.socket_dir) as r:
@@ -122,12 +127,12 @@ def test_a_reader_of_two_pools_past_its_spin_sleeps_on_its_socket_and_reads_from
         buf = w.create("h/second", 4 * KiB, pool="second")
         buf.view[:3] = b"two"
         w.flush()
-        wait_for(lambda: wakes == ["entry", "seal"])
+        wait_for(lambda: w._pools.boards["second"].sleeping)
         time.sleep(0.05)
         buf.seal()
         reader.join(10)
         lease = got["lease"]
-        assert bytes(lease.view[:3]) == b"two" and lease.dirlease is not None and wakes == ["entry", "seal"]
+        assert bytes(lease.view[:3]) == b"two" and lease.dirlease is not None and wakes == ["entry"]
         lease.release()
 
 
@@ -187,11 +192,12 @@ def test_a_sleeping_directory_reader_times_out_with_the_gets_error(broker, monke
         with pytest.raises(ipcpool.WaitTimeout, match="'never' was not sealed within the timeout"):
             r.get("never", timeout=0.3)
         assert 0.25 < time.monotonic() - t0 < 5 and wakes == ["entry"]
-        w.create("never", 4 * KiB)                        # created, never sealed: the seal's wake times out
+        w.create("never", 4 * KiB)                        # created, never sealed: asleep on its board word
         w.flush()
+        t0 = time.monotonic()
         with pytest.raises(ipcpool.WaitTimeout, match="'never' was not sealed within the timeout"):
             r.get("never", timeout=0.3)
-        assert wakes == ["entry", "seal"]
+        assert 0.25 < time.monotonic() - t0 < 5 and wakes == ["entry"]
 
 
 @pytest.mark.parametrize("what", ["entry", "seal"])
@@ -259,7 +265,10 @@ def _create_and_die(socket_dir, out):
 
 @pytest.mark.parametrize("spin_us", ["10000000", "1000"], ids=["spinning", "asleep"])
 def test_a_writer_killed_before_its_seal_gives_directory_readers_object_aborted(broker, monkeypatch, spin_us):
+    """Asleep, the reader sleeps on the object's board word (10 s here): the broker wakes it at
+    the abort."""
     monkeypatch.setenv("IPCPOOL_GET_SPIN_US", spin_us)
+    monkeypatch.setattr(futex, "SLICE_S", 10.0)
     out = SPAWN.Queue()
     p = SPAWN.Process(target=_create_and_die, args=(broker.socket_dir, out))
     p.start()
@@ -277,7 +286,9 @@ def test_a_writer_killed_before_its_seal_gives_directory_readers_object_aborted(
             t.start()
             time.sleep(0.3)                               # it found the entry and waits for the seal
             os.kill(pid, signal.SIGKILL)
+            t0 = time.monotonic()
             t.join(20)
+            assert time.monotonic() - t0 < 5
             assert isinstance(failed.get("err"), ipcpool.ObjectAborted)
             assert "abandoned before it was sealed" in str(failed["err"])
             assert r.list() == []

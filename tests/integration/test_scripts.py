@@ -66,6 +66,19 @@ def test_the_handoff_to_a_reader_that_arrived_first_runs_on_the_host_backend(tmp
     assert "hand-offs waited past the reader's spin (it asked the broker to wake it)" in out.stderr
 
 
+def test_the_handoff_to_a_reader_waiting_for_a_busy_writers_seal_runs_on_the_host_backend(tmp_path):
+    """Each producer works 3 ms after its fill: every line's hand-off takes at least that, and
+    ipcpool's reader, asleep on the board word, reads from the directory, with no wake request."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench/handoff.py"), "--backend", "host", "--handoffs", "40",
+                          "--writer-busy-ms", "3", "--out-dir", str(tmp_path)], capture_output=True, text=True,
+                         timeout=180, env={**os.environ, "IPCPOOL_GET_SPIN_US": "100"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads((tmp_path / "handoff_host_busy.json").read_text())
+    assert result["writer_busy_ms"] == 3 and set(result["peers"]) == {"ipcpool", "floor", "shared_memory"}
+    assert all(row["p50_us"] >= 3000 for row in result["peers"].values()), result["peers"]
+    assert "without the directory" not in out.stderr, out.stderr
+
+
 def test_the_handoff_timeline_runs_on_the_host_backend(tmp_path):
     """The broker's moments of every hand-off come from its trace events (``IPCPOOL_TRACE``), the
     writer's and the reader's from theirs: every segment of the timeline is there for each."""
