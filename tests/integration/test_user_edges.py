@@ -13,20 +13,24 @@ import ipcpool
 from ipcpool._client import waitlog
 
 
-def test_a_get_without_timeout_says_once_which_name_it_waits_for(broker, monkeypatch, caplog):
+@pytest.mark.parametrize("created", [False, True], ids=["before the create", "before the seal"])
+def test_a_get_without_timeout_says_once_which_name_it_waits_for(broker, monkeypatch, caplog, created):
+    """Asleep for the create (the broker wakes it), or for the seal (on the object's board word)."""
     monkeypatch.setattr(waitlog, "LOG_AFTER_S", 0.2)
     caplog.set_level(logging.WARNING, logger="ipcpool")
     got = []
     with ipcpool.connect(broker.socket_dir) as reader, ipcpool.connect(broker.socket_dir) as writer:
+        buf = writer.create("late/x", 4096, pool="default") if created else None
+        writer.flush()
         t = threading.Thread(target=lambda: got.append(bytes(reader.get("late/x").view[:2])))
         t.start()
         deadline = time.monotonic() + 10
         while not caplog.records and time.monotonic() < deadline:
             time.sleep(0.02)
         time.sleep(0.3)   # a second interval passes: still one line
-        with writer.create("late/x", 4096, pool="default") as buf:
-            buf.view[:2] = b"ok"
-            buf.seal()
+        buf = buf or writer.create("late/x", 4096, pool="default")
+        buf.view[:2] = b"ok"
+        buf.seal()
         t.join(10)
         assert got == [b"ok"]
     lines = [r.getMessage() for r in caplog.records if r.name == "ipcpool._client.waitlog"]
