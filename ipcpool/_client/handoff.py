@@ -793,9 +793,13 @@ class Handoff:
         wait without a deadline says, once, what it waits for."""
         self._channel.pump(0)
         if timeout is None:
-            if self._slow is None:
-                self._slow = SlowWait(describe("get", {"name": name}))
-            self._slow.tick()
+            self._waits_slowly(name).tick()
+
+    def _waits_slowly(self, name: str) -> SlowWait:
+        """The get under way, waiting for ``name`` without a deadline: says once what it waits for."""
+        if self._slow is None:
+            self._slow = SlowWait(describe("get", {"name": name}))
+        return self._slow
 
     def _send_wake(self, name: str, wake: str, timeout: float | None, began: float) -> int:
         """A get that takes no lease (``protocol``): the broker answers once ``name`` exists
@@ -805,8 +809,8 @@ class Handoff:
         fields: dict[str, Any] = {"name": name, "wake": wake}
         if timeout is not None:
             fields["timeout_ms"] = max(1, int(max(0.0, timeout - (time.perf_counter() - began)) * 1000))
-        elif self._slow is None:   # a wait without a deadline says, once, what it waits for
-            self._slow = SlowWait(describe("get", {"name": name}))
+        else:
+            self._waits_slowly(name)
         rid = self._channel.send("get", **fields)
         self._wakes[rid] = None
         self.wakes_sent += 1
