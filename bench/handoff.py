@@ -124,6 +124,7 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             read_first = first_reader(backend)
         steps, marks, late, asked, slept = [], [], [], [], []
         seen: dict[str, int] = {}
+        ab = ReaderAB() if os.environ.get("HANDOFF_READER_AB") else None
         if os.environ.get("HANDOFF_MARKS"):   # the reader's own moments, from its trace events
             from ipcpool import trace
 
@@ -135,6 +136,8 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
 
             trace.set_trace(stamp)
         for i in range(n + LATE):
+            if ab is not None:
+                ab.pick(i)
             seen.clear()
             go.put(True)
             if i >= n:   # asked once sealed: the reader's own cost
@@ -154,6 +157,8 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             lease.release(stream=stream)
             if i >= n:
                 late.append((t_got - t_asked, t_view - t_got))
+                if ab is not None:
+                    ab.late(i, t_got - t_asked)
             else:
                 t0, t_sent, t_create, moments = link.get()
                 steps.append((t_got - t0, t_got - t_sent, t_view - t_got, t1 - t_view))
@@ -166,12 +171,16 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
                     marks.append({**moments, **seen, "r_asked": t_asked, "r_got": t_got, "r_read": t1,
                                   "r_woken": woken})
                 out.put(t1 - t0)
+                if ab is not None and i >= WARMUP:
+                    ab.timed(i, t_got - t0, t1 - t0)
             acks.put(True)
         names = ("start->got lease", "seal sent->got lease", "view", "read")
         if not os.environ.get("HANDOFF_SENT_STAMPS"):   # (the seal's moment is t1 of seal(): not shown)
             names, steps = names[::2] + names[3:], [(s[0], s[2], s[3]) for s in steps]
         report_steps("consumer", names, steps)
         report_steps("consumer", ("get once sealed", "its view"), late)
+        if ab is not None:
+            ab.report()
         # The hand-offs a broker's answer served, and those whose reader outwaited its spin.
         for xs, what in ((asked, "read without the directory (the broker served them)"),
                          (slept, "waited past the reader's spin (it asked the broker to wake it)")):
@@ -180,6 +189,37 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
                 sys.stderr.write(f"  consumer: {len(xs)} of {n - WARMUP} hand-offs {what}, p50 {p50:.1f} µs\n")
     if os.environ.get("HANDOFF_MARKS"):   # each hand-off's moments, for bench/handoff_timeline.py
         Path(os.environ["HANDOFF_MARKS"]).write_text(json.dumps(marks[WARMUP:]))
+
+
+class ReaderAB:
+    """--reader-ab: the reader's directory lookup in C (``ipcpool/shm/_native.c``) on even
+    hand-offs and in Python on odd ones, in the one consumer: each side's p50, free of the drift
+    between two runs."""
+
+    def __init__(self):
+        from ipcpool.shm import directory
+
+        if directory._native_lookup is None:
+            raise SystemExit("--reader-ab: ipcpool.shm._native is not built here (pip install . with a C compiler)")
+        self._dir, self._native = directory, (directory._native_lookup, directory._native_state)
+        self._xs: dict[str, list[list[int]]] = {"C": [[], [], []], "Python": [[], [], []]}
+
+    def pick(self, i: int) -> None:
+        self._dir._native_lookup, self._dir._native_state = self._native if i % 2 == 0 else (None, None)
+
+    def timed(self, i: int, got_ns: int, whole_ns: int) -> None:
+        xs = self._xs["C" if i % 2 == 0 else "Python"]
+        xs[0].append(got_ns)
+        xs[1].append(whole_ns)
+
+    def late(self, i: int, get_ns: int) -> None:
+        self._xs["C" if i % 2 == 0 else "Python"][2].append(get_ns)
+
+    def report(self) -> None:
+        for side, (got, whole, late) in self._xs.items():
+            p50 = [sorted(xs)[len(xs) // 2] / 1000 for xs in (got, whole, late)]
+            sys.stderr.write(f"  reader with the {side} lookup: start->got lease p50 {p50[0]:.1f} µs, whole "
+                             f"{p50[1]:.1f} µs ({len(got)} hand-offs); get once sealed {p50[2]:.1f} µs ({len(late)})\n")
 
 
 def run_pair(label, producer, consumer, n, socket_dir=None, backend=None, pipe=False) -> dict:
@@ -225,6 +265,9 @@ def main() -> None:
     parser.add_argument("--sent-stamps", action="store_true",
                         help="trace when the writer's create and seal leave (a trace callback in the timed "
                              "writer: ~15 events a hand-off) and show seal sent -> got lease")
+    parser.add_argument("--reader-ab", action="store_true",
+                        help="the ipcpool reader alternates its directory lookup in C and in Python, hand-off "
+                             "by hand-off, and reports each (needs ipcpool's C part built)")
     parser.add_argument("--skip", default="", help="comma-separated lines to leave out (e.g. cuda.core)")
     parser.add_argument("--devices", default=None, metavar="P,C",
                         help="CUDA: the producer on GPU P, the consumer on GPU C reading it through "
@@ -248,6 +291,8 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     if args.sent_stamps:
         os.environ["HANDOFF_SENT_STAMPS"] = "1"   # (inherited by the spawned pair)
+    if args.reader_ab:
+        os.environ["HANDOFF_READER_AB"] = "1"
     tag = args.backend   # what the pairs are told: "cuda:P,C" puts the two on GPUs P and C
     pool = '[[pools]]\nname = "default"\nmax_size = "4G"\n'
     if args.devices:

@@ -80,6 +80,13 @@ else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1
+# The directory reader's lookup in C (ipcpool/shm/_native.c), built in place as `pip install`
+# builds it; where it does not build, the package reads the directory in Python.
+if [ ipcpool/shm/_native.c -nt ipcpool/shm/_native.abi3.so ] && command -v cc >/dev/null 2>&1; then
+  cc -O2 -shared -fPIC -I"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+    ipcpool/shm/_native.c -o ipcpool/shm/_native.abi3.so \
+    || echo "gpu_suite.sh: ipcpool/shm/_native.c did not build: the directory is read in Python" >&2
+fi
 
 # mps: a private MPS control daemon whose pipe and log directories are ours alone; every CUDA
 # process started below (doctor, brokers, test clients) finds it through the exported variables.

@@ -79,6 +79,18 @@ def test_the_handoff_to_a_reader_waiting_for_a_busy_writers_seal_runs_on_the_hos
     assert "without the directory" not in out.stderr, out.stderr
 
 
+def test_the_handoff_compares_the_readers_c_and_python_lookups_hand_off_by_hand_off(tmp_path):
+    """--reader-ab: one line for each lookup, each over half the hand-offs (where the C part is built)."""
+    pytest.importorskip("ipcpool.shm._native", reason="not built here (no C compiler when installed)")
+    out = subprocess.run([sys.executable, str(ROOT / "bench/handoff.py"), "--backend", "host", "--handoffs", "40",
+                          "--reader-ab", "--skip", "floor", "--out-dir", str(tmp_path)], capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for side in ("C", "Python"):
+        assert f"reader with the {side} lookup: start->got lease p50 " in out.stderr, out.stderr
+        assert "(20 hand-offs); get once sealed" in out.stderr.split(f"reader with the {side} lookup")[1], out.stderr
+
+
 def test_the_handoff_timeline_runs_on_the_host_backend(tmp_path):
     """The broker's moments of every hand-off come from its trace events (``IPCPOOL_TRACE``), the
     writer's and the reader's from theirs: every segment of the timeline is there for each."""

@@ -1,8 +1,22 @@
-"""The name directory's layout on a real memfd: lookups, tombstones, and their trimming."""
+"""The name directory's layout on a real memfd: lookups, tombstones, and their trimming. Each test
+runs with the reader's C lookup (``shm/_native.c``, where the package was built with it) and with
+the Python one."""
 
 import os
 
+import pytest
+
 from ipcpool.shm import directory as layout
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def reader_kind(request, monkeypatch):
+    if request.param == "native" and layout._native_lookup is None:
+        pytest.skip("ipcpool.shm._native is not built here (no C compiler when it was installed)")
+    if request.param == "python":
+        monkeypatch.setattr(layout, "_native_lookup", None)
+        monkeypatch.setattr(layout, "_native_state", None)
+    return request.param
 
 
 def _reader(d: layout.Directory) -> layout.DirectoryView:

@@ -1,0 +1,216 @@
+/* A directory reader's lookup and state check in C (``shm.directory``: the layout and the
+ * seqlock are described there; this file follows them field for field).
+ *
+ * A reader's get runs these first, often on a CPU its sleep left with cold caches: in Python they
+ * are ~60 bytecodes and a dozen objects touched before the entry is known; here one call.
+ * Built where a compiler is (the package works the same without it: ``directory.py`` falls back).
+ * Limited API (abi3): one build serves every Python from 3.11.
+ */
+#define Py_LIMITED_API 0x030B0000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define ENTRY 512
+#define NAME_AT 224
+#define DTYPE_AT 128
+#define SHAPE_AT 160
+#define MAX_DIMS 8
+#define NO_WORD 0xFFFFFFFFu
+#define EMPTY 0
+#define WRITING 1
+#define SEALED 2
+#define GONE 3
+#define HAS_USER_META 1
+#define HAS_SHAPE 2
+#define IN_ARENA 4
+#define KEPT_EVENT 8
+#define STATE_SPINS 100000   /* reads of an entry being written before ``state`` gives up */
+
+static uint32_t crc_table[256];
+
+static void crc_init(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[n] = c;
+    }
+}
+
+static uint32_t crc32_of(const unsigned char *p, Py_ssize_t n) {   /* as zlib.crc32 */
+    uint32_t c = 0xFFFFFFFFu;
+    while (n--)
+        c = crc_table[(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* The version word: read with acquire order, and the entry's other loads stay between its two
+ * reads (x86 keeps loads in order; the fences stop the compiler moving them). */
+static inline uint64_t ver_of(const unsigned char *at) {
+    return __atomic_load_n((const uint64_t *)at, __ATOMIC_ACQUIRE);
+}
+
+static inline uint64_t u64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline uint32_t u32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint16_t u16(const unsigned char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+static int is_zero(const unsigned char *p, size_t n) {
+    while (n--)
+        if (*p++)
+            return 0;
+    return 1;
+}
+
+/* The Entry's fields, in ``directory.Entry``'s order, from a copy of one entry. */
+static PyObject *entry_tuple(Py_ssize_t index, const unsigned char *e) {
+    uint32_t word = u32(e + 48);
+    unsigned ndim = e[52], dtype_len = e[53];
+    uint16_t flags = u16(e + 54);
+    PyObject *event, *dtype, *shape;
+    event = is_zero(e + 64, 64) ? PyBytes_FromStringAndSize(NULL, 0)
+                                : PyBytes_FromStringAndSize((const char *)e + 64, 64);
+    if (event == NULL)
+        return NULL;
+    if (dtype_len) {
+        dtype = PyUnicode_DecodeUTF8((const char *)e + DTYPE_AT, dtype_len > 32 ? 32 : dtype_len, NULL);
+        if (dtype == NULL) {
+            Py_DECREF(event);
+            return NULL;
+        }
+    } else {
+        dtype = Py_NewRef(Py_None);
+    }
+    if (flags & HAS_SHAPE && ndim <= MAX_DIMS) {
+        shape = PyTuple_New(ndim);
+        for (unsigned k = 0; shape != NULL && k < ndim; k++) {
+            PyObject *dim = PyLong_FromUnsignedLongLong(u64(e + SHAPE_AT + 8 * k));
+            if (dim == NULL || PyTuple_SetItem(shape, k, dim) < 0)
+                Py_CLEAR(shape);
+        }
+        if (shape == NULL) {
+            Py_DECREF(event);
+            Py_DECREF(dtype);
+            return NULL;
+        }
+    } else {
+        shape = Py_NewRef(Py_None);
+    }
+    PyObject *w = word == NO_WORD ? Py_NewRef(Py_None) : PyLong_FromUnsignedLong(word);
+    return Py_BuildValue("(nKIKKKNKNNNOOO)", index, (unsigned long long)u64(e + 8), u32(e + 16),
+                         (unsigned long long)u64(e + 24), (unsigned long long)u64(e + 32),
+                         (unsigned long long)u64(e + 40), w, (unsigned long long)u64(e + 56), event,
+                         dtype, shape, flags & HAS_USER_META ? Py_True : Py_False,
+                         flags & IN_ARENA ? Py_True : Py_False, flags & KEPT_EVENT ? Py_True : Py_False);
+}
+
+/* lookup(map, capacity, probes, name: bytes, torn_max) -> the entry's fields, or None */
+static PyObject *lookup(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *map;
+    const char *name;
+    Py_ssize_t n, capacity, probes, torn_max;
+    if (!PyArg_ParseTuple(args, "Onny#n", &map, &capacity, &probes, &name, &n, &torn_max))
+        return NULL;
+    if (n > ENTRY - NAME_AT)   /* longer than any entry's name: none holds it */
+        Py_RETURN_NONE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(map, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *base = view.buf;
+    if (capacity <= 0 || (capacity + 1) * (Py_ssize_t)ENTRY > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "a directory's capacity beyond its map");
+        return NULL;
+    }
+    Py_ssize_t index = (Py_ssize_t)(crc32_of((const unsigned char *)name, n) % (uint32_t)capacity);
+    unsigned char copy[ENTRY];
+    Py_ssize_t torn = 0;
+    PyObject *found = NULL;
+    while (probes > 0) {
+        const unsigned char *at = base + (index + 1) * ENTRY;
+        uint64_t ver = ver_of(at);
+        if (!(ver & 1)) {
+            memcpy(copy, at, DTYPE_AT);   /* the head: its other lines only for the name looked for */
+            uint32_t state = u32(copy + 16), name_len = u32(copy + 20);
+            int candidate = name_len == (uint32_t)n && (state == WRITING || state == SEALED);
+            if (candidate)
+                memcpy(copy + DTYPE_AT, at + DTYPE_AT, NAME_AT - DTYPE_AT + n);
+            __atomic_thread_fence(__ATOMIC_ACQUIRE);
+            if (ver_of(at) == ver) {   /* a whole copy: decided on it alone */
+                if (state == EMPTY)
+                    break;
+                if (candidate && memcmp(copy + NAME_AT, name, n) == 0) {
+                    found = entry_tuple(index, copy);
+                    break;
+                }
+                probes--;   /* another name's entry, or a gone one: the next on the probe */
+                index = index + 1 < capacity ? index + 1 : 0;
+                continue;
+            }
+        }
+        if (++torn >= torn_max)   /* being written: this entry again, up to torn_max reads */
+            break;
+    }
+    PyBuffer_Release(&view);
+    if (found == NULL && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    return found;
+}
+
+/* state(map, index, gen) -> the entry's state while it holds object gen, else GONE; None where
+ * it was being written for all of STATE_SPINS reads */
+static PyObject *state(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *map;
+    Py_ssize_t index;
+    unsigned long long gen;
+    if (!PyArg_ParseTuple(args, "OnK", &map, &index, &gen))
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(map, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (index < 0 || (index + 2) * (Py_ssize_t)ENTRY > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_IndexError, "no such directory entry");
+        return NULL;
+    }
+    const unsigned char *at = (const unsigned char *)view.buf + (index + 1) * ENTRY;
+    uint64_t g = 0;
+    uint32_t s = 0;
+    int whole = 0;
+    for (long k = 0; k < STATE_SPINS && !whole; k++) {
+        uint64_t ver = ver_of(at);
+        if (ver & 1)
+            continue;
+        g = u64(at + 8);
+        s = u32(at + 16);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        whole = ver_of(at) == ver;
+    }
+    PyBuffer_Release(&view);
+    if (!whole)   /* a writer mid-write this long (or dead there): the caller waits, interruptibly */
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(g == gen ? s : GONE);
+}
+
+static PyObject *crc32_py(PyObject *Py_UNUSED(self), PyObject *arg) {   /* for the tests: zlib.crc32's */
+    const char *p;
+    Py_ssize_t n;
+    if (!PyArg_Parse(arg, "y#", &p, &n))
+        return NULL;
+    return PyLong_FromUnsignedLong(crc32_of((const unsigned char *)p, n));
+}
+
+static PyMethodDef methods[] = {
+    {"lookup", lookup, METH_VARARGS, "lookup(map, capacity, probes, name, torn_max): an entry's fields, or None"},
+    {"state", state, METH_VARARGS, "state(map, index, gen): the entry's state while it holds gen, else GONE; None: being written still"},
+    {"crc32", crc32_py, METH_O, "crc32(data): as zlib.crc32"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    crc_init();
+    return PyModule_Create(&module);
+}

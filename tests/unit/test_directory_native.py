@@ -1,0 +1,151 @@
+"""The directory reader's C lookup (``ipcpool/shm/_native.c``) against the Python one it stands in
+for: the same entry, field for field, on a real directory; never an entry torn by the broker's
+writes, read from another process while the broker rewrites it; a clear error for a bad call."""
+
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+import zlib
+
+import pytest
+
+from ipcpool.shm import directory as layout
+
+native = pytest.importorskip("ipcpool.shm._native", reason="not built here (no C compiler when installed)")
+
+
+def _fields(gen: int) -> dict:
+    """An entry whose every field is a function of ``gen``: a mix of two writes shows."""
+    return {"alloc": gen * 11, "offset": gen * 5, "size": gen * 3, "word": None if gen % 4 == 0 else gen % 1000,
+            "seq": gen * 7, "event": b"" if gen % 3 == 0 else bytes([gen % 251 + 1]) * 64,
+            "dtype": ("float16", "bfloat16", None)[gen % 3], "shape": None if gen % 5 == 0 else [gen % 9 + 1] * (gen % 4),
+            "has_user_meta": gen % 6 == 0, "in_arena": gen % 7 != 0, "kept_event": gen % 2 == 0}
+
+
+def _publish(d: layout.Directory, name: str, gen: int, state: int = layout.WRITING) -> int:
+    f = _fields(gen)
+    return d.publish(name, gen, state, f["alloc"], f["offset"], f["size"], f["word"], f["seq"], f["event"],
+                     f["dtype"], f["shape"], f["has_user_meta"], f["in_arena"], f["kept_event"])
+
+
+def _whole(entry: layout.Entry) -> bool:
+    f = _fields(entry.gen)
+    return (entry.alloc, entry.offset, entry.size, entry.word, entry.seq, entry.event, entry.dtype,
+            entry.shape, entry.has_user_meta, entry.in_arena, entry.kept_event) == (
+        f["alloc"], f["offset"], f["size"], f["word"], f["seq"], f["event"], f["dtype"],
+        None if f["shape"] is None else tuple(f["shape"]), f["has_user_meta"], f["in_arena"], f["kept_event"])
+
+
+def test_the_c_lookup_reads_every_entry_as_the_python_one_does():
+    """Two thousand entries of every kind (sealed or being written, with and without a shape, a
+    dtype, an event, a word), a seventh of them gone, names that probe past others, names that
+    are missing: both lookups give the same Entry, and ``state`` the same state."""
+    d = layout.Directory("t", 4096)
+    view = layout.DirectoryView(os.dup(d.fd), d.capacity)
+    names = [f"obj/{i}" for i in range(1, 2001)]
+    for gen, name in enumerate(names, 1):
+        _publish(d, name, gen, layout.SEALED if gen % 2 else layout.WRITING)
+    for name in names[::7]:
+        e = view.lookup_py(name)
+        d.set_state(e.index, e.gen, layout.GONE)
+    found = 0
+    for name in names + [f"missing/{i}" for i in range(300)] + ["x" * 255, "é/ü"]:
+        want = view.lookup_py(name)
+        got = native.lookup(view._map, view.capacity, view._probes, name.encode(), layout.TORN_READS)
+        assert (None if got is None else layout.Entry(*got)) == want, name
+        if want is not None:
+            found += 1
+            assert _whole(want)
+            assert native.state(view._map, want.index, want.gen) == view.state_py(want.index, want.gen) == want.state
+            assert native.state(view._map, want.index, want.gen + 1) == layout.GONE
+    assert found == 2000 - len(names[::7])
+    view.close()
+    d.close()
+
+
+def test_the_c_home_of_a_name_is_zlibs():
+    for data in (b"", b"a", b"h/123", "é".encode() * 40, bytes(range(256))):
+        assert native.crc32(data) == zlib.crc32(data)
+
+
+def test_a_bad_call_is_an_error_not_a_read_past_the_map():
+    d = layout.Directory("t", 8)
+    view = layout.DirectoryView(os.dup(d.fd), d.capacity)
+    with pytest.raises(ValueError, match="capacity beyond its map"):
+        native.lookup(view._map, 1 << 20, 8, b"a", 10)
+    with pytest.raises(IndexError, match="no such directory entry"):
+        native.state(view._map, 1 << 20, 1)
+    with pytest.raises(TypeError):
+        native.lookup(view._map, 8, 8, "a str, not bytes", 10)
+    view.close()
+    d.close()
+
+
+_READER = textwrap.dedent("""
+    import sys, time
+    from ipcpool.shm import directory as layout
+    fd, capacity, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    if kind == "python":
+        layout._native_lookup = layout._native_state = None
+    sys.path.insert(0, sys.argv[4])
+    from test_directory_native import _whole
+    view = layout.DirectoryView(fd, capacity)
+    print("ready", flush=True)
+    seen = torn = 0
+    until = time.monotonic() + 3
+    while seen < 5000 and time.monotonic() < until:
+        entry = view.lookup("x")
+        if entry is not None:
+            seen += 1
+            torn += not _whole(entry) or view.state(entry.index, entry.gen) not in (layout.WRITING, layout.SEALED,
+                                                                                   layout.GONE)
+    print(seen, torn, flush=True)
+""")
+
+
+def _rewrite_slowly(d: layout.Directory, index: int, gen: int) -> None:
+    """Entry ``index`` (object ``gen``) written again as the broker writes, but slowly: its version
+    odd, its size wrong for ~20 µs, then right, then the version even (and it stays whole ~20 µs)."""
+    at = (index + 1) * layout.ENTRY
+    d._words[at // 8] += 1
+    struct.pack_into("<Q", d._map, at + 40, 0xBAD)
+    _hold(20e-6)
+    struct.pack_into("<Q", d._map, at + 40, _fields(gen)["size"])
+    d._words[at // 8] += 1
+    _hold(20e-6)   # (whole a while: a reader finds it now and then)
+
+
+def _hold(seconds: float) -> None:
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+@pytest.mark.parametrize("kind", ["native", "python"])
+def test_a_reader_in_another_process_never_sees_an_entry_the_broker_is_rewriting(kind):
+    """The broker writes one name's entry again and again, each time with other values in every
+    field, and rewrites it in place slowly (a broker stopped mid-write); a reader process looks it
+    up as fast as it can: every entry it gets is one whole write (the seqlock), for the C lookup
+    as for the Python one. (It fails with the C lookup's version check taken out.)"""
+    d = layout.Directory("t", 8)
+    with subprocess.Popen([sys.executable, "-c", _READER, str(d.fd), str(d.capacity), kind,
+                           os.path.dirname(__file__)], pass_fds=(d.fd,), stdout=subprocess.PIPE, text=True) as reader:
+        try:
+            assert reader.stdout.readline().strip() == "ready"
+            gen = 0
+            while reader.poll() is None:
+                gen += 1
+                index = _publish(d, "x", gen, layout.SEALED)
+                for _ in range(10):   # then in place, as a broker stopped mid-write: its size wrong a while
+                    _rewrite_slowly(d, index, gen)
+                d.set_state(index, gen, layout.GONE)
+            seen, torn = map(int, reader.stdout.read().split())
+        finally:
+            reader.kill()
+            d.close()
+    assert reader.returncode == 0
+    assert seen > 200, f"the reader found the entry only {seen} times in {gen} writes"
+    assert torn == 0, f"{torn} of {seen} entries read were torn"
