@@ -1,8 +1,10 @@
-/* A directory reader's lookup and state check in C (``shm.directory``: the layout and the
- * seqlock are described there; this file follows them field for field).
+/* The name directory's hot calls in C (``shm.directory``: the layout and the seqlock are
+ * described there; this file follows them field for field): a reader's lookup and state check,
+ * and the broker's write of a new entry.
  *
- * A reader's get runs these first, often on a CPU its sleep left with cold caches: in Python they
- * are ~60 bytecodes and a dozen objects touched before the entry is known; here one call.
+ * A reader's get runs the first two first, often on a CPU its sleep left with cold caches, and the
+ * broker's create writes the entry the reader waits for: in Python each is dozens of bytecodes
+ * and objects touched; here one call.
  * Built where a compiler is (the package works the same without it: ``directory.py`` falls back).
  * Limited API (abi3): one build serves every Python from 3.11.
  */
@@ -14,6 +16,7 @@
 
 #define ENTRY 512
 #define NAME_AT 224
+#define CHANGE_AT 16   /* the header's change count */
 #define DTYPE_AT 128
 #define SHAPE_AT 160
 #define MAX_DIMS 8
@@ -193,6 +196,83 @@ static PyObject *state(PyObject *Py_UNUSED(self), PyObject *args) {
     return PyLong_FromUnsignedLong(g == gen ? s : GONE);
 }
 
+/* publish(map, capacity, probes, name, gen, state, alloc, offset, size, word, seq, event, dtype,
+ *         dims, ndim, flags) -> the index written, or None (no free entry on the name's probe).
+ * The broker's write of a new entry (``Directory.publish``, the single writer): the first entry on
+ * the probe that holds no live object (empty or gone), its version made odd, the whole body
+ * written (zeros past each field, as the Python's struct), the version even, the change count
+ * bumped. ``dims``: the shape packed (ndim u64s); ``word`` NO_WORD for none. */
+static PyObject *publish(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *map;
+    const char *name, *event, *dtype, *dims;
+    Py_ssize_t capacity, probes, n, event_len, dtype_len, dims_len;
+    unsigned long long gen, alloc, offset, size, seq;
+    unsigned int state, word, ndim, flags;
+    if (!PyArg_ParseTuple(args, "Onny#KIKKKIKy#y#y#II", &map, &capacity, &probes, &name, &n, &gen, &state,
+                          &alloc, &offset, &size, &word, &seq, &event, &event_len, &dtype, &dtype_len, &dims,
+                          &dims_len, &ndim, &flags))
+        return NULL;
+    if (n > ENTRY - NAME_AT - 33 || event_len > 64 || dtype_len > 32 || dims_len > 8 * MAX_DIMS || ndim > 255
+            || flags > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "an entry's field longer than its place");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(map, &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    unsigned char *base = view.buf;
+    if (capacity <= 0 || (capacity + 1) * (Py_ssize_t)ENTRY > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "a directory's capacity beyond its map");
+        return NULL;
+    }
+    Py_ssize_t index = (Py_ssize_t)(crc32_of((const unsigned char *)name, n) % (uint32_t)capacity);
+    if (probes > capacity)
+        probes = capacity;
+    Py_ssize_t k = 0;
+    for (; k < probes; k++) {   /* (the broker's own entries: no version to check) */
+        uint32_t st = u32(base + (index + 1) * ENTRY + 16);
+        if (st != WRITING && st != SEALED)
+            break;
+        index = index + 1 < capacity ? index + 1 : 0;
+    }
+    if (k == probes) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    unsigned char body[NAME_AT + 255 - 8];   /* everything after the version */
+    memset(body, 0, sizeof body);
+#define F(off) (body + (off) - 8)   /* a field of the body by its offset in the entry */
+    uint32_t name_len = (uint32_t)n;
+    uint16_t fl = (uint16_t)flags;
+    memcpy(F(8), &gen, 8);
+    memcpy(F(16), &state, 4);
+    memcpy(F(20), &name_len, 4);
+    memcpy(F(24), &alloc, 8);
+    memcpy(F(32), &offset, 8);
+    memcpy(F(40), &size, 8);
+    memcpy(F(48), &word, 4);
+    *F(52) = (uint8_t)ndim;
+    *F(53) = (uint8_t)dtype_len;
+    memcpy(F(54), &fl, 2);
+    memcpy(F(56), &seq, 8);
+    memcpy(F(64), event, event_len);
+    memcpy(F(DTYPE_AT), dtype, dtype_len);
+    memcpy(F(SHAPE_AT), dims, dims_len);
+    memcpy(F(NAME_AT), name, n);
+#undef F
+    unsigned char *at = base + (index + 1) * ENTRY;
+    uint64_t *ver = (uint64_t *)at, v = __atomic_load_n(ver, __ATOMIC_RELAXED);
+    __atomic_store_n(ver, v + 1, __ATOMIC_RELAXED);   /* odd: readers skip it while it changes */
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    memcpy(at + 8, body, sizeof body);
+    __atomic_store_n(ver, v + 2, __ATOMIC_RELEASE);   /* even: whole */
+    uint64_t *change = (uint64_t *)(base + CHANGE_AT);
+    __atomic_store_n(change, __atomic_load_n(change, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(index);
+}
+
 static PyObject *crc32_py(PyObject *Py_UNUSED(self), PyObject *arg) {   /* for the tests: zlib.crc32's */
     const char *p;
     Py_ssize_t n;
@@ -204,6 +284,7 @@ static PyObject *crc32_py(PyObject *Py_UNUSED(self), PyObject *arg) {   /* for t
 static PyMethodDef methods[] = {
     {"lookup", lookup, METH_VARARGS, "lookup(map, capacity, probes, name, torn_max): an entry's fields, or None"},
     {"state", state, METH_VARARGS, "state(map, index, gen): the entry's state while it holds gen, else GONE; None: being written still"},
+    {"publish", publish, METH_VARARGS, "publish(map, capacity, probes, name, gen, state, alloc, offset, size, word, seq, event, dtype, dims, ndim, flags): the index written, or None"},
     {"crc32", crc32_py, METH_O, "crc32(data): as zlib.crc32"},
     {NULL, NULL, 0, NULL},
 };

@@ -29,10 +29,10 @@ from typing import NamedTuple
 
 from . import futex, sealing
 
-try:   # the reader's lookup and state check in C (``_native.c``), where the package was built with it
-    from ._native import lookup as _native_lookup, state as _native_state
-except ImportError:   # the same in Python: ``DirectoryView.lookup`` and ``state`` below
-    _native_lookup = _native_state = None
+try:   # a reader's lookup and state check, the broker's publish, in C (``_native.c``) where built
+    from ._native import lookup as _native_lookup, publish as _native_publish, state as _native_state
+except ImportError:   # the same in Python: ``DirectoryView.lookup`` and ``state``, ``Directory.publish``
+    _native_lookup = _native_publish = _native_state = None
 
 ENTRY = 512
 CAPACITY = 8192          # entries per pool: 4 MiB of address space, pages backed as used
@@ -96,6 +96,24 @@ def home(name: bytes, capacity: int) -> int:
     return zlib.crc32(name) % capacity
 
 
+def _typed(dtype: str | None, shape: list[int] | None, has_user_meta: bool, in_arena: bool,
+           kept_event: bool) -> tuple[bytes, bytes, int, int]:
+    """An entry's dtype and shape as written (dtype, dims, ndim), and its flags."""
+    flags = (IN_ARENA if in_arena else 0) | (KEPT_EVENT if kept_event else 0) | (HAS_USER_META if has_user_meta else 0)
+    dt = dims = b""
+    ndim = 0
+    if dtype:
+        dt = dtype.encode()[:32]
+    if shape is not None:
+        if len(shape) <= MAX_DIMS:
+            ndim = len(shape)
+            flags |= HAS_SHAPE
+            dims = struct.pack(f"<{ndim}Q", *shape) if ndim else b""
+        else:   # (too many dimensions for the entry: the reader asks the broker)
+            flags |= HAS_USER_META
+    return dt, dims, ndim, flags
+
+
 class Directory(sealing.Owned):
     """The broker's mapping: every write. Only the event loop calls it (single writer)."""
 
@@ -110,7 +128,6 @@ class Directory(sealing.Owned):
         self._words = sealing.words(self._map)   # versions, the change count, the awake moment
         self._taken: dict[int, bytes] = {}   # index -> name, for live entries (WRITING, SEALED)
         self._tombs: set[int] = set()        # gone entries a probe must pass (see ``_trim``)
-        self._change = 0
         self._sleepers_at = futex.address(self._map, _CHANGE_AT) if futex.usable else 0
 
     def _at(self, index: int) -> int:
@@ -127,8 +144,7 @@ class Directory(sealing.Owned):
         self._words[_AWAKE_AT // 8] = until_ns
 
     def _changed(self) -> None:
-        self._change += 1
-        self._words[_CHANGE_AT // 8] = self._change
+        self._words[_CHANGE_AT // 8] += 1   # (the broker's word alone: C and Python both count here)
 
     def wake_sleepers(self) -> None:
         """Wake the readers asleep on the change count (``DirectoryView.sleep``), after a change
@@ -140,8 +156,25 @@ class Directory(sealing.Owned):
                 word: int | None, seq: int, event: bytes, dtype: str | None,
                 shape: list[int] | None, has_user_meta: bool, in_arena: bool, kept_event: bool = False) -> int | None:
         """A new live entry for ``name`` (no live entry of it may exist); its index, or None
-        where its probe found no free slot."""
+        where its probe found no free slot. In C where the package has it (``_native.c``: the
+        entry a reader waits for, on the create's path), else ``_publish_py``."""
         raw = name.encode()
+        if _native_publish is None:
+            return self._publish_py(raw, gen, state, alloc, offset, size, word, seq, event, dtype, shape,
+                                    has_user_meta, in_arena, kept_event)
+        dt, dims, ndim, flags = _typed(dtype, shape, has_user_meta, in_arena, kept_event)
+        cap = self.capacity
+        index = _native_publish(self._map, cap, min(MAX_PROBE, cap), raw, gen, state, alloc, offset, size,
+                                NO_WORD if word is None else word, seq, event, dt, dims, ndim, flags)
+        if index is not None:
+            self._taken[index] = raw
+            self._tombs.discard(index)
+        return index
+
+    def _publish_py(self, raw: bytes, gen: int, state: int, alloc: int, offset: int, size: int,
+                    word: int | None, seq: int, event: bytes, dtype: str | None,
+                    shape: list[int] | None, has_user_meta: bool, in_arena: bool, kept_event: bool) -> int | None:
+        """``publish`` in Python."""
         cap = self.capacity
         index = home(raw, cap)
         taken = self._taken
@@ -153,19 +186,7 @@ class Directory(sealing.Owned):
                     break
             else:
                 return None
-        flags = (IN_ARENA if in_arena else 0) | (KEPT_EVENT if kept_event else 0) | (
-            HAS_USER_META if has_user_meta else 0)
-        dt = dims = b""
-        ndim = 0
-        if dtype:
-            dt = dtype.encode()[:32]
-        if shape is not None:
-            if len(shape) <= MAX_DIMS:
-                ndim = len(shape)
-                flags |= HAS_SHAPE
-                dims = struct.pack(f"<{ndim}Q", *shape) if ndim else b""
-            else:   # (too many dimensions for the entry: the reader asks the broker)
-                flags |= HAS_USER_META
+        dt, dims, ndim, flags = _typed(dtype, shape, has_user_meta, in_arena, kept_event)
         words = self._words
         ver_at = (index + 1) * (ENTRY // 8)
         ver = words[ver_at] + 1

@@ -149,3 +149,49 @@ def test_a_reader_in_another_process_never_sees_an_entry_the_broker_is_rewriting
     assert reader.returncode == 0
     assert seen > 200, f"the reader found the entry only {seen} times in {gen} writes"
     assert torn == 0, f"{torn} of {seen} entries read were torn"
+
+
+def test_the_c_publish_writes_every_byte_the_python_one_does():
+    """The broker's publish both ways, on two directories, the same calls (names that share homes,
+    entries gone between, every kind of field, a probe that finds no room): the same indexes and,
+    byte for byte, the same maps, change count included."""
+    maps = []
+    for kind in ("native", "python"):
+        d = layout.Directory("t", 64)
+        publish = native.publish if kind == "native" else None
+        indexes = []
+        for gen in range(1, 400):
+            name = f"w/{gen % 97}"
+            if publish is None:
+                index = d._publish_py(name.encode(), gen, layout.WRITING, **_call(gen))
+            else:
+                index = d.publish(name, gen, layout.WRITING, **_call(gen))
+            indexes.append(index)
+            if index is not None and gen % 3:
+                d.set_state(index, gen, layout.GONE if gen % 3 == 1 else layout.SEALED)
+        maps.append((indexes, bytes(d._map), dict(d._taken), set(d._tombs)))
+        d.close()
+    assert maps[0][0] == maps[1][0] and None in maps[0][0]   # (some probe found no room)
+    assert maps[0][1] == maps[1][1]
+    assert maps[0][2:] == maps[1][2:]
+
+
+def _call(gen: int) -> dict:
+    f = _fields(gen)
+    return {"alloc": f["alloc"], "offset": f["offset"], "size": f["size"], "word": f["word"], "seq": f["seq"],
+            "event": f["event"], "dtype": f["dtype"] and f["dtype"] * (1 + gen % 5),
+            "shape": f["shape"] if gen % 11 else [1] * 9, "has_user_meta": f["has_user_meta"],
+            "in_arena": f["in_arena"], "kept_event": f["kept_event"]}
+
+
+def test_a_bad_publish_is_an_error_and_writes_nothing():
+    d = layout.Directory("t", 8)
+    before = bytes(d._map)
+    with pytest.raises(ValueError, match="longer than its place"):
+        native.publish(d._map, 8, 8, b"n" * 256, 1, layout.WRITING, 0, 0, 1, 0, 1, b"", b"", b"", 0, 0)
+    with pytest.raises(ValueError, match="longer than its place"):
+        native.publish(d._map, 8, 8, b"n", 1, layout.WRITING, 0, 0, 1, 0, 1, b"e" * 65, b"", b"", 0, 0)
+    with pytest.raises(ValueError, match="capacity beyond its map"):
+        native.publish(d._map, 1 << 20, 8, b"n", 1, layout.WRITING, 0, 0, 1, 0, 1, b"", b"", b"", 0, 0)
+    assert bytes(d._map) == before
+    d.close()
