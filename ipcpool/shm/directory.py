@@ -18,6 +18,10 @@ object's number, never reused: a reader's hazard slot (``shm.leases``) names (en
 
 The memfd is sealed read-only for everyone but the broker's own mapping (``shm.sealing``); only a
 pool's clients get it, so a directory says nothing to anyone outside its trust boundary.
+
+``_native.c`` reads and writes this same layout in C (a reader's lookup and state check, the
+broker's publish), where the package was built with it: a change here is a change there, and
+``tests/unit/test_directory_native.py`` holds the two to each other field for field.
 """
 
 from __future__ import annotations
