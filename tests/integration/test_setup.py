@@ -3,6 +3,7 @@
 The Makefile runs as written, with a stand-in for the interpreter (PYTHON=...) that records what
 it is asked to do and takes its time installing, so overlapping installs would show."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -49,7 +50,8 @@ esac
 
 @pytest.fixture
 def clone(tmp_path):
-    for name in ("Makefile", "pyproject.toml"):
+    for name in ("Makefile", "pyproject.toml", "ipcpool/shm/_native.c"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
     log, busy = tmp_path / "calls.log", tmp_path / "busy"
     fake = tmp_path / "fake-python3"
@@ -80,6 +82,23 @@ def test_run_and_test_side_by_side_install_once(clone):
     again = make(root, "test", python)                                  # set up already: nothing to do
     again.communicate(timeout=30)
     assert again.returncode == 0 and log.read_text().splitlines() == calls
+
+
+def test_a_changed_c_part_is_installed_again(clone):
+    """The install builds ipcpool/shm/_native.c: a newer one makes `make test` install again (a
+    stale build would be tested instead), and only once."""
+    root, python, log = clone
+    first = make(root, "test", python)
+    first.communicate(timeout=60)
+    installs = [c for c in log.read_text().splitlines() if c.endswith("-e .[test,bench]")]
+    edited = (root / "ipcpool/shm/_native.c").stat().st_mtime   # pyproject.toml, the install, then the C
+    os.utime(root / "pyproject.toml", (edited - 10,) * 2)
+    os.utime(root / ".venv/.installed", (edited - 5,) * 2)
+    for _ in range(2):
+        again = make(root, "test", python)
+        text, _ = again.communicate(timeout=60)
+        assert again.returncode == 0 and "pytest ran" in text, text
+    assert [c for c in log.read_text().splitlines() if c.endswith("-e .[test,bench]")] == installs * 2
 
 
 def test_a_venv_left_half_made_is_made_again(clone):
