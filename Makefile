@@ -15,10 +15,10 @@ NIXL ?= nixl-cu13==1.5.1
 # Under flock: whoever comes second waits, then finds the stamp newer than pyproject.toml and
 # installs nothing. A venv left without pip (an earlier run stopped half-way) is made again. The
 # C part (NATIVE) is built by the install: a change to it installs again, as one to pyproject.toml.
-NATIVE := ipcpool/shm/_native.c
+NATIVE := $(wildcard ipcpool/shm/_native.c)
 $(STAMP): pyproject.toml $(NATIVE)
 	@flock $(LOCK) sh -c '\
-	  if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt $(NATIVE) ]; then exit 0; fi; \
+	  if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt $(or $(NATIVE),pyproject.toml) ]; then exit 0; fi; \
 	  set -e; \
 	  if ! $(PY) -m pip --version >/dev/null 2>&1; then echo "creating $(VENV)"; $(PYTHON) -m venv --clear $(VENV); fi; \
 	  echo "installing ipcpool and its dependencies into $(VENV) (quiet; a minute or two the first time)"; \
