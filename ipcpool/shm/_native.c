@@ -13,6 +13,21 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
+
+static inline uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {   /* a spin on a line another CPU writes */
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
 
 #define ENTRY 512
 #define NAME_AT 224
@@ -108,12 +123,13 @@ static PyObject *entry_tuple(Py_ssize_t index, const unsigned char *e) {
                          flags & IN_ARENA ? Py_True : Py_False, flags & KEPT_EVENT ? Py_True : Py_False);
 }
 
-/* lookup(map, capacity, probes, name: bytes, torn_max) -> the entry's fields, or None */
+/* lookup(map, capacity, probes, name: bytes, torn_us) -> the entry's fields, or None. An entry
+ * being written is read again until it is whole, for torn_us at most (then None). */
 static PyObject *lookup(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *map;
     const char *name;
-    Py_ssize_t n, capacity, probes, torn_max;
-    if (!PyArg_ParseTuple(args, "Onny#n", &map, &capacity, &probes, &name, &n, &torn_max))
+    Py_ssize_t n, capacity, probes, torn_us;
+    if (!PyArg_ParseTuple(args, "Onny#n", &map, &capacity, &probes, &name, &n, &torn_us))
         return NULL;
     if (n > ENTRY - NAME_AT)   /* longer than any entry's name: none holds it */
         Py_RETURN_NONE;
@@ -129,6 +145,7 @@ static PyObject *lookup(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t index = (Py_ssize_t)(crc32_of((const unsigned char *)name, n) % (uint32_t)capacity);
     unsigned char copy[ENTRY];
     Py_ssize_t torn = 0;
+    uint64_t give_up = 0;
     PyObject *found = NULL;
     while (probes > 0) {
         const unsigned char *at = base + (index + 1) * ENTRY;
@@ -152,8 +169,13 @@ static PyObject *lookup(PyObject *Py_UNUSED(self), PyObject *args) {
                 continue;
             }
         }
-        if (++torn >= torn_max)   /* being written: this entry again, up to torn_max reads */
-            break;
+        if ((++torn & 63) == 0) {   /* being written: this entry again, for torn_us at most */
+            if (give_up == 0)
+                give_up = now_ns() + (uint64_t)torn_us * 1000;
+            else if (now_ns() >= give_up)
+                break;
+        }
+        cpu_relax();
     }
     PyBuffer_Release(&view);
     if (found == NULL && !PyErr_Occurred())
@@ -282,7 +304,7 @@ static PyObject *crc32_py(PyObject *Py_UNUSED(self), PyObject *arg) {   /* for t
 }
 
 static PyMethodDef methods[] = {
-    {"lookup", lookup, METH_VARARGS, "lookup(map, capacity, probes, name, torn_max): an entry's fields, or None"},
+    {"lookup", lookup, METH_VARARGS, "lookup(map, capacity, probes, name, torn_us): an entry's fields, or None"},
     {"state", state, METH_VARARGS, "state(map, index, gen): the entry's state while it holds gen, else GONE; None: being written still"},
     {"publish", publish, METH_VARARGS, "publish(map, capacity, probes, name, gen, state, alloc, offset, size, word, seq, event, dtype, dims, ndim, flags): the index written, or None"},
     {"crc32", crc32_py, METH_O, "crc32(data): as zlib.crc32"},

@@ -43,6 +43,7 @@ CAPACITY = 8192          # entries per pool: 4 MiB of address space, pages backe
 MAX_CAPACITY = 1 << 20
 MAX_PROBE = 64           # past this many taken slots a name gets no entry (readers ask the broker)
 TORN_READS = 1000        # a lookup reading entries the broker is writing gives up after this many
+TORN_US = 300            # ... the C lookup after this long (about what TORN_READS take in Python)
 MAX_NAME = 255
 MAX_DIMS = 8             # more dimensions: no shape here (the reader asks the broker for metadata)
 NO_WORD = 0xFFFFFFFF
@@ -280,10 +281,10 @@ class DirectoryView:
         """The live entry of ``name`` (WRITING or SEALED), or None. A reader's get runs it first,
         often on a CPU whose caches its sleep left cold: in C where the package has it (a third
         of the Python's time, warm), else ``lookup_py``. An entry read while the broker writes it
-        is read again (up to TORN_READS in all, then None: the caller looks again or asks the
-        broker)."""
+        is read again (up to TORN_READS in all, or TORN_US in C, then None: the caller looks again
+        or asks the broker)."""
         if _native_lookup is not None:
-            got = _native_lookup(self._map, self.capacity, self._probes, name.encode(), TORN_READS)
+            got = _native_lookup(self._map, self.capacity, self._probes, name.encode(), TORN_US)
             return None if got is None else _new(Entry, got)
         return self.lookup_py(name)
 

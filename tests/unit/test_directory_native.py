@@ -54,7 +54,7 @@ def test_the_c_lookup_reads_every_entry_as_the_python_one_does():
     found = 0
     for name in names + [f"missing/{i}" for i in range(300)] + ["x" * 255, "é/ü"]:
         want = view.lookup_py(name)
-        got = native.lookup(view._map, view.capacity, view._probes, name.encode(), layout.TORN_READS)
+        got = native.lookup(view._map, view.capacity, view._probes, name.encode(), layout.TORN_US)
         assert (None if got is None else layout.Entry(*got)) == want, name
         if want is not None:
             found += 1
@@ -69,6 +69,22 @@ def test_the_c_lookup_reads_every_entry_as_the_python_one_does():
 def test_the_c_home_of_a_name_is_zlibs():
     for data in (b"", b"a", b"h/123", "é".encode() * 40, bytes(range(256))):
         assert native.crc32(data) == zlib.crc32(data)
+
+
+def test_an_entry_mid_write_is_waited_for_as_long_as_the_python_lookup_would_then_given_up_on():
+    """The C reads an entry being written again for TORN_US (the Python's TORN_READS reads take
+    about that), not for TORN_READS of its own far faster reads: a broker's write outlasts those."""
+    d = layout.Directory("t", 8)
+    view = layout.DirectoryView(os.dup(d.fd), d.capacity)
+    index = _publish(d, "x", 1)
+    d._words[(index + 1) * layout.ENTRY // 8] += 1   # mid-write
+    began = time.perf_counter()
+    assert native.lookup(view._map, view.capacity, view._probes, b"x", layout.TORN_US) is None
+    assert time.perf_counter() - began >= layout.TORN_US / 1e6
+    d._words[(index + 1) * layout.ENTRY // 8] += 1   # whole
+    assert native.lookup(view._map, view.capacity, view._probes, b"x", layout.TORN_US)[1] == 1
+    view.close()
+    d.close()
 
 
 def test_a_bad_call_is_an_error_not_a_read_past_the_map():
