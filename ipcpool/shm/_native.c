@@ -31,6 +31,7 @@ static inline void cpu_relax(void) {   /* a spin on a line another CPU writes */
 
 #define ENTRY 512
 #define NAME_AT 224
+#define MAX_NAME 255
 #define CHANGE_AT 16   /* the header's change count */
 #define DTYPE_AT 128
 #define SHAPE_AT 160
@@ -123,6 +124,19 @@ static PyObject *entry_tuple(Py_ssize_t index, const unsigned char *e) {
                          flags & IN_ARENA ? Py_True : Py_False, flags & KEPT_EVENT ? Py_True : Py_False);
 }
 
+/* ``map``'s buffer (``flags``: PyBUF_SIMPLE or PyBUF_WRITABLE), checked to hold ``capacity``
+ * entries after its header; -1 with the error set where it cannot. */
+static int map_of(PyObject *map, Py_ssize_t capacity, int flags, Py_buffer *view) {
+    if (PyObject_GetBuffer(map, view, flags) < 0)
+        return -1;
+    if (capacity <= 0 || (capacity + 1) * (Py_ssize_t)ENTRY > view->len) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "a directory's capacity beyond its map");
+        return -1;
+    }
+    return 0;
+}
+
 /* lookup(map, capacity, probes, name: bytes, torn_us) -> the entry's fields, or None. An entry
  * being written is read again until it is whole, for torn_us at most (then None). */
 static PyObject *lookup(PyObject *Py_UNUSED(self), PyObject *args) {
@@ -131,17 +145,12 @@ static PyObject *lookup(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t n, capacity, probes, torn_us;
     if (!PyArg_ParseTuple(args, "Onny#n", &map, &capacity, &probes, &name, &n, &torn_us))
         return NULL;
-    if (n > ENTRY - NAME_AT)   /* longer than any entry's name: none holds it */
+    if (n > MAX_NAME)   /* longer than any entry's name: none holds it */
         Py_RETURN_NONE;
     Py_buffer view;
-    if (PyObject_GetBuffer(map, &view, PyBUF_SIMPLE) < 0)
+    if (map_of(map, capacity, PyBUF_SIMPLE, &view) < 0)
         return NULL;
     const unsigned char *base = view.buf;
-    if (capacity <= 0 || (capacity + 1) * (Py_ssize_t)ENTRY > view.len) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "a directory's capacity beyond its map");
-        return NULL;
-    }
     Py_ssize_t index = (Py_ssize_t)(crc32_of((const unsigned char *)name, n) % (uint32_t)capacity);
     unsigned char copy[ENTRY];
     Py_ssize_t torn = 0;
@@ -234,20 +243,15 @@ static PyObject *publish(PyObject *Py_UNUSED(self), PyObject *args) {
                           &alloc, &offset, &size, &word, &seq, &event, &event_len, &dtype, &dtype_len, &dims,
                           &dims_len, &ndim, &flags))
         return NULL;
-    if (n > ENTRY - NAME_AT - 33 || event_len > 64 || dtype_len > 32 || dims_len > 8 * MAX_DIMS || ndim > 255
+    if (n > MAX_NAME || event_len > 64 || dtype_len > 32 || dims_len > 8 * MAX_DIMS || ndim > 255
             || flags > 0xFFFF) {
         PyErr_SetString(PyExc_ValueError, "an entry's field longer than its place");
         return NULL;
     }
     Py_buffer view;
-    if (PyObject_GetBuffer(map, &view, PyBUF_WRITABLE) < 0)
+    if (map_of(map, capacity, PyBUF_WRITABLE, &view) < 0)
         return NULL;
     unsigned char *base = view.buf;
-    if (capacity <= 0 || (capacity + 1) * (Py_ssize_t)ENTRY > view.len) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "a directory's capacity beyond its map");
-        return NULL;
-    }
     Py_ssize_t index = (Py_ssize_t)(crc32_of((const unsigned char *)name, n) % (uint32_t)capacity);
     if (probes > capacity)
         probes = capacity;
@@ -262,7 +266,7 @@ static PyObject *publish(PyObject *Py_UNUSED(self), PyObject *args) {
         PyBuffer_Release(&view);
         Py_RETURN_NONE;
     }
-    unsigned char body[NAME_AT + 255 - 8];   /* everything after the version */
+    unsigned char body[NAME_AT + MAX_NAME - 8];   /* everything after the version */
     memset(body, 0, sizeof body);
 #define F(off) (body + (off) - 8)   /* a field of the body by its offset in the entry */
     uint32_t name_len = (uint32_t)n;
