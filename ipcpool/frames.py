@@ -58,6 +58,22 @@ def seal(rid: int, name: bytes, done: bytes) -> bytes:
     return _SEAL.pack(MAGIC, SEAL, len(name), rid, done) + name
 
 
+# A steady writer's frames are built ahead with an empty name (``create(0, pool, b"", b"", ...)``,
+# ``seal(0, b"", done)``): its create and seal then add only the id and the name (``completed``,
+# or ``shm._native.ring_put`` in C). Where each layout keeps its name's length:
+CREATE_NAME_LEN_AT, SEAL_NAME_LEN_AT = 4, 2
+_NAME_LEN = struct.Struct("<H")
+
+
+def completed(rid: int, frame: bytes, name_len_at: int, name: str) -> bytes:
+    """A frame built ahead (no metadata after its empty name), with its id and name."""
+    raw = name.encode()
+    out = bytearray(frame)
+    _NAME_LEN.pack_into(out, name_len_at, len(raw))
+    _ID.pack_into(out, _ID_AT, rid)
+    return bytes(out) + raw
+
+
 def is_frame(data: bytes) -> bool:
     return len(data) > 0 and data[0] == MAGIC
 

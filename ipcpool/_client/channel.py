@@ -382,6 +382,27 @@ class Channel:
         self.framed.add(rid)
         return rid
 
+    def send_ready(self, frame: bytes, name_len_at: int, name: str, ring: tuple[Any, Any] | None) -> int:
+        """``send_frame`` for a frame built ahead with an empty name (a steady writer's:
+        ``frames.completed``): its id and ``name`` added, and put in the ring in one C call where
+        the package has it. Its id."""
+        if ring is None or self._on_socket:
+            return self.send_frame(frames.completed, frame, name_len_at, name, ring=ring)
+        if self._gone is not None or time.monotonic() - self._alive_at >= ALIVE_CHECK_S:
+            self._check_alive()
+        rid = self._next_id
+        got = ring[0].put_ahead(ring[1], frame, name_len_at, rid, name)
+        if got is None:   # (no C part: as any frame)
+            return self.send_frame(frames.completed, frame, name_len_at, name, ring=ring)
+        self._next_id = rid + 1
+        if got == 2:
+            self._send_control(frames.NUDGE_FRAME)   # its last look at the rings may have come first
+        elif not got:
+            self._send_control(frames.completed(rid, frame, name_len_at, name))
+            self._on_socket = rid
+        self.framed.add(rid)
+        return rid
+
     def _send_control(self, data: bytes) -> None:
         try:
             try:

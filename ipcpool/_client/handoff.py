@@ -145,6 +145,7 @@ class Carving:
     framed: bool = False        # its create went as a frame on the control socket (``ipcpool.frames``)
     ring: Any = None            # ... or in the session's request ring, where there is one (``Handoff._ring``)
     memory: ImportedMemory | None = None   # the range, imported: what its buffer holds
+    ready_frames: tuple[bytes, bytes] | None = None   # made ready (``_prepare``): its create and seal frames, nameless
 
 
 class NextLease:
@@ -386,7 +387,19 @@ class Handoff:
             return None
         self._ahead = None
         buf.name = name
-        self._send(buf, "create", name, None, None)
+        cut = buf.carving
+        if cut.ready_frames is None:
+            self._send(buf, "create", name, None, None)
+        else:   # its frame built ahead: only the id and name are added (in C where built)
+            try:
+                cut.rid = ch.send_ready(cut.ready_frames[0], frames.CREATE_NAME_LEN_AT, name, cut.ring)
+            except BaseException:
+                self.unprepare(buf)
+                raise
+            if trace.hook is not None:
+                trace.emit("client.create_sent", op="create", name=name, rid=cut.rid, framed=True)
+            self._entered[id(buf)] = buf
+            self._inflight[cut.rid] = buf
         writing.add(name)
         return buf   # (still steady: made ready only for this pool and size)
 
@@ -395,6 +408,7 @@ class Handoff:
         the usual create as a frame (its seal follows on the same socket), else as a message of
         ``fields``."""
         cut = buf.carving
+        cut.ready_frames = None   # (its seal goes the way this create goes: in order after it)
         try:
             packed = protocol.pack(meta) if meta else b""
             cut.framed = name is not None and len(packed) <= frames.MAX_META
@@ -456,6 +470,11 @@ class Handoff:
             return
         buf = self._keep(0, pool, cut.memory, True, None, None, False, enter=False)
         buf.carving = cut
+        if cut.slot is not None:   # the usual hand-off's two frames, all but the id and name
+            cut.ring, cut.framed = self._ring(pool), True
+            credit = cut.promise or _NO_CREDIT
+            cut.ready_frames = (frames.create(0, pool.encode(), b"", b"", cut.arena.aid, cut.offset, nbytes, cut.slot,
+                                        cut.seq, credit), frames.seal(0, b"", credit))
         if self._views.asked:
             buf.tensor_ahead = self._views.ahead(buf, cut.memory)
         self._ahead = buf
@@ -539,19 +558,27 @@ class Handoff:
         if cut.error is not None:
             cut.arena.refused(cut.offset, stream)
             raise cut.error
+        posted = False
         if cut.promise:   # the credit it promised (the usual hand-off): recorded by the pool, one call
-            done = self._imported[buf.pool].release(cut.memory, stream, cut.promise)
+            pool = self._imported[buf.pool]
+            if cut.slot is not None:   # ... with its board word posted after, in the same call
+                post = self.boards[buf.pool].poster(cut.arena.words + cut.slot, cut.seq)
+                posted = pool.seal_range(cut.memory, stream, cut.promise, post)
+            done = cut.promise if posted else pool.release(cut.memory, stream, cut.promise)
         else:
             done = self.release(buf.pool, cut.memory, stream)
         if cut.slot is not None:
-            self.boards[buf.pool].post(cut.arena.words + cut.slot, cut.seq)   # after the record
+            if not posted:
+                self.boards[buf.pool].post(cut.arena.words + cut.slot, cut.seq)   # after the record
             cut.arena.free_slot(cut.slot)   # numbers grow, so the word may serve the next object
             cut.slot = None
         cut.sent = True
         name = buf.name
         if trace.hook is not None:
             trace.emit("client.seal_posted", name=name)
-        if cut.framed:
+        if cut.ready_frames is not None and done == cut.promise:   # as built ahead
+            rid = self._channel.send_ready(cut.ready_frames[1], frames.SEAL_NAME_LEN_AT, name, cut.ring)
+        elif cut.framed:
             rid = self._channel.send_frame(frames.seal, name.encode(), done or _NO_CREDIT, ring=cut.ring)
         else:   # after a create on the message channel: there too, so it cannot overtake it
             rid = self._channel.send("seal", name=name, **({"done_event": done} if done else {}))

@@ -1,10 +1,12 @@
-/* The name directory's hot calls in C (``shm.directory``: the layout and the seqlock are
- * described there; this file follows them field for field): a reader's lookup and state check,
- * and the broker's write of a new entry.
+/* The hand-off's hot calls on shared memory in C, each following a layout described in Python
+ * field for field: the name directory's (``shm.directory``: a reader's lookup and state check, the
+ * broker's write of a new entry), the request ring's (``shm.requests``: a writer's frame put) and
+ * the seal board's (``shm.sealboard``: a seal's event recorded, then its word posted).
  *
- * A reader's get runs the first two first, often on a CPU its sleep left with cold caches, and the
- * broker's create writes the entry the reader waits for: in Python each is dozens of bytecodes
- * and objects touched; here one call.
+ * A reader's get runs the first two first, often on a CPU its sleep left with cold caches; the
+ * broker's create writes the entry the reader waits for; a writer's create and seal put their
+ * frames, and the seal posts the word readers watch, on a CPU as cold: in Python each is dozens
+ * of bytecodes and objects touched; here one call.
  * Built where a compiler is (the package works the same without it: ``directory.py`` falls back).
  * Limited API (abi3): one build serves every Python from 3.11.
  */
@@ -14,6 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <dlfcn.h>
+#include <unistd.h>
 
 static inline uint64_t now_ns(void) {
     struct timespec ts;
@@ -299,6 +303,132 @@ static PyObject *publish(PyObject *Py_UNUSED(self), PyObject *args) {
     return PyLong_FromSsize_t(index);
 }
 
+/* The request ring (``shm.requests``): where it lies in the session's page, its words and slots. */
+#define RING_SLOTS_AT 128
+#define RING_SLOT 512
+#define RING_MAX_FRAME (RING_SLOT - 4)
+#define RING_MARGIN_NS 20000u
+#define AWAKE_AT 64   /* the directory header's word: the broker polls the rings until then */
+#define ID_AT 12      /* a frame's request id (``frames``) */
+
+static Py_ssize_t ring_at(void) { return (Py_ssize_t)sysconf(_SC_PAGESIZE); }   /* mmap.PAGESIZE */
+static Py_ssize_t ring_slots(void) { return (2 * ring_at() - RING_SLOTS_AT) / RING_SLOT; }
+
+/* ring_put(page, directory, frame, name_len_at, rid, name) -> 0, 1 or 2. ``frame`` built ahead with
+ * an empty name (``frames.create``/``seal``), completed here with ``rid``, ``name`` (appended,
+ * its length at ``name_len_at``) and written to the session's ring, as ``RingWriter.put`` does,
+ * where the broker's ``directory`` says it polls long enough (``Channel.send_frame``'s rule).
+ * 1: put; 2: put, but the broker's polling may have ended meanwhile (send a nudge); 0: not put
+ * (the ring is full, the broker sleeps, or the frame does not fit: send it on the socket). */
+static PyObject *ring_put(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *page, *directory, *name_obj;
+    const char *frame;
+    Py_ssize_t flen, name_len_at, name_len;
+    unsigned long long rid;
+    if (!PyArg_ParseTuple(args, "OOy#nKU", &page, &directory, &frame, &flen, &name_len_at, &rid, &name_obj))
+        return NULL;
+    const char *name = PyUnicode_AsUTF8AndSize(name_obj, &name_len);
+    if (name == NULL)
+        return NULL;
+    if (name_len_at < 0 || name_len_at + 2 > ID_AT || flen < ID_AT + 8 || flen + name_len > RING_MAX_FRAME)
+        return PyLong_FromLong(0);
+    Py_buffer dir, view;
+    if (PyObject_GetBuffer(directory, &dir, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (dir.len < AWAKE_AT + 8) {
+        PyBuffer_Release(&dir);
+        PyErr_SetString(PyExc_ValueError, "a directory map shorter than its header");
+        return NULL;
+    }
+    const uint64_t *awake = (const uint64_t *)((const unsigned char *)dir.buf + AWAKE_AT);
+    if (__atomic_load_n(awake, __ATOMIC_ACQUIRE) < now_ns() + RING_MARGIN_NS) {
+        PyBuffer_Release(&dir);
+        return PyLong_FromLong(0);
+    }
+    Py_ssize_t at = ring_at(), slots = ring_slots();
+    if (PyObject_GetBuffer(page, &view, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&dir);
+        return NULL;
+    }
+    if (view.len < 3 * at) {
+        PyBuffer_Release(&view);
+        PyBuffer_Release(&dir);
+        PyErr_SetString(PyExc_ValueError, "a session page shorter than its request ring");
+        return NULL;
+    }
+    unsigned char *ring = (unsigned char *)view.buf + at;
+    uint64_t *head_word = (uint64_t *)ring, *tail_word = (uint64_t *)(ring + 64);
+    uint64_t head = __atomic_load_n(head_word, __ATOMIC_RELAXED);   /* (the client's own word) */
+    long put = 0;
+    if (head - __atomic_load_n(tail_word, __ATOMIC_ACQUIRE) < (uint64_t)slots) {
+        unsigned char *slot = ring + RING_SLOTS_AT + (Py_ssize_t)(head % (uint64_t)slots) * RING_SLOT;
+        uint32_t n = (uint32_t)(flen + name_len);
+        uint16_t nl = (uint16_t)name_len;
+        uint64_t id = rid;
+        memcpy(slot, &n, 4);
+        memcpy(slot + 4, frame, flen);
+        memcpy(slot + 4 + name_len_at, &nl, 2);
+        memcpy(slot + 4 + ID_AT, &id, 8);
+        memcpy(slot + 4 + flen, name, name_len);
+        __atomic_store_n(head_word, head + 1, __ATOMIC_RELEASE);   /* the frame is whole before it counts */
+        put = __atomic_load_n(awake, __ATOMIC_ACQUIRE) < now_ns() + RING_MARGIN_NS ? 2 : 1;
+    }
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&dir);
+    return PyLong_FromLong(put);
+}
+
+/* The driver's cuEventRecord, from the libcuda this process has loaded already (cuda.bindings
+ * loads it); NULL where none is loaded. */
+typedef int (*event_record_fn)(void *event, void *stream);
+static event_record_fn event_record;
+
+static event_record_fn driver_event_record(void) {
+    if (event_record == NULL) {
+        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (lib != NULL)
+            event_record = (event_record_fn)dlsym(lib, "cuEventRecord");
+    }
+    return event_record;
+}
+
+#define BOARD_WORDS (1 << 16)
+#define SLEEPERS_AT (BOARD_WORDS * 8)   /* the seal board's word after its words: a reader may sleep */
+
+/* record_post(event, stream, board, index, seq) -> 0, -2, -1 or a CUresult. A seal: ``event`` (a
+ * CUevent, as an int) recorded on ``stream`` (a CUstream), then word ``index`` of the ``board``
+ * map set to ``seq`` (``Board.post``), after the record as R1 needs. 0: done; -2: done, and a
+ * reader may sleep on the board (the caller wakes it, ``Board.wake``); -1: no driver loaded here;
+ * a CUresult: the record failed, nothing posted. */
+static PyObject *record_post(PyObject *Py_UNUSED(self), PyObject *args) {
+    unsigned long long event, stream, seq;
+    PyObject *board;
+    Py_ssize_t index;
+    if (!PyArg_ParseTuple(args, "KKOnK", &event, &stream, &board, &index, &seq))
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(board, &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (view.len < SLEEPERS_AT + 8 || index < 0 || index >= BOARD_WORDS) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_IndexError, "no such seal board word");
+        return NULL;
+    }
+    long got = -1;
+    event_record_fn record = driver_event_record();
+    if (record != NULL) {
+        got = record((void *)(uintptr_t)event, (void *)(uintptr_t)stream);
+        if (got == 0) {
+            uint64_t *words = view.buf;
+            __atomic_store_n(words + index, (uint64_t)seq, __ATOMIC_RELEASE);
+            if (__atomic_load_n(words + SLEEPERS_AT / 8, __ATOMIC_ACQUIRE))
+                got = -2;
+        }
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(got);
+}
+
 static PyObject *crc32_py(PyObject *Py_UNUSED(self), PyObject *arg) {   /* for the tests: zlib.crc32's */
     const char *p;
     Py_ssize_t n;
@@ -311,6 +441,8 @@ static PyMethodDef methods[] = {
     {"lookup", lookup, METH_VARARGS, "lookup(map, capacity, probes, name, torn_us): an entry's fields, or None"},
     {"state", state, METH_VARARGS, "state(map, index, gen): the entry's state while it holds gen, else GONE; None: being written still"},
     {"publish", publish, METH_VARARGS, "publish(map, capacity, probes, name, gen, state, alloc, offset, size, word, seq, event, dtype, dims, ndim, flags): the index written, or None"},
+    {"ring_put", ring_put, METH_VARARGS, "ring_put(page, directory, frame, name_len_at, rid, name): 1 put, 2 put (nudge), 0 not put"},
+    {"record_post", record_post, METH_VARARGS, "record_post(event, stream, board, index, seq): 0 (-2: wake sleepers), -1 no driver, else a CUresult"},
     {"crc32", crc32_py, METH_O, "crc32(data): as zlib.crc32"},
     {NULL, NULL, 0, NULL},
 };
@@ -319,5 +451,16 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, 
 
 PyMODINIT_FUNC PyInit__native(void) {
     crc_init();
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)   /* the constants the tests hold to the Python layouts' */
+        return NULL;
+    if (PyModule_AddIntConstant(m, "RING_SLOT", RING_SLOT) < 0 || PyModule_AddIntConstant(m, "RING_SLOTS_AT", RING_SLOTS_AT) < 0
+            || PyModule_AddIntConstant(m, "RING_MARGIN_NS", RING_MARGIN_NS) < 0
+            || PyModule_AddIntConstant(m, "AWAKE_AT", AWAKE_AT) < 0 || PyModule_AddIntConstant(m, "ID_AT", ID_AT) < 0
+            || PyModule_AddIntConstant(m, "BOARD_WORDS", BOARD_WORDS) < 0
+            || PyModule_AddIntConstant(m, "SLEEPERS_AT", SLEEPERS_AT) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

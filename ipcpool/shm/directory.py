@@ -277,6 +277,11 @@ class DirectoryView:
     def awake_until(self) -> int:
         return self._words[_AWAKE_AT // 8]
 
+    @property
+    def mapping(self) -> mmap.mmap:
+        """The read-only map (the request ring's C put reads ``awake_until`` there)."""
+        return self._map
+
     def lookup(self, name: str) -> Entry | None:
         """The live entry of ``name`` (WRITING or SEALED), or None. A reader's get runs it first,
         often on a CPU whose caches its sleep left cold: in C where the package has it (a third

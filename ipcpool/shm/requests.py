@@ -23,6 +23,10 @@ never overtaken by the same session's later requests. Where the moment passed me
 client sends a nudge (``frames.NUDGE``) on its socket, which wakes the broker. So no frame waits
 on timing for more than the broker's next turn; correctness never depends on it.
 
+A steady writer's frames are built ahead (``frames.completed``) and put in C where the package has
+it (``_native.c``'s ``ring_put``, this layout and rule in one call): the client's count of frames
+written is ``head`` itself, so the C and Python puts share it.
+
 A client that writes garbage here harms only itself: the broker checks ``head`` against what it
 has taken, each length against the slot, and each frame as one from the socket; a ring that does
 not add up ends the session, as a malformed control message does.
@@ -32,9 +36,18 @@ from __future__ import annotations
 
 import mmap
 import struct
+from typing import TYPE_CHECKING
 
 from ..errors import ProtocolError
 from . import sealing
+
+try:   # a frame built ahead, completed and put in one call (``_native.c``) where built
+    from ._native import ring_put as _native_ring_put
+except ImportError:   # (no C compiler at install: ``Channel.send_ready`` completes it in Python)
+    _native_ring_put = None
+
+if TYPE_CHECKING:
+    from .directory import DirectoryView
 
 AT = mmap.PAGESIZE          # where the ring starts in the session's page
 LENGTH = 2 * mmap.PAGESIZE
@@ -48,12 +61,11 @@ _U32 = struct.Struct("<I")
 
 
 class _Ring:
-    __slots__ = ("_map", "_words", "_count")
+    __slots__ = ("_map", "_words")
 
     def __init__(self, mapping: mmap.mmap):
         self._map = mapping
         self._words = sealing.words(mapping)
-        self._count = 0   # frames written (the client) or taken (the broker): each side's own
 
     def close(self) -> None:
         """Before the map closes (it cannot while a view of it lives)."""
@@ -63,7 +75,11 @@ class _Ring:
 class RingReader(_Ring):
     """The broker's side of one session's ring."""
 
-    __slots__ = ()
+    __slots__ = ("_count",)
+
+    def __init__(self, mapping: mmap.mmap):
+        super().__init__(mapping)
+        self._count = 0   # frames taken (the client's count is ``head``)
 
     def waiting(self) -> bool:
         return self._words[_HEAD_WORD] != self._count
@@ -99,12 +115,22 @@ class RingWriter(_Ring):
 
     def put(self, frame: bytes) -> bool:
         """Write ``frame``; False where it does not fit or every slot waits for the broker."""
-        n, head, m = len(frame), self._count, self._map
-        if n > MAX_FRAME or head - self._words[_TAIL_WORD] >= SLOTS:
+        n, words, m = len(frame), self._words, self._map
+        head = words[_HEAD_WORD]   # (ours alone to write; ``put_ahead`` counts here too)
+        if n > MAX_FRAME or head - words[_TAIL_WORD] >= SLOTS:
             return False
         at = AT + _SLOTS_AT + (head % SLOTS) * SLOT
         _U32.pack_into(m, at, n)
         m[at + 4: at + 4 + n] = frame
-        self._count = head + 1
-        self._words[_HEAD_WORD] = head + 1   # the frame is whole before the broker can count it
+        words[_HEAD_WORD] = head + 1   # the frame is whole before the broker can count it
         return True
+
+    def put_ahead(self, directory: DirectoryView, frame: bytes, name_len_at: int, rid: int, name: str) -> int:
+        """A frame built ahead (``frames.completed``'s), completed with ``rid`` and ``name`` and
+        written in one C call, where ``directory``'s broker polls ``MARGIN_NS`` longer at least
+        (``Channel.send_frame``'s rule): 1 written; 2 written, but the broker may have stopped
+        polling meanwhile (nudge it); 0 not written (send it on the socket); None where the C part
+        is not built (complete it in Python)."""
+        if _native_ring_put is None:
+            return None
+        return _native_ring_put(self._map, directory.mapping, frame, name_len_at, rid, name)

@@ -27,10 +27,16 @@ import ctypes
 import mmap
 import os
 import time
+from collections.abc import Callable
 
 from ..errors import InvalidRequest, OutOfMemory
 from ..ranges import RangeAllocator
 from . import futex
+
+try:   # a seal's record and post in one call (``_native.c``) where built
+    from ._native import record_post as _native_record_post
+except ImportError:
+    _native_record_post = None
 
 WORD = 8
 BLOCK = 256            # words per arena: the unsealed objects one arena can have on the board
@@ -73,6 +79,25 @@ class Board:
         self._words[index] = seq
         if self._sleepers.value:
             self.wake(index)
+
+    def poster(self, index: int, seq: int) -> Callable[[int, int], int | None]:
+        """``post_after`` for word ``index`` and number ``seq``, given the event and the stream."""
+        return lambda event, stream: self.post_after(event, stream, index, seq)
+
+    def post_after(self, event: int, stream: int, index: int, seq: int) -> int | None:
+        """``post``, once ``event`` (a CUevent, as an int) is recorded on ``stream`` (a CUstream),
+        in one C call (``_native.c``), the record first, as R1 needs: 0 done; a CUresult where the
+        record failed (nothing posted); None where it cannot be done so here (no C part, no CUDA
+        driver loaded in this process)."""
+        if _native_record_post is None:
+            return None
+        got = _native_record_post(event, stream, self._map, index, seq)
+        if got == -1:
+            return None
+        if got == -2:   # posted; a reader may sleep on this board
+            self.wake(index)
+            return 0
+        return got
 
     def wake(self, index: int) -> None:
         """Wake the readers asleep on word ``index``, where some reader may sleep on this board."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import mmap
 import struct
+import time
 
 import pytest
 
+from ipcpool import frames
 from ipcpool.errors import ProtocolError
 from ipcpool.shm import requests
 
@@ -52,3 +54,88 @@ def test_a_ring_that_does_not_add_up_is_a_protocol_error(head, length, says):
     with pytest.raises(ProtocolError, match="request ring does not add up") as err:
         r.take()
     assert says in str(err.value)
+
+
+# -- a frame built ahead, completed and put in C (``_native.ring_put``, ``RingWriter.put_ahead``) --
+
+native = pytest.importorskip("ipcpool.shm._native", reason="ipcpool's C part is not built here")
+
+
+class _Awake:
+    """A directory's header as ``put_ahead`` reads it: until when the broker polls."""
+
+    def __init__(self, until_ns: int):
+        self.mapping = bytearray(4096)
+        struct.pack_into("<Q", self.mapping, native.AWAKE_AT, until_ns)
+
+
+def _awake_for(seconds: float) -> _Awake:
+    return _Awake(time.monotonic_ns() + int(seconds * 1e9))
+
+
+def test_the_c_layout_is_the_python_one():
+    from ipcpool.shm import directory, sealboard
+
+    assert (native.RING_SLOT, native.RING_SLOTS_AT, native.RING_MARGIN_NS) == (
+        requests.SLOT, requests._SLOTS_AT, requests.MARGIN_NS)
+    assert native.AWAKE_AT == directory._AWAKE_AT and native.ID_AT == frames._ID_AT
+    assert (native.BOARD_WORDS, native.SLEEPERS_AT) == (sealboard.WORDS, sealboard._SLEEPERS_AT)
+
+
+@pytest.mark.parametrize("ahead, name_at, build", [
+    (frames.create(0, b"default", b"", b"", 3, 4096, 1 << 20, 7, 99, bytes(range(64))), frames.CREATE_NAME_LEN_AT,
+     lambda rid, name: frames.create(rid, b"default", name.encode(), b"", 3, 4096, 1 << 20, 7, 99, bytes(range(64)))),
+    (frames.seal(0, b"", bytes(64)), frames.SEAL_NAME_LEN_AT,
+     lambda rid, name: frames.seal(rid, name.encode(), bytes(64))),
+])
+def test_a_frame_put_ahead_is_the_frame_built_whole(ahead, name_at, build):
+    w, r, _ = _pair()
+    names = [f"step/{k}" for k in range(2 * requests.SLOTS + 3)] + ["é/" + "x" * 200]
+    for k, name in enumerate(names):   # across the ring's wrap, C and Python puts sharing its count
+        rid = 1000 + k
+        if k % 3:
+            assert w.put_ahead(_awake_for(1), ahead, name_at, rid, name) == 1
+        else:
+            assert w.put(frames.completed(rid, ahead, name_at, name))
+        assert r.take() == [build(rid, name)]
+        assert frames.request_id(build(rid, name)) == rid
+
+
+def test_a_frame_is_put_ahead_only_while_the_broker_polls_long_enough():
+    w, r, _ = _pair()
+    ahead = frames.seal(0, b"", bytes(64))
+    assert w.put_ahead(_Awake(0), ahead, frames.SEAL_NAME_LEN_AT, 1, "a") == 0   # it sleeps: the socket
+    assert w.put_ahead(_awake_for(requests.MARGIN_NS / 2e9), ahead, frames.SEAL_NAME_LEN_AT, 2, "b") == 0
+    assert r.take() == []
+    assert w.put_ahead(_awake_for(1), ahead, frames.SEAL_NAME_LEN_AT, 4, "d") == 1
+    assert [frames.request_id(f) for f in r.take()][-1] == 4
+
+
+def test_a_full_ring_or_a_frame_too_large_is_not_put_ahead():
+    w, r, _ = _pair()
+    ahead, at = frames.seal(0, b"", bytes(64)), frames.SEAL_NAME_LEN_AT
+    assert w.put_ahead(_awake_for(1), ahead, at, 1, "n" * (requests.MAX_FRAME - len(ahead) + 1)) == 0
+    assert w.put_ahead(_awake_for(1), ahead, at, 1, "n" * (requests.MAX_FRAME - len(ahead))) == 1
+    for k in range(requests.SLOTS - 1):
+        assert w.put_ahead(_awake_for(1), ahead, at, 2 + k, "x") == 1
+    assert w.put_ahead(_awake_for(1), ahead, at, 99, "x") == 0   # every slot waits for the broker
+    assert len(r.take()) == requests.SLOTS
+
+
+@pytest.mark.parametrize("args, error", [
+    ((b"short", frames.SEAL_NAME_LEN_AT, 1, "a"), None),         # not a frame: not put (0)
+    ((frames.seal(0, b"", bytes(64)), 11, 1, "a"), None),        # a length that would overwrite the id
+    ((frames.seal(0, b"", bytes(64)), 2, 1, b"a"), TypeError),   # a name is a str
+])
+def test_bad_calls_to_the_c_put_put_nothing(args, error):
+    w, r, m = _pair()
+    if error is None:
+        assert w.put_ahead(_awake_for(1), *args) == 0
+    else:
+        with pytest.raises(error):
+            w.put_ahead(_awake_for(1), *args)
+    with pytest.raises(ValueError, match="shorter than its header"):
+        native.ring_put(m, b"tiny", frames.seal(0, b"", bytes(64)), 2, 1, "a")
+    with pytest.raises(ValueError, match="shorter than its request ring"):
+        native.ring_put(bytearray(100), _awake_for(1).mapping, frames.seal(0, b"", bytes(64)), 2, 1, "a")
+    assert r.take() == []

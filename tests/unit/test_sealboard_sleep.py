@@ -1,6 +1,7 @@
 """A reader asleep on a seal-board word (``shm.sealboard``): the writer's post wakes it, in another
 process, with no broker between; a reader that says nothing is asleep costs the writer nothing."""
 
+import ctypes
 import multiprocessing as mp
 import os
 import time
@@ -55,5 +56,32 @@ def test_a_sleep_ends_at_once_where_the_word_moved_and_the_board_says_who_may_sl
         assert not board.sleep(-1, 0, 0.05)
         time.sleep(0.5 + sealboard._SLEEP_MARGIN_NS / 1e9)
         assert not board.sleeping                         # said only for as long as it may sleep
+    finally:
+        board.close()
+
+
+def _driver_loaded() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    except OSError:
+        return False
+    return True
+
+
+def test_a_post_after_a_record_needs_the_cuda_driver_and_a_word_of_the_board():
+    """Without a CUDA driver loaded (the host) the seal's one call does nothing: the caller records
+    and posts as usual; a word outside the board is an error, not a write."""
+    native = pytest.importorskip("ipcpool.shm._native", reason="ipcpool's C part is not built here")
+    board = sealboard.Board.create("t")
+    try:
+        if not _driver_loaded():
+            assert board.post_after(1, 0, 5, 7) is None
+            assert board._words[5] == 0
+        with pytest.raises(IndexError, match="no such seal board word"):
+            native.record_post(1, 0, board._map, sealboard.WORDS, 7)
+        with pytest.raises(IndexError, match="no such seal board word"):
+            native.record_post(1, 0, board._map, -1, 7)
+        with pytest.raises(IndexError, match="no such seal board word"):
+            native.record_post(1, 0, bytearray(64), 0, 7)
     finally:
         board.close()
