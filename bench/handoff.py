@@ -76,7 +76,10 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
 
         if os.environ.get("HANDOFF_SENT_STAMPS") or timeline:   # (--sent-stamps: ~15 trace events a hand-off)
             trace.set_trace(stamp)
+        ab = NativeAB.asked("writer")
         for i in range(n + LATE):
+            if ab is not None:
+                ab.pick(i)
             wait_go(go)
             sent["client.create_sent"] = sent["client.seal_posted"] = sent["client.seal_sent"] = 0
             t0 = time.perf_counter_ns()
@@ -104,9 +107,13 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
             link.put((t0, sent["client.seal_sent"] or t3, sent["client.create_sent"] or t1, moments))
             if i < n:
                 steps.append((t1 - t0, t_view - t1, t2 - t_view, t3 - t2))
+                if ab is not None and i >= WARMUP:
+                    ab.own(i, (t1 - t0) + (t_view - t1) + (t3 - t2))
             acks.get()
             c.delete(f"h/{i}")
         report_steps("producer", ("create", "view", "fill", "seal"), steps)
+        if ab is not None:
+            ab.report("producer")
 
 
 def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
@@ -124,7 +131,7 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             read_first = first_reader(backend)
         steps, marks, late, asked, slept = [], [], [], [], []
         seen: dict[str, int] = {}
-        ab = ReaderAB() if os.environ.get("HANDOFF_READER_AB") else None
+        ab = NativeAB.asked("reader") or NativeAB.asked("writer")   # (the writer's: its halves timed here)
         if os.environ.get("HANDOFF_MARKS"):   # the reader's own moments, from its trace events
             from ipcpool import trace
 
@@ -136,7 +143,7 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
 
             trace.set_trace(stamp)
         for i in range(n + LATE):
-            if ab is not None:
+            if ab is not None and ab.side == "reader":
                 ab.pick(i)
             seen.clear()
             go.put(True)
@@ -157,8 +164,8 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             lease.release(stream=stream)
             if i >= n:
                 late.append((t_got - t_asked, t_view - t_got))
-                if ab is not None:
-                    ab.late(i, t_got - t_asked)
+                if ab is not None and ab.side == "reader":
+                    ab.own(i, t_got - t_asked)
             else:
                 t0, t_sent, t_create, moments = link.get()
                 steps.append((t_got - t0, t_got - t_sent, t_view - t_got, t1 - t_view))
@@ -180,7 +187,7 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
         report_steps("consumer", names, steps)
         report_steps("consumer", ("get once sealed", "its view"), late)
         if ab is not None:
-            ab.report()
+            ab.report("consumer")
         # The hand-offs a broker's answer served, and those whose reader outwaited its spin.
         for xs, what in ((asked, "read without the directory (the broker served them)"),
                          (slept, "waited past the reader's spin (it asked the broker to wake it)")):
@@ -191,35 +198,57 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
         Path(os.environ["HANDOFF_MARKS"]).write_text(json.dumps(marks[WARMUP:]))
 
 
-class ReaderAB:
-    """--reader-ab: the reader's directory lookup in C (``ipcpool/shm/_native.c``) on even
-    hand-offs and in Python on odd ones, in the one consumer: each side's p50, free of the drift
-    between two runs."""
+class NativeAB:
+    """--reader-ab / --writer-ab: one side's hot calls in C (``ipcpool/shm/_native.c``) on even
+    hand-offs and in Python on odd ones (the reader's directory lookup; the writer's ring puts and
+    its seal's record and post), in the one process: each half's p50, free of the drift between
+    two runs. The consumer times both halves; a writer also its create + view + seal."""
 
-    def __init__(self):
-        from ipcpool.shm import directory
+    CALLS = {"reader": (("ipcpool.shm.directory", "_native_lookup"), ("ipcpool.shm.directory", "_native_state")),
+             "writer": (("ipcpool.shm.requests", "_native_ring_put"), ("ipcpool.shm.sealboard", "_native_record_post"))}
+    SAYS = {"reader": "lookup", "writer": "calls"}
 
-        if directory._native_lookup is None:
-            raise SystemExit("--reader-ab: ipcpool.shm._native is not built here (pip install . with a C compiler)")
-        self._dir, self._native = directory, (directory._native_lookup, directory._native_state)
+    def __init__(self, side: str):
+        import importlib
+
+        self.side = side
+        self._calls = [(importlib.import_module(module), attr) for module, attr in self.CALLS[side]]
+        self._native = [getattr(module, attr) for module, attr in self._calls]
+        if None in self._native:
+            raise SystemExit(f"--{side}-ab: ipcpool.shm._native is not built here (pip install . with a C compiler)")
         self._xs: dict[str, list[list[int]]] = {"C": [[], [], []], "Python": [[], [], []]}
 
+    @classmethod
+    def asked(cls, side: str) -> NativeAB | None:
+        return cls(side) if os.environ.get("HANDOFF_AB") == side else None
+
+    @staticmethod
+    def half(i: int) -> str:
+        return "C" if i % 2 == 0 else "Python"
+
     def pick(self, i: int) -> None:
-        self._dir._native_lookup, self._dir._native_state = self._native if i % 2 == 0 else (None, None)
+        for (module, attr), native in zip(self._calls, self._native):
+            setattr(module, attr, native if i % 2 == 0 else None)
 
     def timed(self, i: int, got_ns: int, whole_ns: int) -> None:
-        xs = self._xs["C" if i % 2 == 0 else "Python"]
+        xs = self._xs[self.half(i)]
         xs[0].append(got_ns)
         xs[1].append(whole_ns)
 
-    def late(self, i: int, get_ns: int) -> None:
-        self._xs["C" if i % 2 == 0 else "Python"][2].append(get_ns)
+    def own(self, i: int, ns: int) -> None:   # the reader's get once sealed; the writer's create + view + seal
+        self._xs[self.half(i)][2].append(ns)
 
-    def report(self) -> None:
-        for side, (got, whole, late) in self._xs.items():
-            p50 = [sorted(xs)[len(xs) // 2] / 1000 for xs in (got, whole, late)]
-            sys.stderr.write(f"  reader with the {side} lookup: start->got lease p50 {p50[0]:.1f} µs, whole "
-                             f"{p50[1]:.1f} µs ({len(got)} hand-offs); get once sealed {p50[2]:.1f} µs ({len(late)})\n")
+    def report(self, who: str) -> None:
+        for half, (got, whole, own) in self._xs.items():
+            p50 = [sorted(xs)[len(xs) // 2] / 1000 if xs else float("nan") for xs in (got, whole, own)]
+            if who == "producer":
+                line = f"writer with its {half} calls: create+view+seal p50 {p50[2]:.1f} µs ({len(own)})"
+            else:
+                line = (f"{self.side} with the {half} {self.SAYS[self.side]}: start->got lease p50 {p50[0]:.1f} µs, "
+                        f"whole {p50[1]:.1f} µs ({len(got)} hand-offs)")
+                if self.side == "reader":
+                    line += f"; get once sealed {p50[2]:.1f} µs ({len(own)})"
+            sys.stderr.write(f"  {line}\n")
 
 
 def run_pair(label, producer, consumer, n, socket_dir=None, backend=None, pipe=False) -> dict:
@@ -268,6 +297,8 @@ def main() -> None:
     parser.add_argument("--reader-ab", action="store_true",
                         help="the ipcpool reader alternates its directory lookup in C and in Python, hand-off "
                              "by hand-off, and reports each (needs ipcpool's C part built)")
+    parser.add_argument("--writer-ab", action="store_true",
+                        help="the same for the ipcpool writer's ring puts and its seal's record and post")
     parser.add_argument("--skip", default="", help="comma-separated lines to leave out (e.g. cuda.core)")
     parser.add_argument("--devices", default=None, metavar="P,C",
                         help="CUDA: the producer on GPU P, the consumer on GPU C reading it through "
@@ -291,8 +322,10 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     if args.sent_stamps:
         os.environ["HANDOFF_SENT_STAMPS"] = "1"   # (inherited by the spawned pair)
-    if args.reader_ab:
-        os.environ["HANDOFF_READER_AB"] = "1"
+    if args.reader_ab and args.writer_ab:
+        parser.error("--reader-ab or --writer-ab, one at a time")
+    if args.reader_ab or args.writer_ab:
+        os.environ["HANDOFF_AB"] = "reader" if args.reader_ab else "writer"
     tag = args.backend   # what the pairs are told: "cuda:P,C" puts the two on GPUs P and C
     pool = '[[pools]]\nname = "default"\nmax_size = "4G"\n'
     if args.devices:

@@ -91,6 +91,22 @@ def test_the_handoff_compares_the_readers_c_and_python_lookups_hand_off_by_hand_
         assert "(20 hand-offs); get once sealed" in out.stderr.split(f"reader with the {side} lookup")[1], out.stderr
 
 
+def test_the_handoff_compares_the_writers_c_and_python_calls_hand_off_by_hand_off(tmp_path):
+    """--writer-ab: the writer's create + view + seal and the whole hand-off, for each half."""
+    pytest.importorskip("ipcpool.shm._native", reason="not built here (no C compiler when installed)")
+    out = subprocess.run([sys.executable, str(ROOT / "bench/handoff.py"), "--backend", "host", "--handoffs", "40",
+                          "--writer-ab", "--skip", "floor", "--out-dir", str(tmp_path)], capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for side in ("C", "Python"):
+        assert f"writer with the {side} calls: start->got lease p50 " in out.stderr, out.stderr
+        assert f"writer with its {side} calls: create+view+seal p50 " in out.stderr, out.stderr
+    assert out.stderr.count("(20 hand-offs)") == 2 and out.stderr.count(" µs (20)\n") == 2, out.stderr
+    both = subprocess.run([sys.executable, str(ROOT / "bench/handoff.py"), "--reader-ab", "--writer-ab"],
+                          capture_output=True, text=True, timeout=60)
+    assert both.returncode == 2 and "one at a time" in both.stderr
+
+
 def test_the_handoff_timeline_runs_on_the_host_backend(tmp_path):
     """The broker's moments of every hand-off come from its trace events (``IPCPOOL_TRACE``), the
     writer's and the reader's from theirs: every segment of the timeline is there for each."""
