@@ -133,6 +133,53 @@ def test_a_write_after_the_brokers_last_look_is_nudged(start_broker):
         assert seen == {"ring": 1, "socket": 0, "nudge": 1}   # (the seal then went on the socket)
 
 
+def test_a_frame_put_ahead_in_c_after_the_brokers_last_look_is_nudged(start_broker):
+    """The C put of a frame built ahead reads the broker's polling moment before and after its
+    write; where it passed meanwhile (here: the put sees a directory that says "awake", then the
+    moment is said to have passed) the writer sends a nudge after each such put, and the reader
+    gets the object."""
+    if requests._native_ring_put is None:
+        pytest.skip("ipcpool's C part is not built here")
+    from ipcpool.shm import _native
+
+    broker = start_broker(config_text="busy_poll_us = 0\n")   # asleep between requests: only a nudge wakes it
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        _warm(w, r)
+        seen = _count_frames(w)
+        page = w._pools.lease_page
+        counted = page.ring
+
+        class Awake:   # what the C put reads: the broker polls for a long while yet
+            mapping = bytearray(4096)
+
+        struct.pack_into("<Q", Awake.mapping, _native.AWAKE_AT, 2**63)
+
+        class LookedTooLate:
+            def put_ahead(self, _directory, *args):
+                got = counted.put_ahead(Awake, *args)
+                return 2 if got == 1 else got   # written; the broker's moment passed meanwhile
+
+            def put(self, data):
+                return counted.put(data)
+
+            def close(self):
+                counted.close()
+
+        page.ring = LookedTooLate()   # (before the writer's next object is made ready: it keeps its ring)
+        for k in range(2):   # a steady writer: its next object is made ready, its frames built ahead
+            w.create(f"steady/{k}", 4 * KiB).seal()
+        w.flush()
+        seen.update(ring=0, socket=0, nudge=0)
+        buf = w.create("nudged", 4 * KiB)
+        buf.view[:5] = b"woken"
+        buf.seal()
+        lease = r.get("nudged", timeout=5)
+        assert bytes(lease.view[:5]) == b"woken"
+        lease.release()
+        w.flush()
+        assert seen == {"ring": 2, "socket": 0, "nudge": 2}   # the create and the seal, each nudged
+
+
 def test_garbage_in_a_request_ring_ends_only_its_own_session(start_broker):
     broker = start_broker(config_text=SPINNING)
     with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as liar:
