@@ -204,18 +204,14 @@ class NativeAB:
     its seal's record and post), in the one process: each half's p50, free of the drift between
     two runs. The consumer times both halves; a writer also its create + view + seal."""
 
-    CALLS = {"reader": (("ipcpool.shm.directory", "_native_lookup"), ("ipcpool.shm.directory", "_native_state")),
-             "writer": (("ipcpool.shm.requests", "_native_ring_put"), ("ipcpool.shm.sealboard", "_native_record_post"))}
     SAYS = {"reader": "lookup", "writer": "calls"}
 
     def __init__(self, side: str):
-        import importlib
+        from ipcpool.shm import native
 
-        self.side = side
-        self._calls = [(importlib.import_module(module), attr) for module, attr in self.CALLS[side]]
-        self._native = [getattr(module, attr) for module, attr in self._calls]
-        if None in self._native:
+        if not native.built(side):
             raise SystemExit(f"--{side}-ab: ipcpool.shm._native is not built here (pip install . with a C compiler)")
+        self.side, self._native = side, native
         self._xs: dict[str, list[list[int]]] = {"C": [[], [], []], "Python": [[], [], []]}
 
     @classmethod
@@ -227,8 +223,7 @@ class NativeAB:
         return "C" if i % 2 == 0 else "Python"
 
     def pick(self, i: int) -> None:
-        for (module, attr), native in zip(self._calls, self._native):
-            setattr(module, attr, native if i % 2 == 0 else None)
+        self._native.use(self.side, i % 2 == 0)
 
     def timed(self, i: int, got_ns: int, whole_ns: int) -> None:
         xs = self._xs[self.half(i)]

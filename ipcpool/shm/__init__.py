@@ -25,6 +25,9 @@ And what they rest on:
     sealing     memfds only the broker can write (F_SEAL_FUTURE_WRITE), checked by who maps them
     fence       the asymmetric memory barrier (membarrier) that makes a slot written by a reader
                 and an entry changed by the broker meet: readers pay nothing, the broker a syscall
+    native      which hot calls on these layouts run in C (``_native.c``, where built): the
+                directory's lookup, state check and publish, the ring's put, the board's post
+                after a seal's record; each module falls back to its Python
 
 These modules import only ``errors``, ``ranges`` and each other: never the backend, the protocol,
 the broker or the client (``tests/unit/test_layers.py`` checks it).

@@ -211,3 +211,23 @@ def test_a_bad_publish_is_an_error_and_writes_nothing():
         native.publish(d._map, 1 << 20, 8, b"n", 1, layout.WRITING, 0, 0, 1, 0, 1, b"", b"", b"", 0, 0)
     assert bytes(d._map) == before
     d.close()
+
+
+def test_each_sides_c_calls_can_be_switched_off_and_on_again():
+    """``shm.native.use``: what ``bench/handoff.py --reader-ab``/``--writer-ab`` alternate. Off, the
+    modules see no C call and take their Python; on, the built ones again."""
+    from ipcpool.shm import native as switch, requests, sealboard
+
+    calls = {"reader": lambda: (layout._native_lookup, layout._native_state),
+             "writer": lambda: (requests._native_ring_put, sealboard._native_record_post)}
+    for side, now in calls.items():
+        assert switch.built(side)
+        built = now()
+        try:
+            switch.use(side, False)
+            assert now() == (None, None)
+            other = calls["writer" if side == "reader" else "reader"]()
+            assert None not in other   # (the other side's untouched)
+        finally:
+            switch.use(side, True)
+        assert now() == built
