@@ -103,6 +103,17 @@ def test_creates_in_the_ring_come_before_the_sessions_later_frames_and_requests(
         assert seen["ring"] > 0
 
 
+def _hand_off(w, r, name: str) -> None:
+    """One object from writer ``w`` to reader ``r``, its bytes checked; every reply taken in."""
+    buf = w.create(name, 4 * KiB)
+    buf.view[:5] = b"woken"
+    buf.seal()
+    lease = r.get(name, timeout=5)
+    assert bytes(lease.view[:5]) == b"woken"
+    lease.release()
+    w.flush()
+
+
 def test_a_write_after_the_brokers_last_look_is_nudged(start_broker):
     """The broker stopped busy-polling between the writer's look and its write: the writer sends a
     nudge, and the create is handled at once (the broker here never busy-polls at all)."""
@@ -123,13 +134,7 @@ def test_a_write_after_the_brokers_last_look_is_nudged(start_broker):
 
         w._pools.directories["default"] = (Dozing(), index)
         seen = _count_frames(w)
-        buf = w.create("nudged", 4 * KiB)
-        buf.view[:5] = b"woken"
-        buf.seal()
-        lease = r.get("nudged", timeout=5)
-        assert bytes(lease.view[:5]) == b"woken"
-        lease.release()
-        w.flush()
+        _hand_off(w, r, "nudged")
         assert seen == {"ring": 1, "socket": 0, "nudge": 1}   # (the seal then went on the socket)
 
 
@@ -170,13 +175,7 @@ def test_a_frame_put_ahead_in_c_after_the_brokers_last_look_is_nudged(start_brok
             w.create(f"steady/{k}", 4 * KiB).seal()
         w.flush()
         seen.update(ring=0, socket=0, nudge=0)
-        buf = w.create("nudged", 4 * KiB)
-        buf.view[:5] = b"woken"
-        buf.seal()
-        lease = r.get("nudged", timeout=5)
-        assert bytes(lease.view[:5]) == b"woken"
-        lease.release()
-        w.flush()
+        _hand_off(w, r, "nudged")
         assert seen == {"ring": 2, "socket": 0, "nudge": 2}   # the create and the seal, each nudged
 
 

@@ -79,29 +79,31 @@ def test_the_handoff_to_a_reader_waiting_for_a_busy_writers_seal_runs_on_the_hos
     assert "without the directory" not in out.stderr, out.stderr
 
 
-def test_the_handoff_compares_the_readers_c_and_python_lookups_hand_off_by_hand_off(tmp_path):
-    """--reader-ab: one line for each lookup, each over half the hand-offs (where the C part is built)."""
+def _handoff_ab(tmp_path, side: str) -> str:
+    """A host run of bench/handoff.py alternating ``side``'s C and Python calls: its stderr."""
     pytest.importorskip("ipcpool.shm._native", reason="not built here (no C compiler when installed)")
     out = subprocess.run([sys.executable, str(ROOT / "bench/handoff.py"), "--backend", "host", "--handoffs", "40",
-                          "--reader-ab", "--skip", "floor", "--out-dir", str(tmp_path)], capture_output=True,
+                          f"--{side}-ab", "--skip", "floor", "--out-dir", str(tmp_path)], capture_output=True,
                          text=True, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
+    return out.stderr
+
+
+def test_the_handoff_compares_the_readers_c_and_python_lookups_hand_off_by_hand_off(tmp_path):
+    """--reader-ab: one line for each lookup, each over half the hand-offs (where the C part is built)."""
+    err = _handoff_ab(tmp_path, "reader")
     for side in ("C", "Python"):
-        assert f"reader with the {side} lookup: start->got lease p50 " in out.stderr, out.stderr
-        assert "(20 hand-offs); get once sealed" in out.stderr.split(f"reader with the {side} lookup")[1], out.stderr
+        assert f"reader with the {side} lookup: start->got lease p50 " in err, err
+        assert "(20 hand-offs); get once sealed" in err.split(f"reader with the {side} lookup")[1], err
 
 
 def test_the_handoff_compares_the_writers_c_and_python_calls_hand_off_by_hand_off(tmp_path):
     """--writer-ab: the writer's create + view + seal and the whole hand-off, for each half."""
-    pytest.importorskip("ipcpool.shm._native", reason="not built here (no C compiler when installed)")
-    out = subprocess.run([sys.executable, str(ROOT / "bench/handoff.py"), "--backend", "host", "--handoffs", "40",
-                          "--writer-ab", "--skip", "floor", "--out-dir", str(tmp_path)], capture_output=True,
-                         text=True, timeout=180)
-    assert out.returncode == 0, out.stdout + out.stderr
+    err = _handoff_ab(tmp_path, "writer")
     for side in ("C", "Python"):
-        assert f"writer with the {side} calls: start->got lease p50 " in out.stderr, out.stderr
-        assert f"writer with its {side} calls: create+view+seal p50 " in out.stderr, out.stderr
-    assert out.stderr.count("(20 hand-offs)") == 2 and out.stderr.count(" µs (20)\n") == 2, out.stderr
+        assert f"writer with the {side} calls: start->got lease p50 " in err, err
+        assert f"writer with its {side} calls: create+view+seal p50 " in err, err
+    assert err.count("(20 hand-offs)") == 2 and err.count(" µs (20)\n") == 2, err
     both = subprocess.run([sys.executable, str(ROOT / "bench/handoff.py"), "--reader-ab", "--writer-ab"],
                           capture_output=True, text=True, timeout=60)
     assert both.returncode == 2 and "one at a time" in both.stderr
