@@ -29,6 +29,7 @@ import json
 import multiprocessing as mp
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import broker, machine, paired_bars, percentiles, save  # noqa: E402
 from bench.handoff_peers import (  # noqa: E402
-    SIZE, WARMUP, core_consumer, core_producer, devices, first_reader, floor_consumer, floor_producer, report_steps,
-    shm_consumer, shm_producer, torch_consumer, torch_producer, wait_go, writer_busy)
+    SIZE, STEPS_ENV, WARMUP, core_consumer, core_producer, devices, first_reader, floor_consumer, floor_producer,
+    report_steps, shm_consumer, shm_producer, torch_consumer, torch_producer, wait_go, writer_busy)
 from ipcpool.progress import Progress  # noqa: E402
 
 CTX = mp.get_context("spawn")
@@ -253,22 +254,31 @@ def run_pair(label, producer, consumer, n, socket_dir=None, backend=None, pipe=F
     ends = CTX.Pipe(duplex=True) if pipe else ()
     p = CTX.Process(target=producer, args=(socket_dir, backend, n, go, link, acks, *ends[:1]))
     c = CTX.Process(target=consumer, args=(socket_dir, backend, n, go, link, acks, out, *ends[1:]))
-    p.start()
-    c.start()
     samples = []
-    try:
-        with Progress(label, n, stream=sys.stdout) as bar:
-            for _ in range(n):
-                if not out._reader.poll(120):
-                    raise TimeoutError(f"{label}: no hand-off for 120 s")
-                samples.append(out.get())
-                bar.update()
-    finally:
-        for proc in (p, c):
-            proc.join(60)
-            if proc.is_alive():
-                proc.kill()
-    return percentiles(samples[WARMUP:])
+    with tempfile.NamedTemporaryFile("r", prefix="handoff-steps-", suffix=".jsonl") as steps:
+        os.environ[STEPS_ENV] = steps.name   # (the pair's step p50s: inherited as they start)
+        try:
+            p.start()
+            c.start()
+            with Progress(label, n, stream=sys.stdout) as bar:
+                for _ in range(n):
+                    if not out._reader.poll(120):
+                        raise TimeoutError(f"{label}: no hand-off for 120 s")
+                    samples.append(out.get())
+                    bar.update()
+        finally:
+            del os.environ[STEPS_ENV]
+            for proc in (p, c):
+                proc.join(60)
+                if proc.is_alive():
+                    proc.kill()
+        reported = [json.loads(line) for line in steps.read().splitlines()]
+    # Each process's steps, as its report on stderr has them ("producer", "consumer", ...: a
+    # process reporting two sets gets both, in order)
+    by_who: dict[str, dict[str, float]] = {}
+    for r in reported:
+        by_who.setdefault(r["who"], {}).update(r["p50_us"])
+    return {**percentiles(samples[WARMUP:]), **({"steps_p50_us": by_who} if by_who else {})}
 
 
 def plot(results: dict, path: Path) -> None:

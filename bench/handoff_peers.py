@@ -9,6 +9,7 @@ SIZE is the object every line hands off, ipcpool's pair in bench/handoff.py incl
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import sys
 import time
@@ -50,16 +51,24 @@ def await_notice(pipe) -> None:
         pass
 
 
+STEPS_ENV = "HANDOFF_STEPS_FILE"   # where a pair's processes also add their step p50s (``run_pair``)
+
+
 def report_steps(who: str, names: tuple[str, ...], steps: list[tuple[int, ...]]) -> None:
-    """p50 of each step, on stderr: where a hand-off spends its time."""
+    """p50 of each step, on stderr: where a hand-off spends its time; and, as a JSON line, in the
+    file ``STEPS_ENV`` names, where set (the results keep them)."""
     steps = steps[WARMUP:]
-    cols = []
+    p50s = {}
     for k, name in enumerate(names):
         xs = sorted(s[k] for s in steps)
-        cols.append(f"{name} {xs[len(xs) // 2] / 1000:.1f} µs")
+        p50s[name] = xs[len(xs) // 2] / 1000
     # one write, newline included: the producer and the consumer print at the same moment
-    sys.stderr.write(f"  {who} step p50: " + ", ".join(cols) + "\n")
+    sys.stderr.write(f"  {who} step p50: " + ", ".join(f"{k} {v:.1f} µs" for k, v in p50s.items()) + "\n")
     sys.stderr.flush()
+    path = os.environ.get(STEPS_ENV)
+    if path:
+        with open(path, "a") as f:   # (one short line: appends of the pair's two processes stay whole)
+            f.write(json.dumps({"who": who, "p50_us": p50s}) + "\n")
 
 
 
