@@ -304,7 +304,7 @@ def main() -> None:
                              "by hand-off, and reports each (needs ipcpool's C part built)")
     parser.add_argument("--writer-ab", action="store_true",
                         help="the same for the ipcpool writer's ring puts and its seal's record and post")
-    parser.add_argument("--skip", default="", help="comma-separated lines to leave out (e.g. cuda.core)")
+    parser.add_argument("--skip", default="", help="comma-separated lines to leave out: floor, cuda.core")
     parser.add_argument("--devices", default=None, metavar="P,C",
                         help="CUDA: the producer on GPU P, the consumer on GPU C reading it through "
                              "peer access (ipcpool and torch.multiprocessing; the floor and cuda.core "
@@ -325,6 +325,8 @@ def main() -> None:
         if value:   # (inherited by the spawned pairs)
             os.environ[f"HANDOFF_{key.upper().replace('-', '_')}"] = str(value)
     skip = set(filter(None, args.skip.split(",")))
+    if skip - {"floor", "cuda.core"}:   # (ipcpool and the usual peer are what the figures compare)
+        parser.error(f"--skip takes floor and cuda.core, got {', '.join(sorted(skip - {'floor', 'cuda.core'}))}")
     if args.sent_stamps:
         os.environ["HANDOFF_SENT_STAMPS"] = "1"   # (inherited by the spawned pair)
     if args.reader_ab and args.writer_ab:

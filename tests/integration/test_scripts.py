@@ -112,6 +112,14 @@ def test_the_handoff_compares_the_writers_c_and_python_calls_hand_off_by_hand_of
     assert both.returncode == 2 and "one at a time" in both.stderr
 
 
+def test_the_handoff_refuses_to_skip_a_line_it_cannot():
+    """ipcpool and the usual peer are the figures' point: a --skip of them (or a typo) is an error,
+    not a run that quietly keeps them."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench/handoff.py"), "--skip", "cuda.core,torch.multiprocessing"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--skip takes floor and cuda.core, got torch.multiprocessing" in out.stderr
+
+
 def test_the_handoff_timeline_runs_on_the_host_backend(tmp_path):
     """The broker's moments of every hand-off come from its trace events (``IPCPOOL_TRACE``), the
     writer's and the reader's from theirs: every segment of the timeline is there for each."""
