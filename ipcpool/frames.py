@@ -71,7 +71,8 @@ def completed(rid: int, frame: bytes, name_len_at: int, name: str) -> bytes:
     out = bytearray(frame)
     _NAME_LEN.pack_into(out, name_len_at, len(raw))
     _ID.pack_into(out, _ID_AT, rid)
-    return bytes(out) + raw
+    out += raw
+    return bytes(out)
 
 
 def is_frame(data: bytes) -> bool:

@@ -387,19 +387,7 @@ class Handoff:
             return None
         self._ahead = None
         buf.name = name
-        cut = buf.carving
-        if cut.ready_frames is None:
-            self._send(buf, "create", name, None, None)
-        else:   # its frame built ahead: only the id and name are added (in C where built)
-            try:
-                cut.rid = ch.send_ready(cut.ready_frames[0], frames.CREATE_NAME_LEN_AT, name, cut.ring)
-            except BaseException:
-                self.unprepare(buf)
-                raise
-            if trace.hook is not None:
-                trace.emit("client.create_sent", op="create", name=name, rid=cut.rid, framed=True)
-            self._entered[id(buf)] = buf
-            self._inflight[cut.rid] = buf
+        self._send(buf, "create", name, None, None)
         writing.add(name)
         return buf   # (still steady: made ready only for this pool and size)
 
@@ -408,11 +396,14 @@ class Handoff:
         the usual create as a frame (its seal follows on the same socket), else as a message of
         ``fields``."""
         cut = buf.carving
-        cut.ready_frames = None   # (its seal goes the way this create goes: in order after it)
+        ready, cut.ready_frames = cut.ready_frames, None   # (its seal goes the way this create goes)
         try:
             packed = protocol.pack(meta) if meta else b""
             cut.framed = name is not None and len(packed) <= frames.MAX_META
-            if cut.framed:
+            if ready is not None and fields is None:   # the usual create: its frame built ahead (``_prepare``)
+                cut.rid = self._channel.send_ready(ready[0], frames.CREATE_NAME_LEN_AT, name, cut.ring)
+                cut.ready_frames = ready   # ... and its seal's
+            elif cut.framed:
                 cut.ring = self._ring(buf.pool)   # (its seal's too)
                 cut.rid = self._channel.send_frame(frames.create, buf.pool.encode(), name.encode(), packed,
                                                    cut.arena.aid, cut.offset, buf.memory.size, cut.slot, cut.seq,
