@@ -208,38 +208,45 @@ class ControlChannel:
         session that sends faster than the broker reads cannot hold the loop (past the bound only
         its own requests lose their order)."""
         for _ in range(limit):
-            self.take_ring(session)   # (before each: a frame read now may have followed one put there)
-            if session.orphaned or not self._read_one(session):
+            msg = self._read_one(session)
+            # The ring is read after the socket: a frame put there before this message was sent
+            # is then in it (read before, it could miss one put meanwhile, and the message, a seal
+            # on the socket say, would overtake its create in the ring).
+            self.take_ring(session)
+            if msg is None or session.orphaned:
                 return
+            self._handle(session, msg)
 
     def drain(self, session: Session) -> None:
         self.on_message(session, DRAIN_MAX)
 
-    def _read_one(self, session: Session) -> bool:
-        """One message handled; False where none was waiting (or the session ended)."""
+    def _read_one(self, session: Session) -> bytes | dict | None:
+        """One message read (a frame's bytes, or a request); None where none was waiting (or the
+        session ended)."""
         try:
             got = fdpass.recv_raw(session.conn, max_fds=0)
             if got is not None and not frames.is_frame(got[0]):
                 got = protocol.unpack(got[0]), got[1]
         except (BlockingIOError, InterruptedError):
-            return False
+            return None
         except IpcPoolError as exc:
             log.warning("session %d: bad control message: %s; disconnecting", session.sid, exc)
             self.send(session, protocol.error_reply(0, exc))
             self.sessions.orphan(session)
-            return False
+            return None
         except OSError:
             got = None
         if got is None:
             self.sessions.orphan(session)
-            return False
-        msg, _ = got
+            return None
+        return got[0]
+
+    def _handle(self, session: Session, msg: bytes | dict) -> None:
         if isinstance(msg, bytes):
             session.framed = True   # (its arena set it already; a frame from a client without one too)
             self.on_frame(session, msg)
-            return True
-        self._request(session, msg)
-        return True
+        else:
+            self._request(session, msg)
 
     def _request(self, session: Session, msg: dict) -> None:
         rid = protocol.request_id(msg)
