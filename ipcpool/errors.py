@@ -101,9 +101,14 @@ class ObjectNotFound(InvalidRequest, LookupError):
 
 
 class ObjectAborted(IpcPoolError):
-    """The object's writer went away (or deleted it) before sealing it."""
+    """The object's writer went away, deleted it or gave it up before sealing it."""
 
     code = 14
+
+    @classmethod
+    def of(cls, name: str) -> ObjectAborted:
+        """What a reader of ``name`` is told, by the broker or its own directory."""
+        return cls(f"object {name!r} was abandoned before it was sealed (its writer went away, deleted it or gave it up)")
 
 
 class WaitTimeout(IpcPoolError, TimeoutError):

@@ -204,8 +204,9 @@ REQUESTS: dict[str, dict[str, Field]] = {
     # With ``arena`` and ``offset``: the range the client carved in its arena (sent without waiting).
     "allocate": {"nbytes": _u64(), "pool": _name(), "arena": _u64(required=False), "offset": _u64(required=False)},
     # By ``alloc``, or by the arena range it was carved at (freed before its reply came back).
+    # ``name``: a create's buffer given up before its seal, which aborts that object.
     "free": {"alloc": _u64(required=False), "arena": _u64(required=False), "offset": _u64(required=False),
-             "done_event": _event()},
+             "done_event": _event(), "name": _object_name(required=False)},
     "share": {"alloc": _u64()},
     "open": {"token": _bin(max_len=32)},
     "bye": {},

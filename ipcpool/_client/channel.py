@@ -270,6 +270,10 @@ class Channel:
                 waiter.register(self._control.fileno(), event)
                 waiter.poll(max(1, int((deadline - now) * 1000)))
 
+    def answered(self, rid: int) -> bool:
+        """Whether the message channel's request ``rid`` was answered (and all before it)."""
+        return rid <= self._last_answered
+
     def settle(self) -> None:
         """Before a request on the control socket that must come after what this session sent on
         the message channel. The two sockets are not ordered: a free sent without waiting may

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 MIN_ARENA = 1 << 20
 LOW_SLOTS = 16   # a reader's free lease slots below which its release takes in the answers waiting
+FREEING_MAX = 1024   # names given up whose free may be unhandled, at most (``Handoff._freeing``)
 _NO_CREDIT = bytes(HANDLE_BYTES)
 _NO_ARENAS: dict = {}   # (a pool none of whose arenas is imported here)
 _DROP = object()       # a wake's answer nobody waits for any more
@@ -226,6 +227,9 @@ class Handoff:
         self._by_arena: dict[int, ClientArena] = {}
         self._inflight: dict[int, Any] = {}   # pipelined creates/allocates by request id
         self._sealing: dict[int, Any] = {}    # pipelined seals by request id
+        # Names given up (``free``) by a message not answered yet: a create of one goes as a
+        # message too, after it (a frame could overtake it: "already exists"). Name -> its id.
+        self._freeing: dict[str, int] = {}
         self._credits: dict[str, collections.deque[bytes]] = {}   # the broker's events, per pool
         self._notes: dict[int, SealNotice | AbortNotice | None] = {}   # pending leases watched: alloc -> its notice
         self._arena_views: dict[str, dict[int, ImportedMemory]] = {}   # pool -> arena -> its import
@@ -383,7 +387,7 @@ class Handoff:
         buf, ch = self._ahead, self._channel
         if (buf is None or buf.pool != pool or type(nbytes) is not int or buf.memory.size != nbytes
                 or ch.closed or ch.unraised or type(name) is not str or name in writing
-                or not protocol.valid_object_name(name)):
+                or not protocol.valid_object_name(name) or (self._freeing and self._still_freeing(name))):
             return None
         self._ahead = None
         buf.name = name
@@ -399,7 +403,8 @@ class Handoff:
         ready, cut.ready_frames = cut.ready_frames, None   # (its seal goes the way this create goes)
         try:
             packed = protocol.pack(meta) if meta else b""
-            cut.framed = name is not None and len(packed) <= frames.MAX_META
+            cut.framed = (name is not None and len(packed) <= frames.MAX_META
+                          and not (self._freeing and self._still_freeing(name)))
             if ready is not None and fields is None:   # the usual create: its frame built ahead (``_prepare``)
                 cut.rid = self._channel.send_ready(ready[0], frames.CREATE_NAME_LEN_AT, name, cut.ring)
                 cut.ready_frames = ready   # ... and its seal's
@@ -578,8 +583,9 @@ class Handoff:
         self._sealing[rid] = buf
         self._prepare(buf.pool, buf.memory.size)
 
-    def free(self, buf: Any, stream: Any) -> bool:
-        """Free a carved buffer without waiting; False where ``buf`` was not carved here."""
+    def free(self, buf: Any, stream: Any, abandoned: str | None) -> bool:
+        """Free a carved buffer without waiting (``abandoned``: the name of the object it was
+        created for, never sealed); False where ``buf`` was not carved here."""
         cut = buf.carving
         if cut is None:
             return False
@@ -592,8 +598,29 @@ class Handoff:
             return True
         done = self.release(buf.pool, cut.memory, stream, if_busy=True)
         cut.sent = True
-        self._channel.send("free", arena=cut.arena.aid, offset=cut.offset, **({"done_event": done} if done else {}))
+        self.send_free(abandoned, arena=cut.arena.aid, offset=cut.offset, **({"done_event": done} if done else {}))
         return True
+
+    def send_free(self, abandoned: str | None, **fields) -> None:
+        """A free sent without waiting; one that gives up ``abandoned`` (an object never sealed)
+        names it, and a create of that name goes after it (``_freeing``)."""
+        if abandoned is None:
+            self._channel.send("free", **fields)
+            return
+        if len(self._freeing) >= FREEING_MAX:   # (bounded: a round trip, and every one is handled)
+            self._channel.settle()
+            self._freeing.clear()
+        self._freeing[abandoned] = self._channel.send("free", name=abandoned, **fields)
+
+    def _still_freeing(self, name: str) -> bool:
+        """Whether ``name``'s free (``_freeing``) is unanswered; the answered are dropped."""
+        rid = self._freeing.get(name)
+        if rid is None:
+            return False
+        if not self._channel.answered(rid):
+            return True
+        self._freeing = {n: r for n, r in self._freeing.items() if not self._channel.answered(r)}
+        return False
 
     def settle(self, buf: Any) -> None:
         """Wait for the reply to ``buf``'s pipelined create (usually here already); raise its refusal."""
@@ -782,8 +809,7 @@ class Handoff:
                         return sealed.event, sealed.kept_event
                     return entry.event, entry.kept_event
                 if state == directory.GONE:
-                    raise ObjectAborted(f"object {buf.name!r} was abandoned before it was sealed "
-                                        "(its writer went away or deleted it)")
+                    raise ObjectAborted.of(buf.name)
                 if deadline is not None and time.monotonic() >= deadline:
                     raise WaitTimeout(f"object {buf.name!r} was not sealed within the timeout")
                 if time.perf_counter() < spin_until:
@@ -899,8 +925,7 @@ class Handoff:
                 note = self._notes[aid]
                 if note is not None:
                     if isinstance(note, AbortNotice):
-                        raise ObjectAborted(f"object {buf.name!r} was abandoned before it was sealed "
-                                            "(its writer went away or deleted it)")
+                        raise ObjectAborted.of(buf.name)
                     event = note.event
                     break
                 if deadline is not None and time.monotonic() >= deadline:

@@ -423,15 +423,17 @@ class Leases:
     def free(self, buf: Buffer, stream: Any) -> None:
         with self._lock:
             self.buffers.pop(id(buf), None)
-            if buf.owner and buf.name is not None:
-                self._writing.discard(buf.name)
-            if self._channel.closed or self.handoff.free(buf, stream):   # carved: freed by where it lies
+            # A create's buffer given up before its seal: the free names it, and the broker aborts
+            # the object (its readers are told; the name is free again).
+            abandoned = buf.name if buf.owner and buf.name in self._writing else None
+            self._writing.discard(abandoned)
+            if self._channel.closed or self.handoff.free(buf, stream, abandoned):   # carved: freed by where it lies
                 return
             if buf.dirlease is not None:   # taken from a directory: its release names its slot
                 self.handoff.end_lease(buf, stream)
                 return
             done = self.handoff.release(buf.pool, buf.memory, stream, if_busy=True)
-            self._channel.send("free", alloc=buf.alloc_id, **({"done_event": done} if done else {}))
+            self.handoff.send_free(abandoned, alloc=buf.alloc_id, **({"done_event": done} if done else {}))
 
     def release_all(self, name: str, stream: Any) -> int:
         leases = [b for b in self.buffers.values() if b.name == name and b.readonly]

@@ -52,6 +52,11 @@ class Handlers:
         if ("arena" in f) != ("offset" in f) or ("alloc" in f) == ("arena" in f):
             raise InvalidRequest("free names an allocation: alloc, or arena and offset")
         aid = f["alloc"] if "alloc" in f else self.tables.handoffs.carved(session, f["arena"], f["offset"])
+        if "name" in f:   # its writer gave the object up: aborted, as its session's end would
+            self.tables.registry.held_by(session, aid)   # (refused before anything changes)
+            obj = self.tables.objects.abandon(session, f["name"], aid)
+            if obj is not None:
+                self._dropped(obj)
         self.tables.registry.free(session, aid, f.get("done_event", b""))
         return {}
 
@@ -190,11 +195,14 @@ class Handlers:
         return batch(objs, allocs, joined).encode()
 
     def op_delete(self, session: Session, f: dict, rid: int) -> dict:
-        obj = self.tables.objects.delete(session, f["name"])
+        self._dropped(self.tables.objects.delete(session, f["name"]))
+        return {}
+
+    def _dropped(self, obj) -> None:
+        """A deleted or abandoned object: forgotten; where it was never sealed, aborted."""
         self.tables.durable.forget_object(obj)
         if not obj.sealed:
             self.notices.aborted(obj, self.tables.objects.take_waiters(obj.name))
-        return {}
 
     def op_list(self, session: Session, f: dict, rid: int) -> dict:
         prefix, after, kind = f.get("prefix", ""), f.get("after", ""), f.get("kind")

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .. import protocol
-from ..errors import WaitTimeout
-from .objects import NamedObject, ObjectTable, abort_error
+from ..errors import ObjectAborted, WaitTimeout
+from .objects import NamedObject, ObjectTable
 from ..replies import AbortNotice, GrowNotice, SealNotice, WatchNotice
 from .replies import credit, lease, pending, ready_event
 from .session import Session
@@ -91,7 +91,7 @@ class Notices:
         (each still frees its lease, as for any)."""
         self._wake_board(obj)
         for w in waiters:
-            self.send(w.session.token, protocol.error_reply(w.rid, abort_error(obj.name)))
+            self.send(w.session.token, protocol.error_reply(w.rid, ObjectAborted.of(obj.name)))
         if any(w.wake is not None for w in waiters):   # (its entry is gone: they see it on waking)
             self.wake(obj.alloc.pool.spec.name)
         for reader in obj.pending:

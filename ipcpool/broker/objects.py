@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from ..errors import (
     InvalidRequest,
     IpcPoolError,
-    ObjectAborted,
     ObjectExists,
     ObjectNotFound,
     QuotaExceeded,
@@ -329,6 +328,16 @@ class ObjectTable:
         self._drop(obj)
         return obj
 
+    def abandon(self, session: Session, name: str, aid: int) -> NamedObject | None:
+        """``session`` gave up the object ``name`` it writes in allocation ``aid`` before its seal:
+        dropped (the caller tells its readers it is aborted). None where ``name`` is no unsealed
+        object of that session's in ``aid`` (deleted since, or posted sealed on the board)."""
+        obj = self.caught_up(self.objects.get(name))
+        if obj is None or obj.writer is not session or obj.alloc.aid != aid:
+            return None
+        self._drop(obj)
+        return obj
+
     def _drop(self, obj: NamedObject) -> None:
         del self.objects[obj.name]
         if self.directory is not None:   # its directory readers become holders first
@@ -417,7 +426,3 @@ def _check_cap(uid: int, held: int, limit: int, what: str, key: str, hint: str) 
     """Refuse one more of ``what`` for ``uid`` where it holds ``limit`` already (0: no limit)."""
     if limit and held >= limit:
         raise QuotaExceeded(f"uid {uid} has {held} {what}, its limit ({key} in the broker's [limits]); {hint}")
-
-
-def abort_error(name: str) -> IpcPoolError:
-    return ObjectAborted(f"object {name!r} was abandoned before it was sealed (its writer went away or deleted it)")

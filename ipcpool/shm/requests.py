@@ -17,9 +17,10 @@ copies each frame out before it reads it, then writes ``tail``.
 
 When the ring is used: only while the broker says in each pool's directory header that it polls
 until a moment (``Directory.awake``) at least ``MARGIN_NS`` away, before and after the write. The
-broker reads every ring once more after that moment before it sleeps, and before any other request
-of a session (socket frame or message) it takes that session's ring first, so a frame here is
-never overtaken by the same session's later requests. Where the moment passed meanwhile, the
+broker reads every ring once more after that moment before it sleeps, and between receiving any
+other request of a session (socket frame or message) and handling it, it takes that session's ring,
+so a frame here is never overtaken by the same session's later requests (a take before the
+receive could miss a frame put meanwhile). Where the moment passed meanwhile, the
 client sends a nudge (``frames.NUDGE``) on its socket, which wakes the broker. So no frame waits
 on timing for more than the broker's next turn; correctness never depends on it.
 

@@ -1,5 +1,6 @@
 """Named objects on the host backend: create, seal, get, release, delete, list, watch, death."""
 
+import concurrent.futures
 import os
 import signal
 import threading
@@ -9,7 +10,10 @@ import numpy as np
 import pytest
 
 import ipcpool
+from ipcpool import trace
+from tests.support.counting import count_requests
 from tests.support.procs import SPAWN, run_procs
+from tests.support.waiting import wait_for
 
 
 def used(c):
@@ -149,6 +153,38 @@ def test_death_aborts_unsealed_keeps_sealed_releases_leases(broker):
         assert used(c) == 1 << 20       # the dead writer's arena gave back all but its sealed object
         c.delete("sealed/1")
         assert used(c) == 0             # ... and goes with it
+
+
+@pytest.mark.parametrize("arena_bytes", [None, 0], ids=["carved", "round trip"])
+def test_a_create_given_up_before_its_seal_is_aborted_and_its_name_free(broker, arena_bytes):
+    """``buf.free()`` (or leaving its ``with``) on a create never sealed: the reader waiting for it
+    gets ObjectAborted, the name is gone from the list and free for the writer's next create, and
+    the memory goes back (it used to stay "writing" until the writer's session ended)."""
+    kw = {} if arena_bytes is None else {"arena_bytes": arena_bytes}
+    with ipcpool.connect(broker.socket_dir, **kw) as w, ipcpool.connect(broker.socket_dir) as r, \
+            concurrent.futures.ThreadPoolExecutor(1) as pool:
+        w.create("warm", 1 << 16).seal()   # (the writer's arena, where it carves, counts as used)
+        w.delete("warm")
+        before = used(w)
+        asked, found = count_requests(r), []
+        with pytest.raises(RuntimeError, match="the fill failed"), w.create("job/1", 1 << 16) as buf, \
+                trace.tracing(lambda event, info: event == "client.entry_found" and found.append(info["name"])):
+            waiting = pool.submit(r.get, "job/1", timeout=30)
+            wait_for(lambda: found or asked["get"])   # it waits for the seal (in its directory or asking)
+            buf.view[:4] = b"half"
+            raise RuntimeError("the fill failed")
+        with pytest.raises(ipcpool.ObjectAborted, match="'job/1' was abandoned"):
+            waiting.result(timeout=30)
+        assert w.list("job/") == []
+        buf = w.create("job/1", 1 << 16)
+        buf.view[:5] = b"whole"
+        buf.seal()
+        lease = r.get("job/1", timeout=10)
+        assert bytes(lease.view[:5]) == b"whole"
+        lease.release()
+        w.delete("job/1")
+        w.flush()
+        assert w.async_errors == [] and used(r) == before
 
 
 def _expect_error(socket_dir):

@@ -12,6 +12,7 @@ import pytest
 
 import ipcpool
 from ipcpool import frames
+from ipcpool._client import handoff
 from ipcpool.shm import requests
 from tests.support.counting import count_requests
 from tests.support.waiting import wait_for
@@ -246,4 +247,30 @@ def test_a_create_with_metadata_after_steady_ones_has_its_seal_follow_it(start_b
         for i in range(40):
             lease = r.get(f"mixed/{i}", timeout=5)
             assert lease.view[0] == i and (lease.meta.get("user") == big["user"]) == (i % 4 == 3)
+            lease.release()
+
+
+def test_a_name_given_up_and_created_again_at_once_is_created_after_its_free(start_broker, monkeypatch):
+    """A steady writer gives up an object (its free, a message, aborts it) and creates the name again
+    at once: that create must not overtake the free through the ring ("already exists"). It goes
+    as a message after the free; the next names go through the ring again."""
+    broker = start_broker(config_text=SPINNING)
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        _warm(w, r)
+        seen = _count_frames(w)
+        monkeypatch.setattr(handoff, "FREEING_MAX", 8)   # the names it keeps for that: bounded
+        for i in range(20):
+            for k in range(3):   # steady: the next object made ready, its frames built ahead
+                w.create(f"steady/{i}/{k}", 4 * KiB).seal()
+            w.create(f"again/{i}", 4 * KiB).free()
+            buf = w.create(f"again/{i}", 4 * KiB)
+            buf.view[:1] = bytes([i])
+            buf.seal()
+            assert len(w._handoff._freeing) <= 8
+        w.flush()   # raises the first refusal, if any
+        assert w.async_errors == []
+        assert seen["ring"] > 0, seen   # (a ring full sends frames on the socket for a while)
+        for i in range(20):
+            lease = r.get(f"again/{i}", timeout=5)
+            assert lease.view[0] == i
             lease.release()
