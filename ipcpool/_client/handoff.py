@@ -566,7 +566,7 @@ class Handoff:
         if cut.slot is not None:
             if not posted:
                 self.boards[buf.pool].post(cut.arena.words + cut.slot, cut.seq)   # after the record
-            cut.arena.free_slot(cut.slot)   # numbers grow, so the word may serve the next object
+            cut.arena.free_slot(cut.slot)   # the word may serve the next object (with its own number)
             cut.slot = None
         cut.sent = True
         name = buf.name
@@ -590,9 +590,11 @@ class Handoff:
         if cut is None:
             return False
         cut.stream = stream
-        # An object given up before its seal keeps its board word out of use: a reader may still
-        # watch it for this object's number, which a later object's would pass.
-        cut.slot = None
+        # Its board word serves the next object: a reader still watching it for this object's
+        # number, and the broker, take only that very number for this object's seal.
+        if cut.slot is not None:
+            cut.arena.free_slot(cut.slot)
+            cut.slot = None
         if cut.error is not None:   # the broker never had it: only ours to drop
             cut.arena.refused(cut.offset, stream)
             return True
@@ -800,7 +802,7 @@ class Handoff:
                 seen = view.change()   # (before the looks: a change after them ends a sleep at once)
                 if word is not None and board is not None:
                     posted = board.read(word)
-                    if posted >= seq:
+                    if posted == seq:   # (a later number: the word serves another object now)
                         return entry.event, entry.kept_event   # the promised event: recorded before the word was posted
                 state = view.state(entry.index, entry.gen)
                 if state == directory.SEALED:
@@ -921,7 +923,7 @@ class Handoff:
         spin_until = time.perf_counter() + ch.get_spin_s
         try:
             spins = 0
-            while board.read(word) < seq:
+            while board.read(word) != seq:   # (a later number: the word serves another object now)
                 note = self._notes[aid]
                 if note is not None:
                     if isinstance(note, AbortNotice):

@@ -165,7 +165,7 @@ class ObjectTable:
         as its clients are: see ``ipcpool.shm.sealboard``.)"""
         if (obj is not None and not obj.sealed and obj.word is not None and obj.writer is not None
                 and self.board_word is not None
-                and self.board_word(obj.alloc.pool.spec.name, obj.word) >= obj.seq):
+                and self.board_word(obj.alloc.pool.spec.name, obj.word) == obj.seq):
             writer = obj.writer
             self.seal(writer, obj.name, None, obj.promised)   # the event it promised, recorded before the word
             self.board_sealed[(writer, obj.name)] = obj.alloc.aid

@@ -4,8 +4,11 @@ Each arena the broker hands out gets a block of ``BLOCK`` 64-bit words of its po
 that carves an object gives it a word of its arena's block and a sequence number (both named in
 its ``create``); after recording its seal it stores that number in the word. A reader the broker
 already told about the object (a ``get`` answered as *pending*) spins on the word until it holds
-at least that number, so the seal reaches it without a hop. The client reuses a word only after
-the object that had it was sealed or given up, and numbers only grow, so "at least" is exact.
+that number, so the seal reaches it without a hop. The client reuses a word once the object that
+had it was sealed or given up, and numbers only grow: a reader, or the broker, takes only the very
+number as that object's seal. "At least" would take a given-up object's for sealed once its word
+served a later one (its writer does not wait for the broker to have the abort); a reader that
+sees a later number (it looked late) learns of the seal from the directory or the broker.
 
 The board travels with the pool's FD on the control socket and every client of the pool may write
 it: it is trusted only as far as the pool's clients are (they can write the pool's memory too). A

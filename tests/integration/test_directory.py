@@ -14,7 +14,7 @@ import pytest
 import ipcpool
 from ipcpool import fdpass, paths, protocol
 from ipcpool.fds import close_all
-from ipcpool.shm import futex, leases, requests
+from ipcpool.shm import futex, leases, requests, sealboard
 from tests.support.counting import count_requests
 from tests.support.procs import SPAWN
 from tests.support.waiting import wait_for
@@ -379,6 +379,50 @@ def test_a_seal_on_the_board_is_the_brokers_before_its_message_arrives(broker):
             buf.seal()
         w.flush()
         assert [o["name"] for o in r.list()] == ["one"]
+
+
+def test_a_later_number_on_an_objects_board_word_is_not_its_seal(broker):
+    """A board word serves the next object once the last one was sealed or given up (the writer does
+    not wait for the broker to have the abort): a later object's number there must not read as this
+    object's seal, neither to the broker nor to a directory reader, or a given-up object's memory
+    would be taken for sealed. Only its own number seals it."""
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        _warm(w, r)
+        buf = w.create("x", 4 * KiB)
+        buf.view[:3] = b"abc"
+        w.flush()
+        cut, board = buf.carving, w._handoff.boards["default"]
+        board.post(cut.arena.words + cut.slot, cut.seq + 1)   # the word's next object's seal
+        assert [(o["name"], o["state"]) for o in r.list("x")] == [("x", "writing")]   # the broker's answer
+        with pytest.raises(ipcpool.WaitTimeout):
+            r.get("x", timeout=0.2)                           # a directory reader's
+        buf.seal()                                            # its own number
+        with r.get("x", timeout=5) as lease:
+            assert bytes(lease.view[:3]) == b"abc"
+
+
+def test_a_given_up_objects_board_word_serves_the_next_ones(broker):
+    """An arena has BLOCK board words; a word kept from use for each object given up (as it was)
+    left an arena that gave up that many with none, and its readers then waited on the broker."""
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        _warm(w, r)
+        arenas = set()
+        for i in range(sealboard.BLOCK + 8):
+            buf = w.create(f"given-up/{i}", 4 * KiB)
+            arenas.add(buf.carving.arena.aid)
+            buf.free()
+            w.flush()                                         # (its range back in the arena too)
+        buf = w.create("after", 4 * KiB)
+        assert arenas == {buf.carving.arena.aid}              # all from one arena (one block of words)
+        assert buf.carving.slot is not None                   # it has a board word
+        buf.view[:2] = b"ok"
+        buf.seal()
+        w.flush()
+        assert w.async_errors == [] and [o["name"] for o in r.list()] == ["after"]
+        sent = count_requests(r)
+        with r.get("after", timeout=5) as lease:
+            assert bytes(lease.view[:2]) == b"ok"
+        assert sent["get"] == 0                               # from the directory, no request
 
 
 def test_a_reader_that_asks_nothing_else_never_runs_out_of_lease_slots(broker):
