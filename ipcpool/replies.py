@@ -75,14 +75,16 @@ class Arena:
     export: Export
     credits: tuple[bytes, ...] = ()
     words: int | None = None
+    first_seq: int = 1   # where its objects' numbers start (``sealboard.Blocks``)
 
     def encode(self) -> dict:
         return {**_export_fields(self.alloc, self.pool, self.export), "credits": list(self.credits),
-                "words": self.words}
+                "words": self.words, "first_seq": self.first_seq}
 
     @classmethod
     def decode(cls, m: dict) -> Arena:
-        return cls(m["alloc"], m["pool"], _export(m), tuple(m.get("credits") or ()), m.get("words"))
+        return cls(m["alloc"], m["pool"], _export(m), tuple(m.get("credits") or ()), m.get("words"),
+                   m.get("first_seq", 1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,14 +58,14 @@ _DROP = object()       # a wake's answer nobody waits for any more
 class ClientArena:
     """Pool memory this client carves from, and its block of the pool's seal board."""
 
-    def __init__(self, aid: int, pool: ClientPool, memory: ImportedMemory, words: int | None):
+    def __init__(self, aid: int, pool: ClientPool, memory: ImportedMemory, words: int | None, first_seq: int = 1):
         self.aid = aid
         self.pool = pool
         self.memory = memory
         self.ranges = RangeAllocator(memory.size, ARENA_ALIGN)   # the broker rounds alike
         self.words = words   # the first word of its board block, or None (no block left)
         self._slots = list(range(sealboard.BLOCK - 1, -1, -1)) if words is not None else []
-        self._seq = 0
+        self._seq = first_seq - 1   # (numbers start where the broker says: ``sealboard.Blocks``)
         self._cooling: list[tuple[int, Any]] = []   # refused ranges, until their work finished
         # Reclaimed ranges kept taken, by rounded size: a writer handing off objects of one size
         # carves each from a range reclaimed before (a pop, where the allocator's best fit costs
@@ -537,10 +537,12 @@ class Handoff:
             return None
         got = Arena.decode(reply)   # (its credits were kept as it arrived: ``on_reply``)
         client_pool = self._pools.get(pool)
-        words = got.words
+        words, first = got.words, got.first_seq
         memory = self._pools.import_allocation(got.alloc, pool, got.export)   # (a VMM slab's FD too)
-        arena = ClientArena(got.alloc, client_pool, memory,
-                            words if isinstance(words, int) and 0 <= words <= sealboard.WORDS - sealboard.BLOCK else None)
+        if not (isinstance(words, int) and 0 <= words <= sealboard.WORDS - sealboard.BLOCK
+                and isinstance(first, int) and 1 <= first < sealboard.FIRST_MAX):
+            words = None   # (its objects go without a board word)
+        arena = ClientArena(got.alloc, client_pool, memory, words, first if words is not None else 1)
         self._by_arena[arena.aid] = arena
         return arena
 

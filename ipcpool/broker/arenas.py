@@ -34,14 +34,17 @@ log = logging.getLogger(__name__)
 
 
 class Arena:
-    __slots__ = ("alloc", "carved", "closed", "ranges", "session", "words")
+    __slots__ = ("alloc", "carved", "closed", "first_seq", "ranges", "session", "top_seq", "words")
 
-    def __init__(self, alloc: Allocation, session: Session, words: int | None):
+    def __init__(self, alloc: Allocation, session: Session, block: tuple[int, int] | None):
         self.alloc = alloc
         self.session = session
         self.ranges = TakenRanges(alloc.size, ARENA_ALIGN)   # the client's carving, mirrored
         self.closed = False   # its session is gone: shrunk to its objects, freed with the last
-        self.words = words    # the first word of its block on the pool's seal board, or None
+        # Its block on the pool's seal board (its first word), or None; the numbers it may give
+        # its objects start at ``first_seq`` (``sealboard.Blocks``); the highest given so far.
+        self.words, self.first_seq = block if block is not None else (None, 1)
+        self.top_seq = 0
         self.carved: dict[int, int] = {}   # offset -> the allocation carved there, until idle
 
     @property
@@ -115,10 +118,14 @@ class Handoffs:
             raise InvalidRequest(f"arena {aid} has nothing carved at offset {offset}")
         return got
 
-    def word(self, arena: Arena, slot: int) -> int:
-        """The board word ``slot`` of ``arena``'s block (``own``), checked."""
+    def word(self, arena: Arena, slot: int, seq: int) -> int:
+        """The board word ``slot`` of ``arena``'s block (``own``) for an object numbered ``seq``, checked."""
         if arena.words is None or not 0 <= slot < sealboard.BLOCK:
             raise InvalidRequest(f"arena {arena.aid} has no seal-board word {slot}")
+        if seq < arena.first_seq:
+            raise InvalidRequest(f"create: seq {seq} is below {arena.first_seq}, where arena {arena.aid}'s numbers start")
+        if seq > arena.top_seq:
+            arena.top_seq = seq
         return arena.words + slot
 
     def arena_alloc(self, session: Session, aid: int) -> Allocation | None:
@@ -177,7 +184,7 @@ class Handoffs:
 
     def _give_back_block(self, arena: Arena) -> None:
         if arena.words is not None:
-            self._boards[arena.alloc.pool.spec.name].give_back(arena.words)
+            self._boards[arena.alloc.pool.spec.name].give_back(arena.words, arena.top_seq)
             arena.words = None
 
     def _retire(self, arena: Arena) -> None:

@@ -129,7 +129,7 @@ class Handlers:
         else:
             if arena is None or slot is None or not seq:
                 raise InvalidRequest("create: slot and a seq of at least 1 go with an arena range")
-            word = handoffs.word(arena, slot)
+            word = handoffs.word(arena, slot, seq)
             promised = promised or b""
             self.tables.registry.pool(pool).ordering.check_promise(session.backend, promised)
         obj = self.tables.objects.create(session, name, nbytes, pool, meta or {}, arena, offset, word, seq, promised)
@@ -146,7 +146,8 @@ class Handlers:
         session.framed = True
         credits = [arena.alloc.pool.ordering.credit(session.backend) for _ in range(ARENA_CREDITS)]
         a = arena.alloc
-        return Arena(a.aid, a.pool.spec.name, a.export, tuple(c for c in credits if c), arena.words).encode()
+        return Arena(a.aid, a.pool.spec.name, a.export, tuple(c for c in credits if c), arena.words,
+                     arena.first_seq).encode()
 
     def op_seal(self, session: Session, f: dict, rid: int) -> dict:
         obj = self.tables.objects.seal(session, f["name"], f.get("alloc"), f.get("done_event", b""))

@@ -46,6 +46,7 @@ BLOCK = 256            # words per arena: the unsealed objects one arena can hav
 WORDS = 1 << 16        # words per pool: 256 arenas at once; an arena beyond that gets no block
 _SLEEPERS_AT = WORDS * WORD   # then a page whose first word is ``sleepers``
 BYTES = _SLEEPERS_AT + mmap.PAGESIZE   # 512 KiB and a page of address space; only pages used are backed
+FIRST_MAX = 1 << 62     # an arena's first number stays below this (a client's 64-bit count never reaches it)
 _SLEEP_MARGIN_NS = 1_000_000   # a sleeper says it sleeps this much longer than it asks (its slice may overrun)
 
 
@@ -148,19 +149,29 @@ class Board:
 
 
 class Blocks:
-    """The broker's share-out of its board for one pool: a block of words per arena, or none."""
+    """The broker's share-out of its board for one pool: a block of words per arena, or none.
+
+    A block serves arena after arena. Each next arena numbers its objects on from past every number
+    an arena before it gave out there (``take``'s first number): a reader still watching a word for
+    an object of a gone arena (asleep, or descheduled, as its writer died) then never sees that
+    number again, where numbers starting again at 1 would soon post it for another object."""
 
     def __init__(self, board: Board) -> None:
         self.board = board
         self._free = RangeAllocator(WORDS, BLOCK)
+        self._first: dict[int, int] = {}   # block -> the first number its next arena gives out
 
-    def take(self) -> int | None:
+    def take(self) -> tuple[int, int] | None:
+        """A block (its first word) and the first number its arena gives out; None: none left."""
         try:
             base = self._free.allocate(BLOCK)
         except OutOfMemory:   # full: that arena's readers hear of seals over ZeroMQ instead
             return None
         self.board.clear(base, BLOCK)
-        return base
+        return base, self._first.get(base, 1)
 
-    def give_back(self, base: int) -> None:
+    def give_back(self, base: int, top: int) -> None:
+        """``base``'s arena is done; ``top``: the highest number it gave out."""
+        first = max(self._first.get(base, 1), top + 1)
+        self._first[base] = first if first < FIRST_MAX else 1   # (never, unless numbers were garbage)
         self._free.free(base)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import ipcpool
-from ipcpool import fdpass, paths, protocol
+from ipcpool import fdpass, frames, paths, protocol
 from ipcpool.fds import close_all
 from ipcpool.shm import futex, leases, requests, sealboard
 from tests.support.counting import count_requests
@@ -423,6 +423,29 @@ def test_a_given_up_objects_board_word_serves_the_next_ones(broker):
         with r.get("after", timeout=5) as lease:
             assert bytes(lease.view[:2]) == b"ok"
         assert sent["get"] == 0                               # from the directory, no request
+
+
+def test_an_arena_in_a_block_used_before_numbers_its_objects_past_the_last_ones(broker):
+    """A reader may still watch a board word for an object of a session that is gone (asleep, or
+    descheduled): the next arena in that block numbers its objects on from past the last one's, so
+    that number is never posted there again; the broker refuses a create numbered below."""
+    with ipcpool.connect(broker.socket_dir) as a:
+        for i in range(5):
+            buf = a.create(f"a/{i}", 4 * KiB)
+            words, last = buf.carving.arena.words, buf.carving.seq   # (the last number it gave out)
+            buf.seal()
+        a.flush()
+    with ipcpool.connect(broker.socket_dir) as b:
+        buf = b.create("b/0", 4 * KiB)
+        arena = buf.carving.arena
+        assert arena.words == words and buf.carving.seq > last   # the same block, numbered on
+        buf.seal()
+        offset = arena.carve(4 * KiB)
+        b._channel.send_frame(frames.create, b"default", b"b/low", b"", arena.aid, offset, 4 * KiB, 9, 1, b"")
+        b.list()   # (its answer came before this one's)
+        with pytest.raises(ipcpool.InvalidRequest, match=f"seq 1 is below {last + 1}, where arena"):
+            b.flush()
+        assert [o["name"] for o in b.list("b/")] == ["b/0"]
 
 
 def test_a_reader_that_asks_nothing_else_never_runs_out_of_lease_slots(broker):

@@ -21,7 +21,7 @@ def same_bytes(record, wire: dict) -> None:
 @pytest.mark.parametrize("record, wire", [
     (Allocation(7, "default", EXPORT), FIELDS),
     (Allocation(7, "default", EXPORT, CREDIT), {**FIELDS, "credit": CREDIT}),
-    (Arena(7, "default", EXPORT, (CREDIT,), 256), {**FIELDS, "credits": [CREDIT], "words": 256}),
+    (Arena(7, "default", EXPORT, (CREDIT,), 256, 300), {**FIELDS, "credits": [CREDIT], "words": 256, "first_seq": 300}),
     (Carved(7, "default", CREDIT), {"alloc": 7, "pool": "default", "credit": CREDIT}),
     (Lease(7, "default", EXPORT, "w/a", {"dtype": "f4"}, CREDIT),
      {**FIELDS, "name": "w/a", "meta": {"dtype": "f4"}, "credit": CREDIT}),
