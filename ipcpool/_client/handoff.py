@@ -64,7 +64,9 @@ class ClientArena:
         self.memory = memory
         self.ranges = RangeAllocator(memory.size, ARENA_ALIGN)   # the broker rounds alike
         self.words = words   # the first word of its board block, or None (no block left)
-        self._slots = list(range(sealboard.BLOCK - 1, -1, -1)) if words is not None else []
+        # Its free board words, the one freed longest ago first: a word is used again as late as
+        # may be, so a reader that looks late still finds its object's number there.
+        self._slots = collections.deque(range(sealboard.BLOCK)) if words is not None else collections.deque()
         self._seq = first_seq - 1   # (numbers start where the broker says: ``sealboard.Blocks``)
         self._cooling: list[tuple[int, Any]] = []   # refused ranges, until their work finished
         # Reclaimed ranges kept taken, by rounded size: a writer handing off objects of one size
@@ -104,7 +106,7 @@ class ClientArena:
         if not self._slots:
             return None
         self._seq += 1
-        return self._slots.pop(), self._seq
+        return self._slots.popleft(), self._seq
 
     def free_slot(self, slot: int) -> None:
         self._slots.append(slot)
