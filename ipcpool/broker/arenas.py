@@ -122,8 +122,9 @@ class Handoffs:
         """The board word ``slot`` of ``arena``'s block (``own``) for an object numbered ``seq``, checked."""
         if arena.words is None or not 0 <= slot < sealboard.BLOCK:
             raise InvalidRequest(f"arena {arena.aid} has no seal-board word {slot}")
-        if seq < arena.first_seq:
-            raise InvalidRequest(f"create: seq {seq} is below {arena.first_seq}, where arena {arena.aid}'s numbers start")
+        if not arena.first_seq <= seq < sealboard.FIRST_MAX:
+            raise InvalidRequest(f"create: seq {seq} is outside {arena.first_seq}..{sealboard.FIRST_MAX - 1}, "
+                                 f"where arena {arena.aid}'s numbers go")
         if seq > arena.top_seq:
             arena.top_seq = seq
         return arena.words + slot

@@ -173,5 +173,5 @@ class Blocks:
     def give_back(self, base: int, top: int) -> None:
         """``base``'s arena is done; ``top``: the highest number it gave out."""
         first = max(self._first.get(base, 1), top + 1)
-        self._first[base] = first if first < FIRST_MAX else 1   # (never, unless numbers were garbage)
+        self._first[base] = first if first < FIRST_MAX else 1   # (the broker refuses numbers that high)
         self._free.free(base)

@@ -443,7 +443,13 @@ def test_an_arena_in_a_block_used_before_numbers_its_objects_past_the_last_ones(
         offset = arena.carve(4 * KiB)
         b._channel.send_frame(frames.create, b"default", b"b/low", b"", arena.aid, offset, 4 * KiB, 9, 1, b"")
         b.list()   # (its answer came before this one's)
-        with pytest.raises(ipcpool.InvalidRequest, match=f"seq 1 is below {last + 1}, where arena"):
+        with pytest.raises(ipcpool.InvalidRequest, match=f"seq 1 is outside {last + 1}\\.\\.[0-9]+, where arena"):
+            b.flush()
+        offset = arena.carve(4 * KiB)   # a number past any a count reaches: refused too
+        b._channel.send_frame(frames.create, b"default", b"b/high", b"", arena.aid, offset, 4 * KiB, 9,
+                              sealboard.FIRST_MAX, b"")
+        b.list()
+        with pytest.raises(ipcpool.InvalidRequest, match=f"seq {sealboard.FIRST_MAX} is outside"):
             b.flush()
         assert [o["name"] for o in b.list("b/")] == ["b/0"]
 
