@@ -93,7 +93,7 @@ def _contiguous_bytes(obj: Any, kind: str) -> tuple[Any, int]:
 
 def put(client: Any, name: str, obj: Any, *, on_gpu: bool, pool: str, stream: Any, user: dict | None) -> None:
     """Store ``obj`` as a new sealed object through ``client``'s public API (``create``,
-    ``delete``, ``backend``); ``on_gpu``: where the client's memory lives."""
+    ``backend``); ``on_gpu``: where the client's memory lives."""
     kind = _kind(obj)
     obj_on_gpu = kind == "cupy" or (kind == "torch" and obj.is_cuda)
     if obj_on_gpu != on_gpu:
@@ -125,9 +125,7 @@ def put(client: Any, name: str, obj: Any, *, on_gpu: bool, pool: str, stream: An
                 cupy.asarray(buf)[:nbytes] = flat
             buf.seal(stream=cupy_stream)
     except BaseException:
-        if not buf.freed:
-            buf.free()
-            client.delete(name)
+        buf.free()   # (never sealed: that aborts the object, and its name is free again)
         raise
 
 

@@ -233,6 +233,23 @@ def test_numpy_put_and_get_across_processes(broker):
         assert [o["name"] for o in c.list("shared/")] == ["shared/table"]
 
 
+def test_a_put_whose_copy_fails_raises_that_error_and_leaves_the_name_free(broker, monkeypatch):
+    """The copy into the new object fails (a CUDA error, say; here: bytes that cannot be read):
+    the caller gets that error, not one of the clean-up, and the name is free for the next put."""
+    from ipcpool._client import interop
+
+    with ipcpool.connect(broker.socket_dir) as c:
+        with monkeypatch.context() as m:
+            m.setattr(interop, "_contiguous_bytes", lambda obj, kind: (object(), 16))   # (no buffer)
+            with pytest.raises(TypeError, match="a bytes-like object is required"):
+                c.put_tensor("shared/bad", np.arange(2, dtype=np.float64))
+        assert c.list("shared/") == []
+        c.put_tensor("shared/bad", np.arange(2, dtype=np.float64))
+        assert np.array_equal(c.get_array("shared/bad"), [0.0, 1.0])
+        c.flush()
+        assert c.async_errors == []
+
+
 def test_torch_cpu_tensor_roundtrip(broker):
     torch = pytest.importorskip("torch")
     t = torch.arange(10, dtype=torch.bfloat16).reshape(2, 5)
