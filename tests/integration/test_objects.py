@@ -187,6 +187,25 @@ def test_a_create_given_up_before_its_seal_is_aborted_and_its_name_free(broker, 
         assert w.async_errors == [] and used(r) == before
 
 
+def test_a_free_naming_another_sessions_object_aborts_nothing(broker):
+    """The free that gives up an object names it; a session that names an object it is not writing
+    (another's, or one in another allocation) only frees its own memory."""
+    with ipcpool.connect(broker.socket_dir) as a, ipcpool.connect(broker.socket_dir) as b, \
+            ipcpool.connect(broker.socket_dir) as r:
+        theirs = a.create("theirs", 4096)
+        theirs.view[:5] = b"whole"
+        mine = b.create("mine", 4096)
+        aid, offset = mine.carved_at
+        b.flush()
+        b._handoff.send_free("theirs", arena=aid, offset=offset)   # a client lying about the name
+        mine._freed = True   # (its memory is freed: the client does not free it again at close)
+        b.list()   # (handled by now)
+        assert {o["name"]: o["state"] for o in r.list()} == {"theirs": "writing", "mine": "writing"}
+        theirs.seal()
+        with r.get("theirs", timeout=5) as lease:
+            assert bytes(lease.view[:5]) == b"whole"
+
+
 def _expect_error(socket_dir):
     with ipcpool.connect(socket_dir) as c:
         try:
