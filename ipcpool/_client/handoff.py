@@ -232,6 +232,9 @@ class Handoff:
         # Names given up (``free``) by a message not answered yet: a create of one goes as a
         # message too, after it (a frame could overtake it: "already exists"). Name -> its id.
         self._freeing: dict[str, int] = {}
+        # Frees sent before their create was answered, by id: where the create is refused, the
+        # free's own refusal (the broker never carved that range) says nothing new.
+        self._early_frees: dict[int, Any] = {}
         self._credits: dict[str, collections.deque[bytes]] = {}   # the broker's events, per pool
         self._notes: dict[int, SealNotice | AbortNotice | None] = {}   # pending leases watched: alloc -> its notice
         self._arena_views: dict[str, dict[int, ImportedMemory]] = {}   # pool -> arena -> its import
@@ -279,15 +282,18 @@ class Handoff:
         if buf is not None:
             if reply.get("ok"):
                 buf.alloc_id = Carved.decode(reply).alloc
+                if self._early_frees:   # (its free, if it was early, is the broker's to answer)
+                    self._early_frees = {r: b for r, b in self._early_frees.items() if b is not buf}
             else:
                 op = "allocate" if buf.name is None else "create"
                 self._refused(buf, _naming(protocol.refusal(reply), op, buf.name))
             return True
-        buf = self._sealing.pop(rid, None)
-        if buf is not None:
-            if not reply.get("ok") and buf.carving.error is None:   # (after a refused create: expected)
-                self._channel.refused(_naming(protocol.refusal(reply), "seal", buf.name))
-            return True
+        for pending, op in ((self._sealing, "seal"), (self._early_frees, "free")):
+            buf = pending.pop(rid, None)
+            if buf is not None:
+                if not reply.get("ok") and buf.carving.error is None:   # (after a refused create: expected)
+                    self._channel.refused(_naming(protocol.refusal(reply), op, buf.name))
+                return True
         return False
 
     def _keep_credits(self, msg: dict) -> None:
@@ -604,19 +610,21 @@ class Handoff:
             return True
         done = self.release(buf.pool, cut.memory, stream, if_busy=True)
         cut.sent = True
-        self.send_free(abandoned, arena=cut.arena.aid, offset=cut.offset, **({"done_event": done} if done else {}))
+        rid = self.send_free(abandoned, arena=cut.arena.aid, offset=cut.offset, **({"done_event": done} if done else {}))
+        if cut.rid in self._inflight:   # its create unanswered yet (``_early_frees``)
+            self._early_frees[rid] = buf
         return True
 
-    def send_free(self, abandoned: str | None, **fields) -> None:
-        """A free sent without waiting; one that gives up ``abandoned`` (an object never sealed)
-        names it, and a create of that name goes after it (``_freeing``)."""
+    def send_free(self, abandoned: str | None, **fields) -> int:
+        """A free sent without waiting, its id; one that gives up ``abandoned`` (an object never
+        sealed) names it, and a create of that name goes after it (``_freeing``)."""
         if abandoned is None:
-            self._channel.send("free", **fields)
-            return
+            return self._channel.send("free", **fields)
         if len(self._freeing) >= FREEING_MAX:   # (bounded: a round trip, and every one is handled)
             self._channel.settle()
             self._freeing.clear()
-        self._freeing[abandoned] = self._channel.send("free", name=abandoned, **fields)
+        rid = self._freeing[abandoned] = self._channel.send("free", name=abandoned, **fields)
+        return rid
 
     def _still_freeing(self, name: str) -> bool:
         """Whether ``name``'s free (``_freeing``) is unanswered; the answered are dropped."""

@@ -206,6 +206,25 @@ def test_a_free_naming_another_sessions_object_aborts_nothing(broker):
             assert bytes(lease.view[:5]) == b"whole"
 
 
+def test_a_create_refused_after_its_buffer_was_freed_is_one_error_not_two(broker):
+    """A carved create is refused after ``create()`` returned (the name is another session's), and
+    its buffer was freed before the answer came: the caller gets that refusal, once. The free's own
+    refusal (the broker never carved that range) says nothing new: close raised it, as an
+    InvalidRequest about an arena offset."""
+    with ipcpool.connect(broker.socket_dir) as a:
+        a.create("taken", 4096)
+        b = ipcpool.connect(broker.socket_dir)
+        b.create("warm", 4096).seal()
+        buf = b.create("taken", 4096)   # carved: its refusal comes later
+        assert buf.carved_at is not None
+        buf.free()                      # before that answer is read
+        with pytest.raises(ipcpool.ObjectExists, match="'taken' already exists"):
+            b.flush()
+        b.list()                        # (every answer read by now)
+        b.close()                       # raises nothing more
+        assert [type(e) for e in b.async_errors] == [ipcpool.ObjectExists]
+
+
 def _expect_error(socket_dir):
     with ipcpool.connect(socket_dir) as c:
         try:
