@@ -4,6 +4,9 @@ gets it and reads one element. p50/p99 over N hand-offs, side by side with the p
     python bench/handoff.py --backend host   # vs multiprocessing.shared_memory
     python bench/handoff.py --backend cuda   # vs torch.multiprocessing and cuda.core IPC buffers
 
+The lines take turns: each one's hand-offs run in rounds (--rounds, default 10), one line at a
+time, so that a drift of the machine meets every line alike (``bench.turns``).
+
 Every run also times the floor: the same hand-off written by hand with everything set up once
 (memory imported once, events recycled, the host polling the event, a notice over AF_UNIX). The
 floor and the peers live in bench/handoff_peers.py; this module has the ipcpool pair and the run.
@@ -25,11 +28,11 @@ fill, before it hands off: ipcpool's reader sleeps on the object's seal-board wo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,8 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import broker, machine, paired_bars, percentiles, save  # noqa: E402
 from bench.handoff_peers import (  # noqa: E402
-    SIZE, STEPS_ENV, WARMUP, core_consumer, core_producer, devices, first_reader, floor_consumer, floor_producer,
+    SIZE, WARMUP, core_consumer, core_producer, devices, first_reader, floor_consumer, floor_producer,
     report_steps, shm_consumer, shm_producer, torch_consumer, torch_producer, wait_go, writer_busy)
+from bench.turns import Pair  # noqa: E402
 from ipcpool.progress import Progress  # noqa: E402
 
 CTX = mp.get_context("spawn")
@@ -48,6 +52,10 @@ CTX = mp.get_context("spawn")
 # once the seal is done: its get (lookup, lease, event query) and view then wait for nothing, and
 # their step report is the reader's own cost.
 LATE = 250
+
+# Each line's hand-offs in ten rounds, the lines taking turns (``bench.turns``): the machine's drift
+# meets every line alike.
+ROUNDS = 10
 
 # Every pair speaks through four queues: go (consumer -> producer: ready for the next), link
 # (producer -> consumer: t0, and the object itself where the peer passes it that way), acks
@@ -248,37 +256,32 @@ class NativeAB:
 
 
 def run_pair(label, producer, consumer, n, socket_dir=None, backend=None, pipe=False) -> dict:
-    # SimpleQueues: no feeder thread in the timed processes to contend for their GIL. ``pipe``: the
-    # pair also gets the two ends of one AF_UNIX socketpair (the floor's notice).
-    go, link, acks, out = CTX.SimpleQueue(), CTX.SimpleQueue(), CTX.SimpleQueue(), CTX.SimpleQueue()
-    ends = CTX.Pipe(duplex=True) if pipe else ()
-    p = CTX.Process(target=producer, args=(socket_dir, backend, n, go, link, acks, *ends[:1]))
-    c = CTX.Process(target=consumer, args=(socket_dir, backend, n, go, link, acks, out, *ends[1:]))
-    samples = []
-    with tempfile.NamedTemporaryFile("r", prefix="handoff-steps-", suffix=".jsonl") as steps:
-        os.environ[STEPS_ENV] = steps.name   # (the pair's step p50s: inherited as they start)
-        try:
-            p.start()
-            c.start()
-            with Progress(label, n, stream=sys.stdout) as bar:
-                for _ in range(n):
-                    if not out._reader.poll(120):
-                        raise TimeoutError(f"{label}: no hand-off for 120 s")
-                    samples.append(out.get())
-                    bar.update()
-        finally:
-            del os.environ[STEPS_ENV]
-            for proc in (p, c):
-                proc.join(60)
-                if proc.is_alive():
-                    proc.kill()
-        reported = [json.loads(line) for line in steps.read().splitlines()]
-    # Each process's steps, as its report on stderr has them ("producer", "consumer", ...: a
-    # process reporting two sets gets both, in order)
-    by_who: dict[str, dict[str, float]] = {}
-    for r in reported:
-        by_who.setdefault(r["who"], {}).update(r["p50_us"])
-    return {**percentiles(samples[WARMUP:]), **({"steps_p50_us": by_who} if by_who else {})}
+    """One pair alone, its ``n`` hand-offs in one go (what the timeline and the A/B runs take)."""
+    return run_in_turns([Pair(CTX, label, producer, consumer, n, 1, socket_dir, backend, pipe)])[label]
+
+
+def run_in_turns(pairs: list[Pair]) -> dict[str, dict]:
+    """The pairs started and set up, then their hand-offs in rounds, one pair at a time
+    (``bench.turns``); each one's figures (warm-up left out) and step p50s."""
+    results: dict[str, dict] = {}
+    try:
+        for pair in pairs:
+            pair.start()
+        for pair in pairs:
+            pair.wait_ready()
+        rounds = len(pairs[0].bounds) - 1
+        label = pairs[0].label if len(pairs) == 1 else f"{len(pairs)} lines in {rounds} rounds"
+        with Progress(label, sum(p.n for p in pairs), stream=sys.stdout) as bar:
+            for k in range(rounds):
+                for pair in pairs:
+                    pair.round(k, bar.update)
+        for pair in pairs:   # (one at a time: a pair's untimed hand-offs run alone)
+            steps = pair.finish()
+            results[pair.label] = {**percentiles(pair.samples[WARMUP:]), **({"steps_p50_us": steps} if steps else {})}
+    finally:
+        for pair in pairs:
+            pair.stop()
+    return results
 
 
 def plot(results: dict, path: Path) -> None:
@@ -294,6 +297,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("host", "cuda"), default="host")
     parser.add_argument("--handoffs", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help=f"each line's hand-offs in this many rounds, the lines taking turns (default {ROUNDS}; "
+                             "1: each line in one go, one after another, as --reader-ab and --writer-ab run)")
     parser.add_argument("--no-spin-too", action="store_true",
                         help="also run ipcpool with busy polling off, for the difference it makes")
     parser.add_argument("--sent-stamps", action="store_true",
@@ -347,7 +353,12 @@ def main() -> None:
         if consumer != producer:
             skip |= {"floor", "cuda.core"}
     n = args.handoffs + WARMUP
+    if args.reader_ab or args.writer_ab:   # (halves of one pair's hand-offs, alternated: one go)
+        args.rounds = 1
+    if not 1 <= args.rounds <= args.handoffs:
+        parser.error(f"--rounds is 1 to --handoffs ({args.handoffs}), got {args.rounds}")
     results = {"benchmark": "handoff", "backend": args.backend, "machine": machine(), "handoffs": args.handoffs,
+               "rounds": args.rounds,
                "object_bytes": SIZE, "writer_late_ms": args.writer_late_ms,
                "writer_busy_ms": args.writer_busy_ms, "peers": {}}
     if args.backend == "cuda":
@@ -355,27 +366,26 @@ def main() -> None:
 
         results["device"] = gpu_device()
         results["devices"] = list(devices(tag))
-    peers = results["peers"]
-    with broker(args.backend, pool) as socket_dir:
-        peers["ipcpool"] = run_pair("ipcpool", _ipc_producer, _ipc_consumer, n, socket_dir, tag)
+    with contextlib.ExitStack() as stack:
+        socket_dir = stack.enter_context(broker(args.backend, pool))
+        pairs = [Pair(CTX, "ipcpool", _ipc_producer, _ipc_consumer, n, args.rounds, socket_dir, tag)]
+        if args.no_spin_too:   # the same without busy polling (broker busy_poll_us = 0, clients' spin 0)
+            quiet = stack.enter_context(broker(args.backend, "busy_poll_us = 0\n" + pool))
+            pairs.append(Pair(CTX, "ipcpool, no busy polling", _ipc_producer, _ipc_consumer, n, args.rounds, quiet, tag,
+                              env={"IPCPOOL_CLIENT_SPIN_US": "0"}))
+        if "floor" not in skip:
+            pairs.append(Pair(CTX, "floor", floor_producer, floor_consumer, n, args.rounds, None, args.backend, pipe=True))
+        if args.backend == "host":
+            pairs.append(Pair(CTX, "shared_memory", shm_producer, shm_consumer, n, args.rounds))
+        else:
+            pairs.append(Pair(CTX, "torch.multiprocessing", torch_producer, torch_consumer, n, args.rounds, None, tag))
+            if "cuda.core" not in skip:
+                pairs.append(Pair(CTX, "cuda.core", core_producer, core_consumer, n, args.rounds))
+        peers = results["peers"] = run_in_turns(pairs)
         import ipcpool
 
         with ipcpool.connect(socket_dir) as c:   # the broker's own time from a create's receipt to its entry
             results["broker"] = c.stats().get("handoff", {})
-    if args.no_spin_too:   # the same without busy polling (broker busy_poll_us = 0, clients' spin 0)
-        os.environ["IPCPOOL_CLIENT_SPIN_US"] = "0"   # inherited by the spawned clients
-        with broker(args.backend, "busy_poll_us = 0\n" + pool) as socket_dir:
-            peers["ipcpool, no busy polling"] = run_pair(
-                "ipcpool, no busy polling", _ipc_producer, _ipc_consumer, n, socket_dir, tag)
-        del os.environ["IPCPOOL_CLIENT_SPIN_US"]
-    if "floor" not in skip:
-        peers["floor"] = run_pair("floor", floor_producer, floor_consumer, n, None, args.backend, pipe=True)
-    if args.backend == "host":
-        peers["shared_memory"] = run_pair("multiprocessing.shared_memory", shm_producer, shm_consumer, n)
-    else:
-        peers["torch.multiprocessing"] = run_pair("torch.multiprocessing", torch_producer, torch_consumer, n, None, tag)
-        if "cuda.core" not in skip:
-            peers["cuda.core"] = run_pair("cuda.core IPC buffers", core_producer, core_consumer, n)
     peer = "shared_memory" if args.backend == "host" else "torch.multiprocessing"
     for row in peers.values():   # each line against the floor and the usual peer
         row["x_floor"] = row["p50_us"] / peers["floor"]["p50_us"] if "floor" in peers else None

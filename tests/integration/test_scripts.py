@@ -240,3 +240,23 @@ def test_the_weights_benchmark_runs_on_the_host_backend(tmp_path):
     phases = small["swap_ipcpool_phases"]
     assert phases["begin_s"] > 0 and phases["views_s"] > 0 and phases["publish_call_s"] > 0, phases
     assert all(len(r["refresh_s"]) == 2 for r in small["swap_ipcpool_rounds"])
+
+
+def test_the_handoff_lines_take_turns_in_rounds_and_keep_every_timed_hand_off(tmp_path):
+    """Three rounds, the lines in turn: each line still reports exactly the hand-offs asked for
+    (the first of each later round left out as the warm-up is, and made up for)."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench/handoff.py"), "--backend", "host", "--handoffs", "30",
+                          "--rounds", "3", "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads((tmp_path / "handoff_host.json").read_text())
+    assert result["rounds"] == 3 and set(result["peers"]) == {"ipcpool", "floor", "shared_memory"}
+    assert [row["n"] for row in result["peers"].values()] == [30, 30, 30]
+    assert "3 lines in 3 rounds" in out.stdout
+
+
+@pytest.mark.parametrize("rounds", ["0", "31"])
+def test_the_handoff_refuses_rounds_it_cannot_cut(tmp_path, rounds):
+    out = subprocess.run([sys.executable, str(ROOT / "bench/handoff.py"), "--backend", "host", "--handoffs", "30",
+                          "--rounds", rounds, "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and f"--rounds is 1 to --handoffs (30), got {rounds}" in out.stderr
+    assert not list(tmp_path.iterdir())
