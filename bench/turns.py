@@ -21,6 +21,7 @@ import os
 import tempfile
 import time
 from typing import Any, Callable
+from unittest import mock
 
 from bench.handoff_peers import STEPS_ENV
 
@@ -88,17 +89,9 @@ class Pair:
         self._env = {STEPS_ENV: self._steps.name, **(env or {})}   # (inherited as they start)
 
     def start(self) -> None:
-        saved = {k: os.environ.get(k) for k in self._env}
-        os.environ.update(self._env)
-        try:
+        with mock.patch.dict(os.environ, self._env):   # (the environment as it was, after)
             for proc in self.procs:
                 proc.start()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
     def wait_ready(self, timeout: float = 300) -> None:
         waiting = len(self.procs)
