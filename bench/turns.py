@@ -71,7 +71,7 @@ class Pair:
                  env: dict[str, str] | None = None):
         # ``n`` hand-offs, ``SETTLE`` more for each round after the first: those are left out
         n += SETTLE * (rounds - 1)
-        self.label, self.n, self.bounds, self.settle = label, n, bounds(n, rounds), SETTLE
+        self.label, self.n, self.bounds = label, n, bounds(n, rounds)
         # SimpleQueues: no feeder thread in the timed processes to contend for their GIL. ``pipe``:
         # the pair also gets the two ends of one AF_UNIX socketpair (the floor's notice).
         go, link, acks, self.out = ctx.SimpleQueue(), ctx.SimpleQueue(), ctx.SimpleQueue(), ctx.SimpleQueue()
@@ -107,13 +107,13 @@ class Pair:
 
     def round(self, k: int, on_sample: Callable[[], None] = lambda: None) -> None:
         """Round ``k``: let the consumer go on and take its hand-offs' latencies (ns), all but the
-        first ``settle`` of each round after the first (whose first hand-offs are the run's warm-up)."""
+        first ``SETTLE`` of each round after the first (whose first hand-offs are the run's warm-up)."""
         self.gate.put(True)
         for j in range(self.bounds[k + 1] - self.bounds[k]):
             if not self.out._reader.poll(120):
                 raise TimeoutError(f"{self.label}: no hand-off for 120 s")
             latency = self.out.get()
-            if k == 0 or j >= self.settle:
+            if k == 0 or j >= SETTLE:
                 self.samples.append(latency)
             on_sample()
 
