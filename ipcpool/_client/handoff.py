@@ -408,24 +408,26 @@ class Handoff:
         the usual create as a frame (its seal follows on the same socket), else as a message of
         ``fields``."""
         cut = buf.carving
-        ready, cut.ready_frames = cut.ready_frames, None   # (its seal goes the way this create goes)
+        ready = cut.ready_frames
         try:
-            packed = protocol.pack(meta) if meta else b""
-            cut.framed = (name is not None and len(packed) <= frames.MAX_META
-                          and not (self._freeing and self._still_freeing(name)))
-            if ready is not None and fields is None:   # the usual create: its frame built ahead (``_prepare``)
+            if ready is not None and fields is None:   # the usual create (``create_ready``): its frame and its
+                # seal's built ahead (``_prepare``), framed, its name checked
                 cut.rid = self._channel.send_ready(ready[0], frames.CREATE_NAME_LEN_AT, name, cut.ring)
-                cut.ready_frames = ready   # ... and its seal's
-            elif cut.framed:
-                cut.ring = self._ring(buf.pool)   # (its seal's too)
-                cut.rid = self._channel.send_frame(frames.create, buf.pool.encode(), name.encode(), packed,
-                                                   cut.arena.aid, cut.offset, buf.memory.size, cut.slot, cut.seq,
-                                                   cut.promise or _NO_CREDIT, ring=cut.ring)
             else:
-                extra: dict[str, Any] = {} if cut.slot is None else {"slot": cut.slot, "seq": cut.seq}
-                if cut.promise:
-                    extra["seal_credit"] = cut.promise
-                cut.rid = self._channel.send(op, arena=cut.arena.aid, offset=cut.offset, **fields, **extra)
+                cut.ready_frames = None   # (its seal goes the way this create goes)
+                packed = protocol.pack(meta) if meta else b""
+                cut.framed = (name is not None and len(packed) <= frames.MAX_META
+                              and not (self._freeing and self._still_freeing(name)))
+                if cut.framed:
+                    cut.ring = self._ring(buf.pool)   # (its seal's too)
+                    cut.rid = self._channel.send_frame(frames.create, buf.pool.encode(), name.encode(), packed,
+                                                       cut.arena.aid, cut.offset, buf.memory.size, cut.slot,
+                                                       cut.seq, cut.promise or _NO_CREDIT, ring=cut.ring)
+                else:
+                    extra: dict[str, Any] = {} if cut.slot is None else {"slot": cut.slot, "seq": cut.seq}
+                    if cut.promise:
+                        extra["seal_credit"] = cut.promise
+                    cut.rid = self._channel.send(op, arena=cut.arena.aid, offset=cut.offset, **fields, **extra)
         except BaseException:   # not sent (too large, say): the range is ours alone to take back
             self.unprepare(buf)
             raise
@@ -568,8 +570,8 @@ class Handoff:
         if cut.promise:   # the credit it promised (the usual hand-off): recorded by the pool, one call
             pool = self._imported[buf.pool]
             if cut.slot is not None:   # ... with its board word posted after, in the same call
-                post = self.boards[buf.pool].poster(cut.arena.words + cut.slot, cut.seq)
-                posted = pool.seal_range(cut.memory, stream, cut.promise, post)
+                posted = pool.seal_range(cut.memory, stream, cut.promise, self.boards[buf.pool],
+                                         cut.arena.words + cut.slot, cut.seq)
             done = cut.promise if posted else pool.release(cut.memory, stream, cut.promise)
         else:
             done = self.release(buf.pool, cut.memory, stream)

@@ -262,14 +262,16 @@ class Leases:
     def seal(self, buf: Buffer, stream: Any) -> None:
         with self._lock:
             self._channel.check_open()
-            self.buffers.pop(id(buf), None)
-            self._writing.discard(buf.name)
-            if buf.carving is not None:
-                self.handoff.seal(buf, stream)
-                return
-            # Created with a round trip: the seal waits for its reply as well.
-            done = self.handoff.release(buf.pool, buf.memory, stream)
-            self._channel.call("seal", name=buf.name, alloc=buf.alloc_id, **({"done_event": done} if done else {}))
+            try:
+                if buf.carving is not None:   # (the usual hand-off: its readers wait for the post in
+                    self.handoff.seal(buf, stream)   # there; the book-keeping below can wait for it)
+                    return
+                # Created with a round trip: the seal waits for its reply as well.
+                done = self.handoff.release(buf.pool, buf.memory, stream)
+                self._channel.call("seal", name=buf.name, alloc=buf.alloc_id, **({"done_event": done} if done else {}))
+            finally:
+                self.buffers.pop(id(buf), None)
+                self._writing.discard(buf.name)
 
     def get(self, name: str, stream: Any, timeout: float | None) -> Buffer:
         # Checked before anything is read or sent (nan, inf and negatives compare False here).

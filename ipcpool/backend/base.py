@@ -297,12 +297,12 @@ class ClientPool(ABC):
         an event is needed, else one of our own. ``if_busy``: a release (never a seal, whose event
         readers order after) of a range needs none where the work on ``stream`` is all done."""
 
-    def seal_range(self, memory: ImportedMemory, stream: Any, credit: bytes,
-                   post_after: Callable[[int, int], int | None]) -> bool:
+    def seal_range(self, memory: ImportedMemory, stream: Any, credit: bytes, board: Any, word: int, seq: int) -> bool:
         """A carved range's seal in one step where the backend can: ``release`` on the broker's
-        ``credit`` (opened here already) and the seal's board word posted after the record, both
-        by ``post_after(event, stream)`` (a CUevent and a CUstream as ints: 0 done, else nothing
-        done). False where nothing was done (the caller releases, then posts)."""
+        ``credit`` (opened here already) and word ``word`` of the seal board ``board`` posted
+        (number ``seq``) after the record, in one call (the board's ``post_after(event, stream,
+        word, seq)``: a CUevent and a CUstream as ints; 0 done, else nothing done). False where
+        nothing was done (the caller releases, then posts)."""
         return False
 
     def keep(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"") -> tuple[bytes, Any] | None:

@@ -30,7 +30,6 @@ import ctypes
 import mmap
 import os
 import time
-from collections.abc import Callable
 
 from ..errors import InvalidRequest, OutOfMemory
 from ..ranges import RangeAllocator
@@ -83,10 +82,6 @@ class Board:
         self._words[index] = seq
         if self._sleepers.value:
             self.wake(index)
-
-    def poster(self, index: int, seq: int) -> Callable[[int, int], int | None]:
-        """``post_after`` for word ``index`` and number ``seq``, given the event and the stream."""
-        return lambda event, stream: self.post_after(event, stream, index, seq)
 
     def post_after(self, event: int, stream: int, index: int, seq: int) -> int | None:
         """``post``, once ``event`` (a CUevent, as an int) is recorded on ``stream`` (a CUstream),

@@ -332,8 +332,7 @@ class CudaClientPool(ClientPool):
         self._backend.keep_done(event)
         return handle
 
-    def seal_range(self, memory: ImportedMemory, stream: Any, credit: bytes,
-                   post_after: Callable[[int, int], int | None]) -> bool:
+    def seal_range(self, memory: ImportedMemory, stream: Any, credit: bytes, board: Any, word: int, seq: int) -> bool:
         # The usual seal: the record and the post in one C call (``shm.sealboard.Board.post_after``),
         # where ``release`` and the post cost a writer on a cold CPU ~9 µs before its readers may go on.
         opened = self._credits.get(credit)
@@ -341,7 +340,7 @@ class CudaClientPool(ClientPool):
                 or memory.released):
             return False
         stream_handle = self._backend.stream_handle(stream, self.device)
-        if post_after(int(opened.handle), int(stream_handle)) != 0:
+        if board.post_after(int(opened.handle), int(stream_handle), word, seq) != 0:
             return False   # (a stream of another context, say: ``release`` records it there)
         memory.detach()
         return True
