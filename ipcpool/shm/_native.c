@@ -429,6 +429,100 @@ static PyObject *record_post(PyObject *Py_UNUSED(self), PyObject *args) {
     return PyLong_FromLong(got);
 }
 
+/* The create frame (``frames``): magic, kind, pool length, name length, meta length, slot, then
+ * the id, arena, offset, nbytes and seal number (u64 each, the id at ID_AT) and the credit. */
+#define FRAME_MAGIC 0xC1
+#define FRAME_CREATE 1
+#define CREATE_SIZE 116
+#define NO_SLOT 0xFFFFFFFFu
+#define MAX_ID (1ull << 63)
+
+static int name_char(unsigned char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_'
+           || c == ':' || c == '-';
+}
+
+/* A name ``protocol.NAME_RE`` takes: ASCII, a letter or digit first, parts of '._:-' and letters
+ * and digits joined by '/', none empty (the last may be, after a final '/'), none after the first
+ * '.' or '..'. Whatever this refuses, Python's ``read_create`` reads again (and may still take). */
+static int name_valid(const unsigned char *s, Py_ssize_t n) {
+    if (n < 1 || n > MAX_NAME || !name_char(s[0]) || s[0] == '.' || s[0] == '_' || s[0] == ':' || s[0] == '-')
+        return 0;
+    Py_ssize_t part = 0;
+    for (Py_ssize_t i = 0; i <= n; i++) {
+        if (i < n && s[i] != '/') {
+            if (!name_char(s[i]))
+                return 0;
+            continue;
+        }
+        Py_ssize_t len = i - part;   /* the part [part, i), ended by '/' or the name's end */
+        if (len == 0 && (i < n || part == 0))
+            return 0;
+        if (part > 0 && s[part] == '.' && (len == 1 || (len == 2 && s[part + 1] == '.')))
+            return 0;
+        part = i + 1;
+    }
+    return 1;
+}
+
+/* read_create(data) -> (id, pool, name, nbytes, None, arena, offset, slot, seq, credit), the
+ * fields of ``frames.Create``, or None where the frame is not the usual create (another kind, a
+ * length that does not add up, metadata, an id out of range, a pool or name that is not plain
+ * ASCII and valid): ``frames.read_create`` reads those in Python, and refuses what it must. The
+ * broker's first step with a create, on the way to the entry a reader waits for. */
+static PyObject *read_create(PyObject *Py_UNUSED(self), PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *d = view.buf;
+    Py_ssize_t len = view.len;
+    PyObject *out = NULL;
+    if (len < CREATE_SIZE || d[0] != FRAME_MAGIC || d[1] != FRAME_CREATE)
+        goto usual_not;
+    Py_ssize_t pool_len = u16(d + 2), name_len = u16(d + 4), meta_len = u16(d + 6);
+    uint32_t slot = u32(d + 8);
+    uint64_t rid = u64(d + ID_AT), arena = u64(d + 20), offset = u64(d + 28), nbytes = u64(d + 36),
+             seq = u64(d + 44);
+    const unsigned char *credit = d + 52, *pool = d + CREATE_SIZE, *name = pool + pool_len;
+    if (meta_len || len != CREATE_SIZE + pool_len + name_len || rid >= MAX_ID || pool_len < 1
+            || pool_len > MAX_NAME || !name_valid(name, name_len))
+        goto usual_not;
+    for (Py_ssize_t i = 0; i < pool_len; i++)
+        if (pool[i] >= 0x80)
+            goto usual_not;
+    out = PyTuple_New(10);
+    if (out == NULL)
+        goto done;
+    PyObject *none_slot = slot == NO_SLOT ? Py_None : NULL;
+    PyObject *items[10] = {
+        PyLong_FromUnsignedLongLong(rid),
+        PyUnicode_DecodeASCII((const char *)pool, pool_len, NULL),
+        PyUnicode_DecodeASCII((const char *)name, name_len, NULL),
+        PyLong_FromUnsignedLongLong(nbytes),
+        Py_NewRef(Py_None),
+        PyLong_FromUnsignedLongLong(arena),
+        PyLong_FromUnsignedLongLong(offset),
+        none_slot ? Py_NewRef(Py_None) : PyLong_FromUnsignedLong(slot),
+        none_slot ? Py_NewRef(Py_None) : PyLong_FromUnsignedLongLong(seq),
+        is_zero(credit, 64) ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize((const char *)credit, 64),
+    };
+    for (int i = 0; i < 10; i++) {   /* (every one given to the tuple, which drops them on a failure) */
+        if (items[i] == NULL) {
+            for (int k = i + 1; k < 10; k++)
+                Py_XDECREF(items[k]);
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyTuple_SetItem(out, i, items[i]);
+    }
+    goto done;
+usual_not:
+    out = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyObject *crc32_py(PyObject *Py_UNUSED(self), PyObject *arg) {   /* for the tests: zlib.crc32's */
     const char *p;
     Py_ssize_t n;
@@ -443,6 +537,7 @@ static PyMethodDef methods[] = {
     {"publish", publish, METH_VARARGS, "publish(map, capacity, probes, name, gen, state, alloc, offset, size, word, seq, event, dtype, dims, ndim, flags): the index written, or None"},
     {"ring_put", ring_put, METH_VARARGS, "ring_put(page, directory, frame, name_len_at, rid, name): 1 put, 2 put (nudge), 0 not put"},
     {"record_post", record_post, METH_VARARGS, "record_post(event, stream, board, index, seq): 0 (-2: wake sleepers), -1 no driver, else a CUresult"},
+    {"read_create", read_create, METH_O, "read_create(frame): a usual create frame's fields (frames.Create's), or None"},
     {"crc32", crc32_py, METH_O, "crc32(data): as zlib.crc32"},
     {NULL, NULL, 0, NULL},
 };
@@ -457,6 +552,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (PyModule_AddIntConstant(m, "RING_SLOT", RING_SLOT) < 0 || PyModule_AddIntConstant(m, "RING_SLOTS_AT", RING_SLOTS_AT) < 0
             || PyModule_AddIntConstant(m, "RING_MARGIN_NS", RING_MARGIN_NS) < 0
             || PyModule_AddIntConstant(m, "AWAKE_AT", AWAKE_AT) < 0 || PyModule_AddIntConstant(m, "ID_AT", ID_AT) < 0
+            || PyModule_AddIntConstant(m, "CREATE_SIZE", CREATE_SIZE) < 0
             || PyModule_AddIntConstant(m, "BOARD_WORDS", BOARD_WORDS) < 0
             || PyModule_AddIntConstant(m, "SLEEPERS_AT", SLEEPERS_AT) < 0) {
         Py_DECREF(m);

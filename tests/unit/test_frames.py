@@ -1,6 +1,9 @@
 """The hand-off's binary frames (``ipcpool.frames``): what a client builds, the broker reads back;
 what a client could send instead is refused with an error naming what is wrong."""
 
+import itertools
+import re
+
 import pytest
 
 from ipcpool import frames, protocol
@@ -74,3 +77,61 @@ def test_the_brokers_read_of_a_create_refuses_what_parse_does(data, error, says)
     """The broker reads a create frame with ``read_create`` alone (no ``kind`` first)."""
     with pytest.raises(error, match=says):
         frames.read_create(data)
+
+
+# -- the usual create read in C (``shm/_native.c``) ------------------------------------------------
+USUAL = [_create(), _create(slot=None, seq=0, credit=bytes(64)), _create(credit=bytes(64)),
+         _create(name=b"a"), _create(name=b"layer.0/w:q-k_v/"), _create(pool=b"p" * 255, name=b"n" * 255),
+         _create(rid=(1 << 63) - 1, arena=(1 << 64) - 1, offset=0, nbytes=1, slot=0, seq=(1 << 64) - 1)]
+NOT_USUAL = [_create(meta=protocol.pack({"dtype": "float16", "shape": [4]})), _create(pool="pöol".encode()),
+             _create(name="naïve".encode()), _create(name=b"a/../b"), _create(rid=1 << 63), _create()[:-1],
+             _create() + b"x", frames.seal(8, b"h/1", CREDIT), _create()[:40]]
+
+
+def _python_read(monkeypatch, data):
+    monkeypatch.setattr(frames, "_native_read_create", None)
+    try:
+        return frames.read_create(data)
+    finally:
+        monkeypatch.undo()
+
+
+def test_the_c_read_of_a_usual_create_gives_what_python_reads(monkeypatch):
+    native = pytest.importorskip("ipcpool.shm._native", reason="not built here (no C compiler when installed)")
+    assert native.CREATE_SIZE == frames._CREATE_SIZE and native.ID_AT == frames._ID_AT
+    for data in USUAL:
+        got = native.read_create(data)
+        assert got is not None, data
+        c = frames.read_create(data)
+        assert type(c) is frames.Create and c == _python_read(monkeypatch, data)
+        assert [type(v) for v in c] == [type(v) for v in _python_read(monkeypatch, data)]
+    assert native.read_create(memoryview(USUAL[0])) == native.read_create(USUAL[0])
+
+
+def test_every_other_frame_is_left_to_python_which_reads_or_refuses_it(monkeypatch):
+    native = pytest.importorskip("ipcpool.shm._native", reason="not built here (no C compiler when installed)")
+    for data in NOT_USUAL:
+        assert native.read_create(data) is None, data
+        try:
+            want = _python_read(monkeypatch, data)
+        except (InvalidRequest, ProtocolError) as exc:
+            with pytest.raises(type(exc), match=re.escape(str(exc))):
+                frames.read_create(data)
+        else:
+            assert frames.read_create(data) == want
+    with pytest.raises(TypeError):
+        native.read_create("not bytes")
+
+
+def test_the_c_read_takes_exactly_the_names_the_protocol_takes():
+    """Every name of up to five characters of letters, digits and the characters a name may hold
+    or that make one invalid: the C check and ``protocol.NAME_RE`` agree on each."""
+    native = pytest.importorskip("ipcpool.shm._native", reason="not built here (no C compiler when installed)")
+    disagree = []
+    for n in range(6):
+        for chars in itertools.product("a9./_:-", repeat=n):
+            name = "".join(chars)
+            c = native.read_create(_create(name=name.encode())) is not None
+            if c != bool(protocol.NAME_RE.fullmatch(name)):
+                disagree.append(name)
+    assert disagree == []
