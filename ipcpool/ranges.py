@@ -147,6 +147,14 @@ class TakenRanges:
     def taken(self, offset: int) -> bool:
         return offset in self._sizes
 
+    def shared(self) -> tuple[list[int], dict[int, int]]:
+        """The taken starts (sorted) and their sizes, themselves: C takes a range in them as
+        ``reserve`` does (``_native.usual_create``), then ``took`` counts it."""
+        return self._starts, self._sizes
+
+    def took(self, size: int) -> None:
+        self.used += size
+
     def size_of(self, offset: int) -> int:
         return self._sizes[offset]
 

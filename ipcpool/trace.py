@@ -53,7 +53,9 @@ Events (``name``: fields; where):
 - ``broker.send``: ident, msg. Any other message to a client: a later answer (a waiting reader's
   pending lease), a notice, an error reply (``Broker.send``).
 - ``broker.entry``: pool, name, index. A new object's name-directory entry written, the first
-  thing done with its create (``Directories.publish``).
+  thing done with its create (``Directories.publish``). (A traced broker checks every create in
+  Python, so that these come in this order: untraced, the usual create is checked up to its entry
+  in C, ``ObjectTable.create_usual``.)
 - ``client.phase``: phase, at ("start" or "end"), args (the call's positional arguments, self
   first). A step of a checkpoint writer's round began or ended, whatever its outcome (functions
   marked ``@phase``): ``begin``, ``import`` (``Pools.import_allocation``), ``let_go``, ``views``

@@ -9,6 +9,7 @@ The CUDA implementation (events, credits, done waits) is ``cuda.ordering.CudaOrd
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Container
 
 from ..errors import InvalidRequest
 from .records import Export, SessionContext
@@ -44,6 +45,12 @@ class Ordering(ABC):
     def check_promise(self, session: SessionContext, handle: bytes) -> None:
         """A writer promises to record its seal on ``handle`` (a credit this session holds, unused)
         so that readers can be told of it before the seal; refuse anything else."""
+
+    @abstractmethod
+    def promises(self, session: SessionContext) -> Container[bytes] | None:
+        """What ``check_promise`` takes: the handles ``session`` may promise (a live view: a
+        membership test), or None where only an empty one (no events). For the broker's check of
+        a create in C (``broker.arenas.Ticket``)."""
 
     @abstractmethod
     def seal_done(self, handle: object) -> bool:
@@ -87,6 +94,9 @@ class NullOrdering(Ordering):
     def check_promise(self, session: SessionContext, handle: bytes) -> None:
         if handle:   # no events: nothing to promise
             raise InvalidRequest("this pool has no events: a create names no seal_credit")
+
+    def promises(self, session: SessionContext) -> None:
+        return None
 
     def seal_done(self, handle: object) -> bool:
         return True

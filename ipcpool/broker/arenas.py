@@ -20,7 +20,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Container
+from typing import Any, NamedTuple
 
 from ..ranges import TakenRanges
 from ..errors import InvalidRequest, IpcPoolError
@@ -52,11 +53,34 @@ class Arena:
         return self.alloc.aid
 
 
+class Ticket(NamedTuple):
+    """What an arena's usual creates are checked against in C (``_native.usual_create``, which
+    reads these fields by their place: a change here is a change there): made after the arena's
+    first create is entered the Python way, dropped with its board block. The mirror's lists, the
+    session's credits and the directory's map are the live ones, shared."""
+    arena: Arena
+    session: Session
+    pool: str
+    words: int                      # its first board word
+    first_seq: int
+    starts: list[int]               # the mirror's taken ranges (``TakenRanges.shared``)
+    sizes: dict[int, int]
+    capacity: int
+    alignment: int
+    map: Any                        # the pool's directory: its map, entries, probe length
+    dir_capacity: int
+    probes: int
+    promises: Container[bytes] | None   # what a create may promise (``Ordering.promises``)
+    limit: int                      # the uid's objects quota (0: none)
+    uid: int
+
+
 class Handoffs:
     def __init__(self, registry: Registry, notify: Callable[[Session, dict], None]):
         self.registry = registry
         self._notify = notify
         self.arenas: dict[int, Arena] = {}
+        self.tickets: dict[int, Ticket] = {}   # arena id -> its ticket (``Ticket``)
         self._boards: dict[str, sealboard.Blocks] = {}   # pool name -> its board, shared out
         self._idle: collections.deque[tuple[Arena, int]] = collections.deque()
 
@@ -99,6 +123,21 @@ class Handoffs:
             arena.ranges.reserve(offset, nbytes)
         except IpcPoolError as exc:
             raise InvalidRequest(f"arena {arena.aid}: {nbytes} bytes at offset {offset}: {exc}") from None
+
+    def reserved(self, arena: Arena, size: int) -> None:
+        """A range of ``size`` (rounded) taken in ``arena``'s mirror in C (``Ticket``): counted."""
+        arena.ranges.took(size)
+
+    def ticket(self, arena: Arena, session: Session, directory: Any, limit: int) -> None:
+        """``arena``'s ticket, where it has none, for the C check of its next creates: ``directory``
+        (its pool's, ``shm.directory.Directory``) and ``limit`` (the session's objects quota) as now."""
+        if arena.aid in self.tickets or arena.words is None or arena.closed or directory is None:
+            return
+        starts, sizes = arena.ranges.shared()
+        self.tickets[arena.aid] = Ticket(
+            arena, session, arena.alloc.pool.spec.name, arena.words, arena.first_seq, starts, sizes,
+            arena.ranges.capacity, arena.ranges.alignment, directory.mapping, directory.capacity, directory.probes,
+            arena.alloc.pool.ordering.promises(session.backend), limit, session.cred.uid)
 
     def record(self, session: Session, arena: Arena, offset: int, nbytes: int) -> Allocation:
         """A reserved range as an allocation of its own, held by ``session``; the range goes back
@@ -184,6 +223,7 @@ class Handoffs:
                     self.registry.bytes_by_uid[alloc.uid] -= given
 
     def _give_back_block(self, arena: Arena) -> None:
+        self.tickets.pop(arena.aid, None)   # (its words go: no create is checked in C there again)
         if arena.words is not None:
             self._boards[arena.alloc.pool.spec.name].give_back(arena.words, arena.top_seq)
             arena.words = None

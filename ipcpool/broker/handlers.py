@@ -133,9 +133,20 @@ class Handlers:
             promised = promised or b""
             self.tables.registry.pool(pool).ordering.check_promise(session.backend, promised)
         obj = self.tables.objects.create(session, name, nbytes, pool, meta or {}, arena, offset, word, seq, promised)
-        if word is not None:   # readers already waiting watch the board from now on
+        return self._created(session, obj, pool, arena is not None)
+
+    def create_usual(self, session: Session, data: bytes) -> tuple[int, dict] | None:
+        """A create frame of the usual kind checked and entered in C (``ObjectTable.create_usual``):
+        its request id and answer, as ``create``'s; None: not usual (``create`` does it)."""
+        got = self.tables.objects.create_usual(session, data)
+        return None if got is None else (got[0].rid, self._created(session, got[1], got[0].pool, True))
+
+    def _created(self, session: Session, obj, pool: str, carved: bool) -> dict:
+        """A new object's answer (``pool``: as the create named it), once readers already waiting
+        watch its board word."""
+        if obj.word is not None:   # readers already waiting watch the board from now on
             self.notices.pending(obj)
-        if arena is not None:   # the client has the memory already
+        if carved:   # the client has the memory already
             return Carved(obj.alloc.aid, pool, credit(obj.alloc.pool, session)).encode()
         return allocation(obj.alloc, credit=credit(obj.alloc.pool, session)).encode()
 

@@ -525,16 +525,37 @@ class Broker:
             return
         self.directories.received = time.perf_counter_ns()   # (a create's entry is timed from here)
         try:
-            c = frames.read_create(data)   # (the id, lengths and kind checked in its one unpack)
-            if c is not None:
-                self._create(session, c)
-            else:
-                op, fields = frames.parse(data)
-                self.access.check_request(session, op, fields)
-                self._run(session, op, fields, frames.request_id(data))
+            if not self._create_usual(session, data):
+                c = frames.read_create(data)   # (the id, lengths and kind checked in its one unpack)
+                if c is not None:
+                    self._create(session, c)
+                else:
+                    op, fields = frames.parse(data)
+                    self.access.check_request(session, op, fields)
+                    self._run(session, op, fields, frames.request_id(data))
         except Exception as exc:   # (answered by the frame's id where it has a valid one)
             self._refuse(session.token, session, frames.request_id(data), exc)
         self.handoffs.settle()
+
+    def _create_usual(self, session: Session, data: bytes) -> bool:
+        """The usual create frame, checked up to its directory entry in C (``Handlers.create_usual``)
+        and answered as ``_create`` answers; False: anything else, and every create where pools are
+        restricted or the broker is traced (its events in order: ``ipcpool.trace``)."""
+        if self.access.restricted or trace.hook is not None:
+            return False
+        t0 = time.perf_counter()
+        try:
+            got = self.handlers.create_usual(session, data)
+        except BaseException:
+            self._created(session)
+            raise
+        if got is None:
+            return False
+        try:
+            self._answer(session, "create", got[0], got[1], t0)
+        finally:
+            self._created(session)
+        return True
 
     def _create(self, session: Session, c: frames.Create) -> None:
         """A create frame: no dict and no dispatch on the way to its directory entry, a reader's
@@ -547,8 +568,11 @@ class Broker:
         try:
             self._answer(session, "create", c.rid, self.handlers.create(session, c), t0)
         finally:
-            session.backend.peer_progressed()
-            collector.in_create()
+            self._created(session)
+
+    def _created(self, session: Session) -> None:
+        session.backend.peer_progressed()
+        collector.in_create()
 
     def _run(self, session: Session, op: str, fields: dict, rid: int) -> None:
         """A checked request of either channel handled, timed and answered (on the message channel)."""

@@ -1,7 +1,9 @@
 /* The hand-off's hot calls on shared memory in C, each following a layout described in Python
  * field for field: the name directory's (``shm.directory``: a reader's lookup and state check, the
  * broker's write of a new entry), the request ring's (``shm.requests``: a writer's frame put) and
- * the seal board's (``shm.sealboard``: a seal's event recorded, then its word posted).
+ * the seal board's (``shm.sealboard``: a seal's event recorded, then its word posted); and the
+ * broker's read of a create frame (``frames``) and its check of the usual create up to its entry
+ * (``broker.objects.ObjectTable.create_usual``), each a stand-in for Python it is tested against.
  *
  * A reader's get runs the first two first, often on a CPU its sleep left with cold caches; the
  * broker's create writes the entry the reader waits for; a writer's create and seal put their
@@ -231,12 +233,66 @@ static PyObject *state(PyObject *Py_UNUSED(self), PyObject *args) {
     return PyLong_FromUnsignedLong(g == gen ? s : GONE);
 }
 
+/* The write of a new entry into the directory at ``base`` (its fields checked to fit): the first
+ * entry on the name's probe that holds no live object (empty or gone), its version made odd, the
+ * whole body written (zeros past each field, as the Python's struct), the version even, the
+ * change count bumped. Its index, or -1 where the probe found no free entry. */
+static Py_ssize_t publish_into(unsigned char *base, Py_ssize_t capacity, Py_ssize_t probes, const unsigned char *name,
+                               Py_ssize_t n, uint64_t gen, uint32_t state, uint64_t alloc, uint64_t offset,
+                               uint64_t size, uint32_t word, uint64_t seq, const unsigned char *event,
+                               Py_ssize_t event_len, const unsigned char *dtype, Py_ssize_t dtype_len,
+                               const unsigned char *dims, Py_ssize_t dims_len, unsigned ndim, unsigned flags) {
+    Py_ssize_t index = (Py_ssize_t)(crc32_of(name, n) % (uint32_t)capacity);
+    if (probes > capacity)
+        probes = capacity;
+    Py_ssize_t k = 0;
+    for (; k < probes; k++) {   /* (the broker's own entries: no version to check) */
+        uint32_t st = u32(base + (index + 1) * ENTRY + 16);
+        if (st != WRITING && st != SEALED)
+            break;
+        index = index + 1 < capacity ? index + 1 : 0;
+    }
+    if (k == probes)
+        return -1;
+    unsigned char body[NAME_AT + MAX_NAME - 8];   /* everything after the version */
+    memset(body, 0, sizeof body);
+#define F(off) (body + (off) - 8)   /* a field of the body by its offset in the entry */
+    uint32_t name_len = (uint32_t)n;
+    uint16_t fl = (uint16_t)flags;
+    memcpy(F(8), &gen, 8);
+    memcpy(F(16), &state, 4);
+    memcpy(F(20), &name_len, 4);
+    memcpy(F(24), &alloc, 8);
+    memcpy(F(32), &offset, 8);
+    memcpy(F(40), &size, 8);
+    memcpy(F(48), &word, 4);
+    *F(52) = (uint8_t)ndim;
+    *F(53) = (uint8_t)dtype_len;
+    memcpy(F(54), &fl, 2);
+    memcpy(F(56), &seq, 8);
+    if (event_len)
+        memcpy(F(64), event, event_len);
+    if (dtype_len)
+        memcpy(F(DTYPE_AT), dtype, dtype_len);
+    if (dims_len)
+        memcpy(F(SHAPE_AT), dims, dims_len);
+    memcpy(F(NAME_AT), name, n);
+#undef F
+    unsigned char *at = base + (index + 1) * ENTRY;
+    uint64_t *ver = (uint64_t *)at, v = __atomic_load_n(ver, __ATOMIC_RELAXED);
+    __atomic_store_n(ver, v + 1, __ATOMIC_RELAXED);   /* odd: readers skip it while it changes */
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    memcpy(at + 8, body, sizeof body);
+    __atomic_store_n(ver, v + 2, __ATOMIC_RELEASE);   /* even: whole */
+    uint64_t *change = (uint64_t *)(base + CHANGE_AT);
+    __atomic_store_n(change, __atomic_load_n(change, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+    return index;
+}
+
 /* publish(map, capacity, probes, name, gen, state, alloc, offset, size, word, seq, event, dtype,
  *         dims, ndim, flags) -> the index written, or None (no free entry on the name's probe).
- * The broker's write of a new entry (``Directory.publish``, the single writer): the first entry on
- * the probe that holds no live object (empty or gone), its version made odd, the whole body
- * written (zeros past each field, as the Python's struct), the version even, the change count
- * bumped. ``dims``: the shape packed (ndim u64s); ``word`` NO_WORD for none. */
+ * The broker's write of a new entry (``Directory.publish``, the single writer): ``publish_into``.
+ * ``dims``: the shape packed (ndim u64s); ``word`` NO_WORD for none. */
 static PyObject *publish(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *map;
     const char *name, *event, *dtype, *dims;
@@ -255,51 +311,13 @@ static PyObject *publish(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer view;
     if (map_of(map, capacity, PyBUF_WRITABLE, &view) < 0)
         return NULL;
-    unsigned char *base = view.buf;
-    Py_ssize_t index = (Py_ssize_t)(crc32_of((const unsigned char *)name, n) % (uint32_t)capacity);
-    if (probes > capacity)
-        probes = capacity;
-    Py_ssize_t k = 0;
-    for (; k < probes; k++) {   /* (the broker's own entries: no version to check) */
-        uint32_t st = u32(base + (index + 1) * ENTRY + 16);
-        if (st != WRITING && st != SEALED)
-            break;
-        index = index + 1 < capacity ? index + 1 : 0;
-    }
-    if (k == probes) {
-        PyBuffer_Release(&view);
-        Py_RETURN_NONE;
-    }
-    unsigned char body[NAME_AT + MAX_NAME - 8];   /* everything after the version */
-    memset(body, 0, sizeof body);
-#define F(off) (body + (off) - 8)   /* a field of the body by its offset in the entry */
-    uint32_t name_len = (uint32_t)n;
-    uint16_t fl = (uint16_t)flags;
-    memcpy(F(8), &gen, 8);
-    memcpy(F(16), &state, 4);
-    memcpy(F(20), &name_len, 4);
-    memcpy(F(24), &alloc, 8);
-    memcpy(F(32), &offset, 8);
-    memcpy(F(40), &size, 8);
-    memcpy(F(48), &word, 4);
-    *F(52) = (uint8_t)ndim;
-    *F(53) = (uint8_t)dtype_len;
-    memcpy(F(54), &fl, 2);
-    memcpy(F(56), &seq, 8);
-    memcpy(F(64), event, event_len);
-    memcpy(F(DTYPE_AT), dtype, dtype_len);
-    memcpy(F(SHAPE_AT), dims, dims_len);
-    memcpy(F(NAME_AT), name, n);
-#undef F
-    unsigned char *at = base + (index + 1) * ENTRY;
-    uint64_t *ver = (uint64_t *)at, v = __atomic_load_n(ver, __ATOMIC_RELAXED);
-    __atomic_store_n(ver, v + 1, __ATOMIC_RELAXED);   /* odd: readers skip it while it changes */
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    memcpy(at + 8, body, sizeof body);
-    __atomic_store_n(ver, v + 2, __ATOMIC_RELEASE);   /* even: whole */
-    uint64_t *change = (uint64_t *)(base + CHANGE_AT);
-    __atomic_store_n(change, __atomic_load_n(change, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+    Py_ssize_t index = publish_into(view.buf, capacity, probes, (const unsigned char *)name, n, gen, state, alloc,
+                                    offset, size, word, seq, (const unsigned char *)event, event_len,
+                                    (const unsigned char *)dtype, dtype_len, (const unsigned char *)dims, dims_len,
+                                    ndim, flags);
     PyBuffer_Release(&view);
+    if (index < 0)
+        Py_RETURN_NONE;
     return PyLong_FromSsize_t(index);
 }
 
@@ -465,61 +483,257 @@ static int name_valid(const unsigned char *s, Py_ssize_t n) {
     return 1;
 }
 
-/* read_create(data) -> (id, pool, name, nbytes, None, arena, offset, slot, seq, credit), the
- * fields of ``frames.Create``, or None where the frame is not the usual create (another kind, a
- * length that does not add up, metadata, an id out of range, a pool or name that is not plain
- * ASCII and valid): ``frames.read_create`` reads those in Python, and refuses what it must. The
- * broker's first step with a create, on the way to the entry a reader waits for. */
+/* A usual create frame's fields, read in place (``parse_create``). */
+struct create_frame {
+    uint64_t rid, arena, offset, nbytes, seq;
+    uint32_t slot;
+    const unsigned char *credit, *pool, *name;
+    Py_ssize_t pool_len, name_len;
+};
+
+/* Whether ``d`` is the usual create (no metadata, a length that adds up, an id in range, a plain
+ * ASCII pool and a valid name), its fields read into ``f``; 0: anything else. */
+static int parse_create(const unsigned char *d, Py_ssize_t len, struct create_frame *f) {
+    if (len < CREATE_SIZE || d[0] != FRAME_MAGIC || d[1] != FRAME_CREATE)
+        return 0;
+    f->pool_len = u16(d + 2);
+    f->name_len = u16(d + 4);
+    f->slot = u32(d + 8);
+    f->rid = u64(d + ID_AT);
+    f->arena = u64(d + 20);
+    f->offset = u64(d + 28);
+    f->nbytes = u64(d + 36);
+    f->seq = u64(d + 44);
+    f->credit = d + 52;
+    f->pool = d + CREATE_SIZE;
+    f->name = f->pool + f->pool_len;
+    if (u16(d + 6) || len != CREATE_SIZE + f->pool_len + f->name_len || f->rid >= MAX_ID || f->pool_len < 1
+            || f->pool_len > MAX_NAME || !name_valid(f->name, f->name_len))
+        return 0;
+    for (Py_ssize_t i = 0; i < f->pool_len; i++)
+        if (f->pool[i] >= 0x80)
+            return 0;
+    return 1;
+}
+
+/* ``frames.Create``'s fields of a parsed frame: (id, pool, name, nbytes, None, arena, offset,
+ * slot, seq, credit), slot and seq None without a slot, credit None where all zeros. */
+static PyObject *create_fields(const struct create_frame *f) {
+    int no_slot = f->slot == NO_SLOT;
+    PyObject *items[10] = {
+        PyLong_FromUnsignedLongLong(f->rid),
+        PyUnicode_DecodeASCII((const char *)f->pool, f->pool_len, NULL),
+        PyUnicode_DecodeASCII((const char *)f->name, f->name_len, NULL),
+        PyLong_FromUnsignedLongLong(f->nbytes),
+        Py_NewRef(Py_None),
+        PyLong_FromUnsignedLongLong(f->arena),
+        PyLong_FromUnsignedLongLong(f->offset),
+        no_slot ? Py_NewRef(Py_None) : PyLong_FromUnsignedLong(f->slot),
+        no_slot ? Py_NewRef(Py_None) : PyLong_FromUnsignedLongLong(f->seq),
+        is_zero(f->credit, 64) ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize((const char *)f->credit, 64),
+    };
+    PyObject *out = PyTuple_New(10);
+    for (int i = 0; i < 10; i++) {   /* (each given to the tuple, which drops them with itself) */
+        if (out == NULL || items[i] == NULL) {
+            for (int k = i; k < 10; k++)
+                Py_XDECREF(items[k]);
+            Py_XDECREF(out);
+            return NULL;
+        }
+        PyTuple_SetItem(out, i, items[i]);
+    }
+    return out;
+}
+
+/* read_create(data) -> ``create_fields``, or None where the frame is not the usual create:
+ * ``frames.read_create`` reads those in Python, and refuses what it must. The broker's first step
+ * with a create, on the way to the entry a reader waits for. */
 static PyObject *read_create(PyObject *Py_UNUSED(self), PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    const unsigned char *d = view.buf;
-    Py_ssize_t len = view.len;
-    PyObject *out = NULL;
-    if (len < CREATE_SIZE || d[0] != FRAME_MAGIC || d[1] != FRAME_CREATE)
-        goto usual_not;
-    Py_ssize_t pool_len = u16(d + 2), name_len = u16(d + 4), meta_len = u16(d + 6);
-    uint32_t slot = u32(d + 8);
-    uint64_t rid = u64(d + ID_AT), arena = u64(d + 20), offset = u64(d + 28), nbytes = u64(d + 36),
-             seq = u64(d + 44);
-    const unsigned char *credit = d + 52, *pool = d + CREATE_SIZE, *name = pool + pool_len;
-    if (meta_len || len != CREATE_SIZE + pool_len + name_len || rid >= MAX_ID || pool_len < 1
-            || pool_len > MAX_NAME || !name_valid(name, name_len))
-        goto usual_not;
-    for (Py_ssize_t i = 0; i < pool_len; i++)
-        if (pool[i] >= 0x80)
-            goto usual_not;
-    out = PyTuple_New(10);
-    if (out == NULL)
-        goto done;
-    PyObject *none_slot = slot == NO_SLOT ? Py_None : NULL;
-    PyObject *items[10] = {
-        PyLong_FromUnsignedLongLong(rid),
-        PyUnicode_DecodeASCII((const char *)pool, pool_len, NULL),
-        PyUnicode_DecodeASCII((const char *)name, name_len, NULL),
-        PyLong_FromUnsignedLongLong(nbytes),
-        Py_NewRef(Py_None),
-        PyLong_FromUnsignedLongLong(arena),
-        PyLong_FromUnsignedLongLong(offset),
-        none_slot ? Py_NewRef(Py_None) : PyLong_FromUnsignedLong(slot),
-        none_slot ? Py_NewRef(Py_None) : PyLong_FromUnsignedLongLong(seq),
-        is_zero(credit, 64) ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize((const char *)credit, 64),
-    };
-    for (int i = 0; i < 10; i++) {   /* (every one given to the tuple, which drops them on a failure) */
-        if (items[i] == NULL) {
-            for (int k = i + 1; k < 10; k++)
-                Py_XDECREF(items[k]);
-            Py_CLEAR(out);
-            goto done;
-        }
-        PyTuple_SetItem(out, i, items[i]);
-    }
-    goto done;
-usual_not:
-    out = Py_NewRef(Py_None);
-done:
+    struct create_frame f;
+    PyObject *out = parse_create(view.buf, view.len, &f) ? create_fields(&f) : Py_NewRef(Py_None);
     PyBuffer_Release(&view);
+    return out;
+}
+
+/* usual_create's ticket (``broker.arenas.Ticket``): what an arena's usual creates are checked
+ * against, by index. */
+enum { T_ARENA, T_SESSION, T_POOL, T_WORDS, T_FIRST_SEQ, T_STARTS, T_SIZES, T_CAPACITY, T_ALIGN, T_MAP,
+       T_DIR_CAPACITY, T_PROBES, T_PROMISES, T_LIMIT, T_UID, T_FIELDS };
+#define BOARD_BLOCK 256              /* sealboard.BLOCK: words per arena */
+#define FIRST_MAX (1ull << 62)       /* sealboard.FIRST_MAX */
+
+static PyObject *str_closed;   /* "closed", interned */
+
+/* A ticket's int field; -1 (the error cleared) where it is not one in [0, 2**63). */
+static long long ticket_int(PyObject *ticket, int k) {
+    long long v = PyLong_AsLongLong(PyTuple_GetItem(ticket, k));
+    if (v < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    return v;
+}
+
+/* usual_create(frame, session, tickets, objects, counts, gen) -> (fields, size, index), or None.
+ * The usual carved create, checked as the broker's Python would check it (``Handlers.create``,
+ * ``ObjectTable.create``), its range taken in the arena's mirror and its directory entry written,
+ * in one call: the work between a create's receipt and the entry a reader waits for. ``tickets``:
+ * arena id -> its ticket; ``objects``: the live names; ``counts``: uid -> its named objects; ``gen``
+ * the entry's number. ``fields``: ``create_fields``; ``size``: the range as taken (rounded);
+ * ``index``: the entry's, None where the probe found no free entry. None, with nothing changed:
+ * anything not usual or not allowed (another frame, an arena without a ticket, a word, number,
+ * credit, name, quota or range the Python refuses or might): the caller does it the Python way,
+ * which refuses what it must, saying why. */
+static PyObject *usual_create(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *frame, *session, *tickets, *objects, *counts;
+    unsigned long long gen;
+    if (!PyArg_ParseTuple(args, "OOO!O!O!K", &frame, &session, &PyDict_Type, &tickets, &PyDict_Type, &objects,
+                          &PyDict_Type, &counts, &gen))
+        return NULL;
+    Py_buffer fv;
+    if (PyObject_GetBuffer(frame, &fv, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *out = NULL, *aid = NULL, *name = NULL, *credit = NULL, *start = NULL, *size_obj = NULL, *fields = NULL;
+    Py_buffer mv = {0};
+    struct create_frame f;
+    if (!parse_create(fv.buf, fv.len, &f) || f.slot == NO_SLOT || f.slot >= BOARD_BLOCK || f.seq < 1
+            || f.seq >= FIRST_MAX || f.arena >= MAX_ID || f.offset >= MAX_ID || f.nbytes >= MAX_ID)
+        goto not_usual;
+    aid = PyLong_FromUnsignedLongLong(f.arena);
+    if (aid == NULL)
+        goto failed;
+    PyObject *ticket = PyDict_GetItem(tickets, aid);   /* (borrowed) */
+    if (ticket == NULL || !PyTuple_Check(ticket) || PyTuple_Size(ticket) != T_FIELDS
+            || PyTuple_GetItem(ticket, T_SESSION) != session)
+        goto not_usual;
+    PyObject *closed = PyObject_GetAttr(PyTuple_GetItem(ticket, T_ARENA), str_closed);
+    if (closed == NULL)
+        goto failed;
+    Py_DECREF(closed);
+    if (closed != Py_False)
+        goto not_usual;
+    Py_ssize_t pool_len;
+    const char *pool = PyUnicode_AsUTF8AndSize(PyTuple_GetItem(ticket, T_POOL), &pool_len);
+    if (pool == NULL)
+        goto failed;
+    long long words = ticket_int(ticket, T_WORDS), first_seq = ticket_int(ticket, T_FIRST_SEQ),
+              capacity = ticket_int(ticket, T_CAPACITY), align = ticket_int(ticket, T_ALIGN),
+              dir_capacity = ticket_int(ticket, T_DIR_CAPACITY), probes = ticket_int(ticket, T_PROBES),
+              limit = ticket_int(ticket, T_LIMIT);
+    if (pool_len != f.pool_len || memcmp(pool, f.pool, pool_len) || words < 0 || first_seq < 0 || capacity < 0
+            || align <= 0 || dir_capacity <= 0 || probes < 0 || limit < 0 || f.seq < (uint64_t)first_seq
+            || words + f.slot > 0xFFFFFFFEll)
+        goto not_usual;
+    /* The credit its seal will be recorded on: one of the session's (``promises``), or none where
+     * its pool has no events (None). */
+    PyObject *promises = PyTuple_GetItem(ticket, T_PROMISES);
+    int no_credit = is_zero(f.credit, 64);
+    if (promises == Py_None) {
+        if (!no_credit)
+            goto not_usual;
+    } else {
+        if (no_credit || !PyDict_Check(promises))
+            goto not_usual;
+        credit = PyBytes_FromStringAndSize((const char *)f.credit, 64);
+        if (credit == NULL)
+            goto failed;
+        int has = PyDict_Contains(promises, credit);
+        if (has < 0)
+            goto failed;
+        if (!has)
+            goto not_usual;
+    }
+    /* Its name, free; its uid below its objects quota. */
+    name = PyUnicode_DecodeASCII((const char *)f.name, f.name_len, NULL);
+    if (name == NULL)
+        goto failed;
+    int taken = PyDict_Contains(objects, name);
+    if (taken < 0)
+        goto failed;
+    if (taken)
+        goto not_usual;
+    if (limit) {
+        PyObject *count = PyDict_GetItem(counts, PyTuple_GetItem(ticket, T_UID));
+        if (count != NULL) {
+            long long n = PyLong_AsLongLong(count);
+            if (n < 0 || n >= limit) {
+                PyErr_Clear();
+                goto not_usual;
+            }
+        }
+    }
+    /* Its range: aligned, inside the arena, overlapping no range taken (``TakenRanges.reserve``). */
+    uint64_t a = (uint64_t)align, size = f.nbytes ? (f.nbytes + a - 1) / a * a : a;
+    if (f.offset % a || f.nbytes > (uint64_t)capacity || f.offset + size > (uint64_t)capacity)
+        goto not_usual;
+    PyObject *starts = PyTuple_GetItem(ticket, T_STARTS), *sizes = PyTuple_GetItem(ticket, T_SIZES);
+    if (!PyList_Check(starts) || !PyDict_Check(sizes))
+        goto not_usual;
+    Py_ssize_t lo = 0, hi = PyList_Size(starts);
+    Py_ssize_t n = hi;
+    while (lo < hi) {   /* bisect_right: the first start past the offset */
+        Py_ssize_t mid = (lo + hi) / 2;
+        long long v = PyLong_AsLongLong(PyList_GetItem(starts, mid));
+        if (v < 0)
+            goto failed_cleared;
+        if (f.offset < (uint64_t)v)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    if (lo > 0) {
+        PyObject *prev = PyList_GetItem(starts, lo - 1), *prev_size = PyDict_GetItem(sizes, prev);
+        long long p = PyLong_AsLongLong(prev), ps = prev_size == NULL ? -1 : PyLong_AsLongLong(prev_size);
+        if (p < 0 || ps < 0)
+            goto failed_cleared;
+        if ((uint64_t)(p + ps) > f.offset)
+            goto not_usual;
+    }
+    if (lo < n) {
+        long long next = PyLong_AsLongLong(PyList_GetItem(starts, lo));
+        if (next < 0)
+            goto failed_cleared;
+        if ((uint64_t)next < f.offset + size)
+            goto not_usual;
+    }
+    /* Every check passed: what can fail made first, then the range taken and the entry written. */
+    fields = create_fields(&f);
+    if (fields == NULL || map_of(PyTuple_GetItem(ticket, T_MAP), dir_capacity, PyBUF_WRITABLE, &mv) < 0)
+        goto failed;
+    start = PyLong_FromUnsignedLongLong(f.offset);
+    size_obj = PyLong_FromUnsignedLongLong(size);
+    if (start == NULL || size_obj == NULL || PyList_Insert(starts, lo, start) < 0)
+        goto failed;
+    if (PyDict_SetItem(sizes, start, size_obj) < 0) {
+        PySequence_DelItem(starts, lo);
+        goto failed;
+    }
+    Py_ssize_t index = publish_into(mv.buf, dir_capacity, probes, f.name, f.name_len, gen, WRITING, f.arena, f.offset,
+                                    f.nbytes, (uint32_t)(words + f.slot), f.seq, f.credit, no_credit ? 0 : 64,
+                                    NULL, 0, NULL, 0, 0, IN_ARENA | (no_credit ? 0 : KEPT_EVENT));
+    out = index < 0 ? Py_BuildValue("(OOO)", fields, size_obj, Py_None) : Py_BuildValue("(OOn)", fields, size_obj, index);
+    goto done;   /* (a tuple that could not be made: the range and entry stay, as a full memory
+                    the broker's loop reports; nothing else fails past the checks) */
+failed_cleared:
+    PyErr_Clear();
+not_usual:
+    out = Py_NewRef(Py_None);
+    goto done;
+failed:
+    out = NULL;
+done:
+    if (mv.obj != NULL)
+        PyBuffer_Release(&mv);
+    PyBuffer_Release(&fv);
+    Py_XDECREF(aid);
+    Py_XDECREF(name);
+    Py_XDECREF(credit);
+    Py_XDECREF(start);
+    Py_XDECREF(size_obj);
+    Py_XDECREF(fields);
     return out;
 }
 
@@ -538,6 +752,7 @@ static PyMethodDef methods[] = {
     {"ring_put", ring_put, METH_VARARGS, "ring_put(page, directory, frame, name_len_at, rid, name): 1 put, 2 put (nudge), 0 not put"},
     {"record_post", record_post, METH_VARARGS, "record_post(event, stream, board, index, seq): 0 (-2: wake sleepers), -1 no driver, else a CUresult"},
     {"read_create", read_create, METH_O, "read_create(frame): a usual create frame's fields (frames.Create's), or None"},
+    {"usual_create", usual_create, METH_VARARGS, "usual_create(frame, session, tickets, objects, counts, gen): (fields, size, index) of a usual create checked, its range taken and its entry written; None: not usual"},
     {"crc32", crc32_py, METH_O, "crc32(data): as zlib.crc32"},
     {NULL, NULL, 0, NULL},
 };
@@ -546,6 +761,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, 
 
 PyMODINIT_FUNC PyInit__native(void) {
     crc_init();
+    str_closed = PyUnicode_InternFromString("closed");
+    if (str_closed == NULL)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)   /* the constants the tests hold to the Python layouts' */
         return NULL;
@@ -553,6 +771,8 @@ PyMODINIT_FUNC PyInit__native(void) {
             || PyModule_AddIntConstant(m, "RING_MARGIN_NS", RING_MARGIN_NS) < 0
             || PyModule_AddIntConstant(m, "AWAKE_AT", AWAKE_AT) < 0 || PyModule_AddIntConstant(m, "ID_AT", ID_AT) < 0
             || PyModule_AddIntConstant(m, "CREATE_SIZE", CREATE_SIZE) < 0
+            || PyModule_AddIntConstant(m, "BOARD_BLOCK", BOARD_BLOCK) < 0
+            || PyModule_AddObject(m, "FIRST_MAX", PyLong_FromUnsignedLongLong(FIRST_MAX)) < 0
             || PyModule_AddIntConstant(m, "BOARD_WORDS", BOARD_WORDS) < 0
             || PyModule_AddIntConstant(m, "SLEEPERS_AT", SLEEPERS_AT) < 0) {
         Py_DECREF(m);

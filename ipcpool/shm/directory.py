@@ -131,6 +131,7 @@ class Directory(sealing.Owned):
         sealing.populate(self._map, write=True)   # (its pages, backed now: 4 MiB at the default capacity)
         _HEADER.pack_into(self._map, 0, MAGIC, capacity, 0)
         self._words = sealing.words(self._map)   # versions, the change count, the awake moment
+        self.probes = min(MAX_PROBE, capacity)
         self._taken: dict[int, bytes] = {}   # index -> name, for live entries (WRITING, SEALED)
         self._tombs: set[int] = set()        # gone entries a probe must pass (see ``_trim``)
         self._sleepers_at = futex.address(self._map, _CHANGE_AT) if futex.usable else 0
@@ -168,13 +169,22 @@ class Directory(sealing.Owned):
             return self._publish_py(raw, gen, state, alloc, offset, size, word, seq, event, dtype, shape,
                                     has_user_meta, in_arena, kept_event)
         dt, dims, ndim, flags = _typed(dtype, shape, has_user_meta, in_arena, kept_event)
-        cap = self.capacity
-        index = _native_publish(self._map, cap, min(MAX_PROBE, cap), raw, gen, state, alloc, offset, size,
+        index = _native_publish(self._map, self.capacity, self.probes, raw, gen, state, alloc, offset, size,
                                 NO_WORD if word is None else word, seq, event, dt, dims, ndim, flags)
         if index is not None:
-            self._taken[index] = raw
-            self._tombs.discard(index)
+            self.written(index, raw)
         return index
+
+    def written(self, index: int, raw: bytes) -> None:
+        """Entry ``index`` now holds live name ``raw`` (written by ``publish``, or in C by the broker's
+        check of a usual create: ``_native.usual_create``)."""
+        self._taken[index] = raw
+        self._tombs.discard(index)
+
+    @property
+    def mapping(self) -> mmap.mmap:
+        """The writable map (C writes entries there: ``written`` then keeps the books)."""
+        return self._map
 
     def _publish_py(self, raw: bytes, gen: int, state: int, alloc: int, offset: int, size: int,
                     word: int | None, seq: int, event: bytes, dtype: str | None,
@@ -185,7 +195,7 @@ class Directory(sealing.Owned):
         taken = self._taken
         if index in taken:
             start = index
-            for k in range(1, min(MAX_PROBE, cap)):
+            for k in range(1, self.probes):
                 index = (start + k) % cap
                 if index not in taken:
                     break
@@ -200,8 +210,7 @@ class Directory(sealing.Owned):
         _body_into(self._map, ver_at * 8 + 8, gen, state, len(raw), alloc, offset, size,
                    NO_WORD if word is None else word, ndim, len(dt), flags, seq, event, dt, dims, raw)
         words[ver_at] = ver + 1   # even: whole
-        taken[index] = raw
-        self._tombs.discard(index)
+        self.written(index, raw)
         self._changed()
         return index
 

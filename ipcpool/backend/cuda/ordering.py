@@ -111,8 +111,11 @@ class CudaOrdering(Ordering):
         return as_session(session).issue_credit(self.device)
 
     def check_promise(self, session: SessionContext, handle: bytes) -> None:
-        if handle not in as_session(session).credits:
+        if handle not in self.promises(session):
             raise InvalidRequest("create: seal_credit is not an unused credit of this session")
+
+    def promises(self, session: SessionContext) -> dict[bytes, Any]:
+        return as_session(session).credits
 
     def seal_done(self, handle: object) -> bool:
         alloc = as_alloc(handle)
