@@ -36,7 +36,7 @@ from ..errors import InvalidRequest, IpcPoolError, ObjectAborted, OutOfMemory, P
 from ..protocol import ARENA_ALIGN, MAX_ARENAS
 from ..ranges import RangeAllocator
 from ..replies import AbortNotice, Allocation, Arena, Carved, Lease, ReclaimNotice, SealNotice, credits_of
-from ..shm import directory, fence, futex, sealboard
+from ..shm import directory, fence, futex, leases, sealboard
 from ..sizes import HANDLE_BYTES
 from .channel import Channel
 from .interop import Views
@@ -671,9 +671,9 @@ class Handoff:
                 return None
         # The usual reader finds its entry at once: no change counts read, nothing set up to wait.
         for pool, (view, pidx) in dirs.items():
-            entry = view.lookup(name)
-            if entry is not None:
-                return self._take(pool, view, pidx, entry, name, stream, timeout)
+            got = self._find(pool, view, pidx, name, timeout)
+            if got is not None:
+                return self._take(pool, view, pidx, got[0], name, stream, timeout, got[1])
         spin = 0.0 if timeout == 0 else self._channel.get_spin_s
         began = time.perf_counter()
         spin_until = began + spin
@@ -685,10 +685,10 @@ class Handoff:
             while True:
                 changes = [view.change() for view, _ in dirs.values()]   # (before the look: no entry missed)
                 for pool, (view, pidx) in dirs.items():
-                    entry = view.lookup(name)
-                    if entry is not None:
+                    got = self._find(pool, view, pidx, name, timeout)
+                    if got is not None:
                         self._drop_wake(wake)   # (found before its answer came)
-                        return self._take(pool, view, pidx, entry, name, stream, timeout)
+                        return self._take(pool, view, pidx, got[0], name, stream, timeout, got[1])
                 if not made:   # waiting: the lease the entry will most likely name, made meanwhile
                     made = True
                     self._next.make(self._arena_of, self._lease_at)
@@ -724,13 +724,29 @@ class Handoff:
         self._arena_views.setdefault(pool, {})[entry.alloc] = memory
         return memory
 
+    def _find(self, pool: str, view: Any, pidx: int, name: str, timeout: float | None) -> tuple[Any, Any] | None:
+        """``name``'s entry in ``pool``'s directory, and where C could (``ClientLeasePage.take_entry``)
+        its hazard slot taken and the entry checked again with it: (entry, taken or None); None: no
+        entry."""
+        page = self._pools.lease_page
+        if page is not None and leases.takes_in_c():
+            return page.take_entry(view, name, pidx, self._arena_views.get(pool, _NO_ARENAS), timeout == 0)
+        entry = view.lookup(name)
+        return None if entry is None else (entry, None)
+
     def _take(self, pool: str, view: Any, pidx: int, entry: Any, name: str, stream: Any,
-              timeout: float | None) -> Any:
+              timeout: float | None, taken: tuple[tuple[int, int], int | None] | None = None) -> Any:
         """The lease on ``entry``, found for ``name`` in ``pool``'s directory: hazard slot first,
-        then the entry checked again, then the memory (``shm.leases``). None where the broker
-        serves it instead."""
+        then the entry checked again, then the memory (``shm.leases``); ``taken``: the slot and
+        the state read after it, where ``_find`` took them. None where the broker serves it
+        instead."""
         if trace.hook is not None:
             trace.emit("client.entry_found", name=name)
+        if taken is not None:
+            lease = (pidx, entry.index, entry.gen, *taken[0])
+            state = taken[1] if taken[1] is not None else view.state(entry.index, entry.gen)
+            return self._lease_taken(pool, view, entry, name, stream, timeout, self._arena_views[pool][entry.alloc],
+                                     lease, state)
         if entry.has_user_meta or not entry.in_arena:   # the broker serves those
             return None
         if timeout == 0 and entry.state != directory.SEALED:   # the broker says why not
@@ -748,9 +764,13 @@ class Handoff:
             got = page.take(pidx, entry.index, entry.gen)
         if got is None:
             return None
-        slot, nonce = got
-        lease = (pidx, entry.index, entry.gen, slot, nonce)
-        state = view.state(entry.index, entry.gen)
+        lease = (pidx, entry.index, entry.gen, *got)
+        return self._lease_taken(pool, view, entry, name, stream, timeout, arena, lease,
+                                 view.state(entry.index, entry.gen))
+
+    def _lease_taken(self, pool: str, view: Any, entry: Any, name: str, stream: Any, timeout: float | None,
+                     arena: ImportedMemory, lease: tuple, state: int) -> Any:
+        """``_take`` once its hazard slot is ``lease`` and ``state`` the entry's after it."""
         if state == directory.GONE:
             self._end_lease(pool, lease, b"")
             return None

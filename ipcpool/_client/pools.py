@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import trace
 from ..backend.base import ClientBackend, ClientPool, Export, ImportedMemory
-from ..shm.sealboard import Board
+from ..shm.sealboard import Board, event_query
 from ..errors import ProtocolError
 from ..fds import close_all
 from ..replies import PoolFds
@@ -50,6 +50,7 @@ class Pools:
                 raise
             try:
                 pool = self.imported[name] = self._backend.import_pool(sent.info, fds[0])
+                pool.query_event = event_query   # (the reader's check of a seal, in C where built)
             except BaseException:
                 board.close()
                 close_all(fds[2:])

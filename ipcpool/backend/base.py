@@ -270,6 +270,9 @@ class ImportedMemory(ABC):
 class ClientPool(ABC):
     # Readers order their work after a seal's event: writers record each seal on one (CUDA).
     seal_event = False
+    # The driver's event query in one C call (an event's CUevent as an int -> its CUresult, -1
+    # without a driver), where the client has one to give (``shm.sealboard.event_query``).
+    query_event: Callable[[int], int] | None = None
 
     def order_after(self, event: bytes, stream: Any = None, credit: bool = False) -> None:
         """Order the work on ``stream`` after the peer's IPC event ``event`` (R1): nothing once the

@@ -143,25 +143,16 @@ static int map_of(PyObject *map, Py_ssize_t capacity, int flags, Py_buffer *view
     return 0;
 }
 
-/* lookup(map, capacity, probes, name: bytes, torn_us) -> the entry's fields, or None. An entry
- * being written is read again until it is whole, for torn_us at most (then None). */
-static PyObject *lookup(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *map;
-    const char *name;
-    Py_ssize_t n, capacity, probes, torn_us;
-    if (!PyArg_ParseTuple(args, "Onny#n", &map, &capacity, &probes, &name, &n, &torn_us))
-        return NULL;
+/* The live entry (WRITING or SEALED) of ``name`` in the directory at ``base``: 1, its head, dtype,
+ * shape and name copied whole into ``copy`` and its index in ``*index``; 0 where there is none, or
+ * where an entry on the probe was being written for all of torn_us. */
+static int find_entry(const unsigned char *base, Py_ssize_t capacity, Py_ssize_t probes, const unsigned char *name,
+                      Py_ssize_t n, Py_ssize_t torn_us, unsigned char *copy, Py_ssize_t *index_out) {
     if (n > MAX_NAME)   /* longer than any entry's name: none holds it */
-        Py_RETURN_NONE;
-    Py_buffer view;
-    if (map_of(map, capacity, PyBUF_SIMPLE, &view) < 0)
-        return NULL;
-    const unsigned char *base = view.buf;
-    Py_ssize_t index = (Py_ssize_t)(crc32_of((const unsigned char *)name, n) % (uint32_t)capacity);
-    unsigned char copy[ENTRY];
+        return 0;
+    Py_ssize_t index = (Py_ssize_t)(crc32_of(name, n) % (uint32_t)capacity);
     Py_ssize_t torn = 0;
     uint64_t give_up = 0;
-    PyObject *found = NULL;
     while (probes > 0) {
         const unsigned char *at = base + (index + 1) * ENTRY;
         uint64_t ver = ver_of(at);
@@ -174,10 +165,10 @@ static PyObject *lookup(PyObject *Py_UNUSED(self), PyObject *args) {
             __atomic_thread_fence(__ATOMIC_ACQUIRE);
             if (ver_of(at) == ver) {   /* a whole copy: decided on it alone */
                 if (state == EMPTY)
-                    break;
+                    return 0;
                 if (candidate && memcmp(copy + NAME_AT, name, n) == 0) {
-                    found = entry_tuple(index, copy);
-                    break;
+                    *index_out = index;
+                    return 1;
                 }
                 probes--;   /* another name's entry, or a gone one: the next on the probe */
                 index = index + 1 < capacity ? index + 1 : 0;
@@ -188,14 +179,49 @@ static PyObject *lookup(PyObject *Py_UNUSED(self), PyObject *args) {
             if (give_up == 0)
                 give_up = now_ns() + (uint64_t)torn_us * 1000;
             else if (now_ns() >= give_up)
-                break;
+                return 0;
         }
         cpu_relax();
     }
+    return 0;
+}
+
+/* lookup(map, capacity, probes, name: bytes, torn_us) -> the entry's fields, or None. An entry
+ * being written is read again until it is whole, for torn_us at most (then None). */
+static PyObject *lookup(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *map;
+    const char *name;
+    Py_ssize_t n, capacity, probes, torn_us;
+    if (!PyArg_ParseTuple(args, "Onny#n", &map, &capacity, &probes, &name, &n, &torn_us))
+        return NULL;
+    Py_buffer view;
+    if (map_of(map, capacity, PyBUF_SIMPLE, &view) < 0)
+        return NULL;
+    unsigned char copy[ENTRY];
+    Py_ssize_t index;
+    int found = find_entry(view.buf, capacity, probes, (const unsigned char *)name, n, torn_us, copy, &index);
     PyBuffer_Release(&view);
-    if (found == NULL && !PyErr_Occurred())
+    if (!found)
         Py_RETURN_NONE;
-    return found;
+    return entry_tuple(index, copy);
+}
+
+/* The state of the entry at ``at`` while it holds object ``gen`` (else GONE) into ``*state``: 1;
+ * 0 where it was being written for all of STATE_SPINS reads. */
+static int entry_state(const unsigned char *at, uint64_t gen, uint32_t *state) {
+    for (long k = 0; k < STATE_SPINS; k++) {
+        uint64_t ver = ver_of(at);
+        if (ver & 1)
+            continue;
+        uint64_t g = u64(at + 8);
+        uint32_t s = u32(at + 16);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (ver_of(at) == ver) {
+            *state = g == gen ? s : GONE;
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* state(map, index, gen) -> the entry's state while it holds object gen, else GONE; None where
@@ -214,23 +240,102 @@ static PyObject *state(PyObject *Py_UNUSED(self), PyObject *args) {
         PyErr_SetString(PyExc_IndexError, "no such directory entry");
         return NULL;
     }
-    const unsigned char *at = (const unsigned char *)view.buf + (index + 1) * ENTRY;
-    uint64_t g = 0;
-    uint32_t s = 0;
-    int whole = 0;
-    for (long k = 0; k < STATE_SPINS && !whole; k++) {
-        uint64_t ver = ver_of(at);
-        if (ver & 1)
-            continue;
-        g = u64(at + 8);
-        s = u32(at + 16);
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        whole = ver_of(at) == ver;
-    }
+    uint32_t s;
+    int whole = entry_state((const unsigned char *)view.buf + (index + 1) * ENTRY, gen, &s);
     PyBuffer_Release(&view);
     if (!whole)   /* a writer mid-write this long (or dead there): the caller waits, interruptibly */
         Py_RETURN_NONE;
-    return PyLong_FromUnsignedLong(g == gen ? s : GONE);
+    return PyLong_FromUnsignedLong(s);
+}
+
+/* A session's lease page (``shm.leases``): a count word, then SLOTS slots of SLOT bytes from HEAD,
+ * each (pool | entry << 32, gen, nonce) as words. */
+#define LEASE_SLOTS 120
+#define LEASE_SLOT 32
+#define LEASE_HEAD 64
+
+/* take(map, capacity, probes, name, torn_us, page, free, nonce, pool, arenas, sealed_only) ->
+ * None, or (fields, slot, nonce, state). A reader's get from a directory in one call: the entry
+ * of ``name`` looked up (``lookup``), a hazard slot of the lease page taken for it (the last of
+ * ``free``, numbered ``nonce`` + 1: ``ClientLeasePage.take``), then its state read again
+ * (``state``). No slot (slot None, state -1) where the caller's own way must decide: an entry
+ * the broker serves (metadata, not in an arena), an arena not in ``arenas`` (not imported yet), an
+ * object not sealed where ``sealed_only``, every slot in use. State None: the entry was being
+ * written all that while (the caller reads it again). No fence between the hazard and the check:
+ * the broker's barrier orders them on this CPU (``shm.fence``); the compiler keeps their order. */
+static PyObject *take(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *map, *page, *free_list, *arenas;
+    const char *name;
+    Py_ssize_t n, capacity, probes, torn_us, pool;
+    unsigned long long nonce;
+    int sealed_only;
+    if (!PyArg_ParseTuple(args, "Onny#nOO!KnO!p", &map, &capacity, &probes, &name, &n, &torn_us, &page,
+                          &PyList_Type, &free_list, &nonce, &pool, &PyDict_Type, &arenas, &sealed_only))
+        return NULL;
+    Py_buffer dv;
+    if (map_of(map, capacity, PyBUF_SIMPLE, &dv) < 0)
+        return NULL;
+    unsigned char copy[ENTRY];
+    Py_ssize_t index;
+    int found = find_entry(dv.buf, capacity, probes, (const unsigned char *)name, n, torn_us, copy, &index);
+    if (!found) {
+        PyBuffer_Release(&dv);
+        Py_RETURN_NONE;
+    }
+    PyObject *fields = entry_tuple(index, copy), *out = NULL;
+    if (fields == NULL) {
+        PyBuffer_Release(&dv);
+        return NULL;
+    }
+    uint16_t flags = u16(copy + 54);
+    uint64_t gen = u64(copy + 8);
+    int usual = (flags & IN_ARENA) && !(flags & HAS_USER_META) && (!sealed_only || u32(copy + 16) == SEALED)
+                && PyList_Size(free_list) > 0 && pool >= 0 && pool <= 0xFFFFFFFF;
+    if (usual) {
+        PyObject *alloc = PyLong_FromUnsignedLongLong(u64(copy + 24));
+        int has = alloc == NULL ? -1 : PyDict_Contains(arenas, alloc);
+        Py_XDECREF(alloc);
+        if (has < 0)
+            goto done;
+        usual = has;
+    }
+    if (!usual) {
+        out = Py_BuildValue("(OOKi)", fields, Py_None, nonce, -1);
+        goto done;
+    }
+    Py_buffer pv;
+    if (PyObject_GetBuffer(page, &pv, PyBUF_WRITABLE) < 0)
+        goto done;
+    Py_ssize_t last = PyList_Size(free_list) - 1;
+    Py_ssize_t slot = PyLong_AsSsize_t(PyList_GetItem(free_list, last));
+    if (pv.len < LEASE_HEAD + LEASE_SLOTS * LEASE_SLOT || slot < 0 || slot >= LEASE_SLOTS) {
+        PyBuffer_Release(&pv);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "a lease page or free slot out of place");
+        goto done;
+    }
+    if (PySequence_DelItem(free_list, last) < 0) {
+        PyBuffer_Release(&pv);
+        goto done;
+    }
+    nonce += 1;
+    uint64_t *words = pv.buf, *at = words + (LEASE_HEAD + slot * LEASE_SLOT) / 8;
+    /* As the Python's: the count first, the nonce last (the broker reads the nonce first). */
+    __atomic_store_n(words, (uint64_t)(LEASE_SLOTS - last), __ATOMIC_RELEASE);
+    __atomic_store_n(at, (uint64_t)pool | (uint64_t)index << 32, __ATOMIC_RELEASE);
+    __atomic_store_n(at + 1, gen, __ATOMIC_RELEASE);
+    __atomic_store_n(at + 2, (uint64_t)nonce, __ATOMIC_RELEASE);
+    PyBuffer_Release(&pv);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    uint32_t st;
+    if (entry_state((const unsigned char *)dv.buf + (index + 1) * ENTRY, gen, &st))
+        out = Py_BuildValue("(OnKk)", fields, slot, nonce, (unsigned long)st);
+    else
+        out = Py_BuildValue("(OnKO)", fields, slot, nonce, Py_None);
+done:
+    PyBuffer_Release(&dv);
+    Py_DECREF(fields);
+    return out;
 }
 
 /* The write of a new entry into the directory at ``base`` (its fields checked to fit): the first
@@ -408,6 +513,27 @@ static event_record_fn driver_event_record(void) {
             event_record = (event_record_fn)dlsym(lib, "cuEventRecord");
     }
     return event_record;
+}
+
+/* The driver's cuEventQuery, as ``driver_event_record`` finds cuEventRecord. */
+typedef int (*event_query_fn)(void *event);
+static event_query_fn event_query_call;
+
+/* event_query(event) -> a CUresult (0: complete, 600: not yet), or -1 where no driver is loaded
+ * here. ``event``: a CUevent, as an int. A reader's check that the seal's event (a credit it
+ * keeps open) completed: one call where the bindings' is several on a cold CPU. */
+static PyObject *event_query(PyObject *Py_UNUSED(self), PyObject *arg) {
+    unsigned long long event = PyLong_AsUnsignedLongLong(arg);
+    if (event == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    if (event_query_call == NULL) {
+        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (lib != NULL)
+            event_query_call = (event_query_fn)dlsym(lib, "cuEventQuery");
+        if (event_query_call == NULL)
+            return PyLong_FromLong(-1);
+    }
+    return PyLong_FromLong(event_query_call((void *)(uintptr_t)event));
 }
 
 #define BOARD_WORDS (1 << 16)
@@ -747,9 +873,11 @@ static PyObject *crc32_py(PyObject *Py_UNUSED(self), PyObject *arg) {   /* for t
 
 static PyMethodDef methods[] = {
     {"lookup", lookup, METH_VARARGS, "lookup(map, capacity, probes, name, torn_us): an entry's fields, or None"},
+    {"take", take, METH_VARARGS, "take(map, capacity, probes, name, torn_us, page, free, nonce, pool, arenas, sealed_only): (fields, slot, nonce, state), or None"},
     {"state", state, METH_VARARGS, "state(map, index, gen): the entry's state while it holds gen, else GONE; None: being written still"},
     {"publish", publish, METH_VARARGS, "publish(map, capacity, probes, name, gen, state, alloc, offset, size, word, seq, event, dtype, dims, ndim, flags): the index written, or None"},
     {"ring_put", ring_put, METH_VARARGS, "ring_put(page, directory, frame, name_len_at, rid, name): 1 put, 2 put (nudge), 0 not put"},
+    {"event_query", event_query, METH_O, "event_query(event): cuEventQuery's CUresult, -1 without a driver"},
     {"record_post", record_post, METH_VARARGS, "record_post(event, stream, board, index, seq): 0 (-2: wake sleepers), -1 no driver, else a CUresult"},
     {"read_create", read_create, METH_O, "read_create(frame): a usual create frame's fields (frames.Create's), or None"},
     {"usual_create", usual_create, METH_VARARGS, "usual_create(frame, session, tickets, objects, counts, gen): (fields, size, index) of a usual create checked, its range taken and its entry written; None: not usual"},
@@ -772,6 +900,9 @@ PyMODINIT_FUNC PyInit__native(void) {
             || PyModule_AddIntConstant(m, "AWAKE_AT", AWAKE_AT) < 0 || PyModule_AddIntConstant(m, "ID_AT", ID_AT) < 0
             || PyModule_AddIntConstant(m, "CREATE_SIZE", CREATE_SIZE) < 0
             || PyModule_AddIntConstant(m, "BOARD_BLOCK", BOARD_BLOCK) < 0
+            || PyModule_AddIntConstant(m, "LEASE_SLOTS", LEASE_SLOTS) < 0
+            || PyModule_AddIntConstant(m, "LEASE_SLOT", LEASE_SLOT) < 0
+            || PyModule_AddIntConstant(m, "LEASE_HEAD", LEASE_HEAD) < 0
             || PyModule_AddObject(m, "FIRST_MAX", PyLong_FromUnsignedLongLong(FIRST_MAX)) < 0
             || PyModule_AddIntConstant(m, "BOARD_WORDS", BOARD_WORDS) < 0
             || PyModule_AddIntConstant(m, "SLEEPERS_AT", SLEEPERS_AT) < 0) {

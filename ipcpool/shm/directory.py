@@ -271,7 +271,7 @@ class DirectoryView:
             raise ValueError("a name directory whose header does not match")
         sealing.populate(self._map, write=False)
         self._words = sealing.words(self._map)
-        self._probes = min(MAX_PROBE, capacity)
+        self.probes = self._probes = min(MAX_PROBE, capacity)
         self._change_at = futex.address(self._map, _CHANGE_AT) if futex.usable else 0
 
     def change(self) -> int:

@@ -20,7 +20,12 @@ from __future__ import annotations
 import mmap
 import struct
 
-from . import requests, sealing
+from . import directory, requests, sealing
+
+try:   # a reader's lookup, hazard slot and check in one call (``_native.c``), where built
+    from ._native import take as _native_take
+except ImportError:   # (``take`` after ``DirectoryView.lookup`` then)
+    _native_take = None
 
 SLOTS = 120
 SLOT = 32                 # pool, entry, gen, nonce, spare
@@ -33,6 +38,13 @@ _NONCE_AT = 16
 _FIRST_WORD, _SLOT_WORDS = HEAD // 8, SLOT // 8   # a slot's pool and entry, then gen, then its nonce
 _NONCE_WORD = _FIRST_WORD + _NONCE_AT // 8
 assert HEAD + SLOTS * SLOT <= requests.AT == mmap.PAGESIZE
+_new = tuple.__new__   # (an Entry without its generated ``__new__``)
+
+
+def takes_in_c() -> bool:
+    """Whether ``ClientLeasePage.take_entry`` can serve (the C part built, and switched on:
+    ``shm.native``)."""
+    return _native_take is not None
 
 
 class LeasePage(sealing.Owned):
@@ -94,6 +106,24 @@ class ClientLeasePage:
         words[_FIRST_WORD + at + 1] = gen
         words[_NONCE_WORD + at] = self._nonce
         return slot, self._nonce
+
+    def take_entry(self, view: directory.DirectoryView, name: str, pool: int, arenas: dict,
+                   sealed_only: bool) -> tuple[directory.Entry, tuple[tuple[int, int], int | None] | None] | None:
+        """``name``'s entry in ``view`` (pool number ``pool``) and its slot taken, in one C call:
+        ``view.lookup``, then ``take``, then ``view.state``, as a reader's get runs them on a CPU
+        its sleep left cold. None: no entry. (entry, None): no slot taken, the caller decides (an
+        entry the broker serves, an arena not in ``arenas``, not sealed where ``sealed_only``, no
+        slot free). Else (entry, ((slot, nonce), state)), state None where the entry was being
+        written all along. Only where the C part is built: ``takes_in_c``."""
+        got = _native_take(view.mapping, view.capacity, view.probes, name.encode(), directory.TORN_US, self._map,
+                           self._free, self._nonce, pool, arenas, sealed_only)
+        if got is None:
+            return None
+        entry = _new(directory.Entry, got[0])
+        if got[1] is None:
+            return entry, None
+        self._nonce = got[2]
+        return entry, ((got[1], got[2]), got[3])
 
     def give_back(self, slot: int) -> None:
         """The broker answered the slot's release: the slot is free (cleared: nonce 0)."""

@@ -35,10 +35,10 @@ from ..errors import InvalidRequest, OutOfMemory
 from ..ranges import RangeAllocator
 from . import futex
 
-try:   # a seal's record and post in one call (``_native.c``) where built
-    from ._native import record_post as _native_record_post
+try:   # a seal's record and post in one call (``_native.c``) where built; a reader's query of it
+    from ._native import event_query, record_post as _native_record_post
 except ImportError:
-    _native_record_post = None
+    _native_record_post = event_query = None
 
 WORD = 8
 BLOCK = 256            # words per arena: the unsealed objects one arena can have on the board

@@ -146,3 +146,31 @@ def test_pools_on_two_devices_hand_out_memory_in_turn(start_broker):
                 held.append((buf, stream))
         for buf, stream in held:
             buf.free(stream=stream)
+
+
+def _queries_an_event_in_c(out):
+    import cupy
+    from cuda.bindings import driver as cu
+
+    from ipcpool.shm import sealboard
+    from tests.support.kernels import spin_fill
+
+    cupy.cuda.Device(0).use()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    buf = cupy.zeros(1 << 20, dtype=cupy.uint8)
+    err, event = cu.cuEventCreate(int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+    assert err == cu.CUresult.CUDA_SUCCESS
+    spin_fill(buf.data.ptr, buf.size, 0.5, 7, stream)
+    cu.cuEventRecord(event, stream.ptr)
+    pending = (sealboard.event_query(int(event)), int(cu.cuEventQuery(event)[0]))
+    stream.synchronize()
+    done = (sealboard.event_query(int(event)), int(cu.cuEventQuery(event)[0]))
+    cu.cuEventDestroy(event)
+    out.put((pending, done, int(buf[0])))
+
+
+def test_the_c_event_query_answers_as_the_drivers():
+    """``sealboard.event_query`` (a reader's check that a seal's kept event completed, in C):
+    pending behind a 0.5 s kernel and complete after it, as the bindings' cuEventQuery says."""
+    (pending, done, first), = run_together([(_queries_an_event_in_c, ())])
+    assert pending == (600, 600) and done == (0, 0) and first == 7

@@ -224,9 +224,12 @@ class CudaClientPool(ClientPool):
         if not event:
             return
         opened = self._credits.get(event) if credit else None
-        if opened is not None and _done_within(opened, self._backend.event_spin_s):
-            return   # the usual reader of a hand-off (its writer posts the seal as soon as it recorded:
-                     # the fill often runs a few µs more), without the general way's set-up
+        if opened is not None:   # the usual reader of a hand-off, without the general way's set-up
+            query = self.query_event   # (complete already, where it is read once sealed: one C call)
+            if query is not None and query(opened.ptr) == 0:
+                return
+            if _done_within(opened, self._backend.event_spin_s):
+                return   # (its writer posts the seal as soon as it recorded: the fill often runs a few µs more)
         with cuda_errors("ordering after a seal of pool %r", self.name):
             s = self._backend.stream(stream, self.device)
             if credit:   # kept open: no context switch (spun for above where it was open already)

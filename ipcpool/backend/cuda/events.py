@@ -44,10 +44,11 @@ class DriverEvent:
     (cuda.core opens one only from a privately built descriptor), or a credit (``IpcEvent``).
     Offers what the backend uses of a cuda.core Event: ``is_done``, ``sync``, ``close``."""
 
-    __slots__ = ("handle",)
+    __slots__ = ("handle", "ptr")
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
+        self.ptr = int(handle)   # (the CUevent as an int, for a query in C: ``ClientPool.query_event``)
 
     @property
     def is_done(self) -> bool:

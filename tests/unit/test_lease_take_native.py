@@ -1,0 +1,87 @@
+"""A reader's lookup, hazard slot and check in one C call (``ClientLeasePage.take_entry``) against
+the three Python calls it stands for (``DirectoryView.lookup``, ``ClientLeasePage.take``,
+``DirectoryView.state``), on a real directory and real lease pages: the same entry, the same slot
+bytes the broker reads, the same state; and no slot taken where the caller must decide."""
+
+import os
+
+import pytest
+
+from ipcpool.shm import directory as layout
+from ipcpool.shm.leases import SLOTS, ClientLeasePage, LeasePage
+
+pytest.importorskip("ipcpool.shm._native", reason="not built here (no C compiler when installed)")
+
+POOL, ARENA = 3, 11
+
+
+@pytest.fixture
+def world():
+    d = layout.Directory("t", 256)
+    view = layout.DirectoryView(os.dup(d.fd), d.capacity)
+    pages = [LeasePage(), LeasePage()]   # (the broker's side of each: what its scan reads)
+    clients = [ClientLeasePage(os.dup(p.fd)) for p in pages]
+    yield d, view, pages, clients
+    view.close()
+    d.close()
+    for p in pages:
+        p.close()
+
+
+def _publish(d, name, gen, state=layout.SEALED, in_arena=True, user=False, alloc=ARENA):
+    return d.publish(name, gen, state, alloc, gen * 4096, 4096, gen % 200, gen, bytes([gen % 250 + 1]) * 64,
+                     "float16", [2, 1024], user, in_arena, True)
+
+
+def test_each_take_reads_and_writes_what_the_three_python_calls_do(world):
+    d, view, (page_c, page_py), (c, py) = world
+    for gen in range(1, 150):
+        _publish(d, f"obj/{gen}", gen, layout.SEALED if gen % 3 else layout.WRITING)
+    for gen in range(1, 150, 5):   # some gone again
+        d.set_state(view.lookup(f"obj/{gen}").index, gen, layout.GONE)
+    taken = 0
+    for gen in range(1, 160):
+        name = f"obj/{gen}"
+        want = view.lookup(name)
+        got = c.take_entry(view, name, POOL, {ARENA: object()}, False)
+        if want is None:
+            assert got is None
+            continue
+        entry, slot_state = got
+        assert entry == want
+        (slot, nonce), state = slot_state
+        assert (slot, nonce) == py.take(POOL, want.index, want.gen)
+        assert state == view.state(want.index, want.gen) == want.state
+        taken += 1
+    assert taken > 100 and page_c.live() == page_py.live() and len(page_c.live()) == taken
+    assert bytes(page_c._map[:4096]) == bytes(page_py._map[:4096])   # (count, slots and nonces, byte for byte)
+
+
+@pytest.mark.parametrize("case", ["metadata beyond dtype and shape", "its own allocation", "an arena not imported",
+                                  "not sealed, asked sealed only", "every slot in use"])
+def test_no_slot_is_taken_where_the_caller_decides(world, case):
+    d, view, (page, _), (c, _) = world
+    _publish(d, "x", 1, state=layout.WRITING if case.startswith("not sealed") else layout.SEALED,
+             in_arena=case != "its own allocation", user=case.startswith("metadata"))
+    arenas = {} if case == "an arena not imported" else {ARENA: object()}
+    if case == "every slot in use":
+        for _ in range(SLOTS):
+            c.take(POOL, 0, 0)
+    before = bytes(page._map[:4096])
+    entry, slot_state = c.take_entry(view, "x", POOL, arenas, case.startswith("not sealed"))
+    assert entry == view.lookup("x") and slot_state is None
+    assert bytes(page._map[:4096]) == before
+
+
+def test_the_slot_names_the_entrys_own_object_for_the_brokers_scan(world):
+    """An entry reused by a later object: the slot names that object (its gen), the state read
+    after it is that object's, and once the broker marks it gone the scan still finds the slot."""
+    d, view, (page, _), (c, _) = world
+    index = _publish(d, "x", 1)
+    d.set_state(index, 1, layout.GONE)
+    _publish(d, "x", 2)
+    entry, ((slot, nonce), state) = c.take_entry(view, "x", POOL, {ARENA: object()}, False)
+    assert entry.gen == 2 and state == layout.SEALED
+    d.set_state(entry.index, 2, layout.GONE)
+    assert view.state(entry.index, 2) == layout.GONE
+    assert page.live() == [(slot, POOL, entry.index, 2, nonce)]
