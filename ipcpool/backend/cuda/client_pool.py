@@ -343,7 +343,7 @@ class CudaClientPool(ClientPool):
                 or memory.released):
             return False
         stream_handle = self._backend.stream_handle(stream, self.device)
-        if board.post_after(int(opened.handle), int(stream_handle), word, seq) != 0:
+        if board.post_after(opened.ptr, int(stream_handle), word, seq) != 0:
             return False   # (a stream of another context, say: ``release`` records it there)
         memory.detach()
         return True
