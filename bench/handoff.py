@@ -209,9 +209,9 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
 
 class NativeAB:
     """--reader-ab / --writer-ab: one side's hot calls in C (``ipcpool/shm/_native.c``) on even
-    hand-offs and in Python on odd ones (the reader's directory lookup; the writer's ring puts and
-    its seal's record and post), in the one process: each half's p50, free of the drift between
-    two runs. The consumer times both halves; a writer also its create + view + seal."""
+    hand-offs and in Python on odd ones (the reader's directory lookup and its one-call take; the
+    writer's ring puts and its seal's record and post), in the one process: each half's p50, free
+    of the drift between two runs. The consumer times both halves; a writer also its create + view + seal."""
 
     SAYS = {"reader": "lookup", "writer": "calls"}
 

@@ -8,9 +8,9 @@ import os
 import pytest
 
 from ipcpool.shm import directory as layout
-from ipcpool.shm.leases import SLOTS, ClientLeasePage, LeasePage
+from ipcpool.shm.leases import HEAD, SLOT, SLOTS, ClientLeasePage, LeasePage
 
-pytest.importorskip("ipcpool.shm._native", reason="not built here (no C compiler when installed)")
+native = pytest.importorskip("ipcpool.shm._native", reason="not built here (no C compiler when installed)")
 
 POOL, ARENA = 3, 11
 
@@ -85,3 +85,7 @@ def test_the_slot_names_the_entrys_own_object_for_the_brokers_scan(world):
     d.set_state(entry.index, 2, layout.GONE)
     assert view.state(entry.index, 2) == layout.GONE
     assert page.live() == [(slot, POOL, entry.index, 2, nonce)]
+
+
+def test_the_c_page_layout_is_the_pythons():
+    assert (native.LEASE_SLOTS, native.LEASE_SLOT, native.LEASE_HEAD) == (SLOTS, SLOT, HEAD)
