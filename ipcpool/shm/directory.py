@@ -271,7 +271,7 @@ class DirectoryView:
             raise ValueError("a name directory whose header does not match")
         sealing.populate(self._map, write=False)
         self._words = sealing.words(self._map)
-        self.probes = self._probes = min(MAX_PROBE, capacity)
+        self.probes = min(MAX_PROBE, capacity)
         self._change_at = futex.address(self._map, _CHANGE_AT) if futex.usable else 0
 
     def change(self) -> int:
@@ -298,7 +298,7 @@ class DirectoryView:
         is read again (up to TORN_READS in all, or TORN_US in C, then None: the caller looks again
         or asks the broker)."""
         if _native_lookup is not None:
-            got = _native_lookup(self._map, self.capacity, self._probes, name.encode(), TORN_US)
+            got = _native_lookup(self._map, self.capacity, self.probes, name.encode(), TORN_US)
             return None if got is None else _new(Entry, got)
         return self.lookup_py(name)
 
@@ -309,7 +309,7 @@ class DirectoryView:
         cap = self.capacity
         index = zlib.crc32(raw) % cap   # (``home``)
         m, words, head_of = self._map, self._words, _HEAD.unpack_from
-        probes, torn = self._probes, 0
+        probes, torn = self.probes, 0
         while probes:
             at = (index + 1) * ENTRY
             w = at >> 3

@@ -54,7 +54,7 @@ def test_the_c_lookup_reads_every_entry_as_the_python_one_does():
     found = 0
     for name in names + [f"missing/{i}" for i in range(300)] + ["x" * 255, "é/ü"]:
         want = view.lookup_py(name)
-        got = native.lookup(view._map, view.capacity, view._probes, name.encode(), layout.TORN_US)
+        got = native.lookup(view._map, view.capacity, view.probes, name.encode(), layout.TORN_US)
         assert (None if got is None else layout.Entry(*got)) == want, name
         if want is not None:
             found += 1
@@ -79,10 +79,10 @@ def test_an_entry_mid_write_is_waited_for_as_long_as_the_python_lookup_would_the
     index = _publish(d, "x", 1)
     d._words[(index + 1) * layout.ENTRY // 8] += 1   # mid-write
     began = time.perf_counter()
-    assert native.lookup(view._map, view.capacity, view._probes, b"x", layout.TORN_US) is None
+    assert native.lookup(view._map, view.capacity, view.probes, b"x", layout.TORN_US) is None
     assert time.perf_counter() - began >= layout.TORN_US / 1e6
     d._words[(index + 1) * layout.ENTRY // 8] += 1   # whole
-    assert native.lookup(view._map, view.capacity, view._probes, b"x", layout.TORN_US)[1] == 1
+    assert native.lookup(view._map, view.capacity, view.probes, b"x", layout.TORN_US)[1] == 1
     view.close()
     d.close()
 
