@@ -541,8 +541,8 @@ class Broker:
         """The usual create frame, checked up to its directory entry in C (``Handlers.create_usual``)
         and answered as ``_create`` answers; False: anything else, and every create where pools are
         restricted or the broker is traced (its events in order: ``ipcpool.trace``)."""
-        if self.access.restricted or trace.hook is not None:
-            return False
+        if len(data) < 2 or data[1] != frames.CREATE or self.access.restricted or trace.hook is not None:
+            return False   # (a seal, most often: nothing of the create's way for it)
         t0 = time.perf_counter()
         try:
             got = self.handlers.create_usual(session, data)
