@@ -140,7 +140,13 @@ class Client:
     def get(self, name: str, *, stream: Any = None, timeout: float | None = None) -> Buffer:
         """A read lease on object ``name``; on CUDA ``stream`` waits for the seal. Blocks until the
         object is sealed, or ``timeout`` seconds pass (WaitTimeout); ``timeout=0`` never waits."""
-        return _ready([self._leases.get(name, stream, timeout)], stream)[0]
+        lease = self._leases.get(name, stream, timeout)
+        try:
+            lease.memory.ready()   # (as ``_ready``, for one: no list on the hand-off's path)
+        except BaseException:
+            lease.free(stream)
+            raise
+        return lease
 
     def get_many(self, names: list[str], *, stream: Any = None) -> list[Buffer]:
         """Read leases on many sealed objects in one request (all or none; no waiting): how a

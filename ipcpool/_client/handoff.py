@@ -52,6 +52,7 @@ FREEING_MAX = 1024   # names given up whose free may be unhandled, at most (``Ha
 _NO_CREDIT = bytes(HANDLE_BYTES)
 _NO_ARENAS: dict = {}   # (a pool none of whose arenas is imported here)
 _DROP = object()       # a wake's answer nobody waits for any more
+_MISSING = object()    # no directory has the name (``Handoff._found``)
 
 
 # -- carving: an arena is an allocation of this client's, imported once; its free ranges are kept here
@@ -676,10 +677,9 @@ class Handoff:
             if not dirs:
                 return None
         # The usual reader finds its entry at once: no change counts read, nothing set up to wait.
-        for pool, (view, pidx) in dirs.items():
-            got = self._find(pool, view, pidx, name, timeout)
-            if got is not None:
-                return self._take(pool, view, pidx, got[0], name, stream, timeout, got[1])
+        got = self._found(dirs, name, stream, timeout)
+        if got is not _MISSING:
+            return got
         spin = 0.0 if timeout == 0 else self._channel.get_spin_s
         began = time.perf_counter()
         spin_until = began + spin
@@ -690,11 +690,10 @@ class Handoff:
         try:
             while True:
                 changes = [view.change() for view, _ in dirs.values()]   # (before the look: no entry missed)
-                for pool, (view, pidx) in dirs.items():
-                    got = self._find(pool, view, pidx, name, timeout)
-                    if got is not None:
-                        self._drop_wake(wake)   # (found before its answer came)
-                        return self._take(pool, view, pidx, got[0], name, stream, timeout, got[1])
+                got = self._found(dirs, name, stream, timeout)
+                if got is not _MISSING:
+                    self._drop_wake(wake)   # (found before its answer came)
+                    return got
                 if not made:   # waiting: the lease the entry will most likely name, made meanwhile
                     made = True
                     self._next.make(self._arena_of, self._lease_at)
@@ -730,29 +729,41 @@ class Handoff:
         self._arena_views.setdefault(pool, {})[entry.alloc] = memory
         return memory
 
-    def _find(self, pool: str, view: Any, pidx: int, name: str, timeout: float | None) -> tuple[Any, Any] | None:
-        """``name``'s entry in ``pool``'s directory, and where C could (``ClientLeasePage.take_entry``)
-        its hazard slot taken and the entry checked again with it: (entry, taken or None); None: no
-        entry."""
+    def _found(self, dirs: dict, name: str, stream: Any, timeout: float | None) -> Any:
+        """The lease on ``name`` where a directory of ``dirs`` (pool -> (view, pool number)) has
+        its entry, or None where the broker serves it instead; ``_MISSING`` where none has. Where
+        C can (``ClientLeasePage.take_entry``), the lookup, the hazard slot and the entry's state
+        after it are one call, and the usual lease is taken from here (a get runs on a CPU its
+        sleep left cold: each call on its way costs ~1 µs on an H100 host)."""
         page = self._pools.lease_page
-        if page is not None and leases.takes_in_c():
-            return page.take_entry(view, name, pidx, self._arena_views.get(pool, _NO_ARENAS), timeout == 0)
-        entry = view.lookup(name)
-        return None if entry is None else (entry, None)
+        in_c = page is not None and leases.takes_in_c()
+        for pool, (view, pidx) in dirs.items():
+            if in_c:
+                got = page.take_entry(view, name, pidx, self._arena_views.get(pool, _NO_ARENAS), timeout == 0)
+                if got is None:
+                    continue
+                entry, taken = got
+                if taken is not None:   # its slot taken, and its state read after that
+                    if trace.hook is not None:
+                        trace.emit("client.entry_found", name=name)
+                    state = taken[1] if taken[1] is not None else view.state(entry.index, entry.gen)
+                    return self._lease_taken(pool, view, entry, name, stream, timeout,
+                                             self._arena_views[pool][entry.alloc],
+                                             (pidx, entry.index, entry.gen, *taken[0]), state)
+            else:
+                entry = view.lookup(name)
+                if entry is None:
+                    continue
+            return self._take(pool, view, pidx, entry, name, stream, timeout)
+        return _MISSING
 
     def _take(self, pool: str, view: Any, pidx: int, entry: Any, name: str, stream: Any,
-              timeout: float | None, taken: tuple[tuple[int, int], int | None] | None = None) -> Any:
+              timeout: float | None) -> Any:
         """The lease on ``entry``, found for ``name`` in ``pool``'s directory: hazard slot first,
-        then the entry checked again, then the memory (``shm.leases``); ``taken``: the slot and
-        the state read after it, where ``_find`` took them. None where the broker serves it
-        instead."""
+        then the entry checked again, then the memory (``shm.leases``). None where the broker
+        serves it instead."""
         if trace.hook is not None:
             trace.emit("client.entry_found", name=name)
-        if taken is not None:
-            lease = (pidx, entry.index, entry.gen, *taken[0])
-            state = taken[1] if taken[1] is not None else view.state(entry.index, entry.gen)
-            return self._lease_taken(pool, view, entry, name, stream, timeout, self._arena_views[pool][entry.alloc],
-                                     lease, state)
         if entry.has_user_meta or not entry.in_arena:   # the broker serves those
             return None
         if timeout == 0 and entry.state != directory.SEALED:   # the broker says why not
