@@ -40,7 +40,6 @@ from ..shm import directory, fence, futex, leases, sealboard
 from ..sizes import HANDLE_BYTES
 from .channel import Channel
 from .interop import Views
-from .offpath import OffPath
 from .pools import Pools
 from .waitlog import SlowWait, describe
 
@@ -242,7 +241,6 @@ class Handoff:
         self._arena_views: dict[str, dict[int, ImportedMemory]] = {}   # pool -> arena -> its import
         self._releasing: dict[int, int] = {}   # directory leases' releases by request id -> slot
         self._next = NextLease()   # a directory reader's next lease, made ahead
-        self.offpath = OffPath(channel.lock)   # where a steady writer's next carve is made (``_prepare``)
         self._wakes: dict[int, Any] = {}   # gets that only wake a reader, by id: None, their answer, or _DROP
         self._slow: SlowWait | None = None   # the get under way, waiting without a deadline (``_send_wake``)
         self.wakes_sent = 0   # gets that waited past the spin budget (``bench/handoff.py`` counts them)
@@ -306,8 +304,7 @@ class Handoff:
                 c for c in got[1] if isinstance(c, bytes) and len(c) == HANDLE_BYTES)
 
     def _refused(self, buf: Any, err: IpcPoolError) -> None:
-        self.unprepare()   # (a writer whose create failed starts afresh: the arena as it was,
-        self._steady = False   # nothing made ready until two creates of one size again)
+        self.unprepare()   # (a writer whose create failed starts afresh: the arena as it was)
         cut = buf.carving
         cut.error = err
         if cut.slot is not None:
@@ -465,13 +462,13 @@ class Handoff:
         cut.memory = arena.pool.carved(arena.memory, offset, nbytes)
         return cut
 
-    # A writer that hands off objects of one size has its next one made ready after it seals the
-    # last (range, board word, credit, buffer, and the tensor view where it asked for one): off the
-    # hand-off's path, as the floor sets up its memory once, and off the caller's (``OffPath``: a
-    # thread, under the client's lock). Another size, or close, gives it back.
+    # A writer that hands off objects of one size has its next one made ready as it seals the last
+    # (range, board word, credit, buffer, and the tensor view where it asked for one): off the
+    # hand-off's path, as the floor sets up its memory once. Another size, or close, gives it back.
+    # (Made on a thread of the client's own instead, the writer's calls took ~20 µs less and the
+    # hand-off as a whole 10-20 µs more: that work then ran beside the reader's. docs/design.md.)
     def _prepare(self, pool: str, nbytes: int) -> None:
-        if (self._ahead is not None or not self._steady or self._last != (pool, nbytes)
-                or self._channel.closed):
+        if self._ahead is not None or not self._steady or self._last != (pool, nbytes):
             return
         try:
             cut = self._cut(pool, nbytes, True)
@@ -599,8 +596,7 @@ class Handoff:
         if trace.hook is not None:
             trace.emit("client.seal_sent", name=name, rid=rid, framed=cut.framed)
         self._sealing[rid] = buf
-        if self._ahead is None and self._steady and self._last == (buf.pool, buf.memory.size):
-            self.offpath.ask(self._prepare, buf.pool, buf.memory.size)   # (off the caller's path)
+        self._prepare(buf.pool, buf.memory.size)
 
     def free(self, buf: Any, stream: Any, abandoned: str | None) -> bool:
         """Free a carved buffer without waiting (``abandoned``: the name of the object it was

@@ -447,7 +447,6 @@ class Leases:
         """Free every buffer still held (at close), and give back a carve made ready."""
         for buf in list(self.buffers.values()):
             buf.free()
-        self.handoff.offpath.close()   # (a carve it would make after this finds the channel closed)
         self.handoff.unprepare()
 
 

@@ -1,8 +1,6 @@
 """Arenas on the host backend: creates carved by the client without a round trip, checked and
 mirrored by the broker, ranges handed back once idle, refusals surfacing later (flush)."""
 
-import threading
-
 import pytest
 
 import ipcpool
@@ -60,7 +58,6 @@ def test_a_steady_writers_next_carve_is_made_ready_and_given_back_when_the_size_
         handoff = w._leases.handoff
         for i in range(2):
             w.create(f"s/{i}", MiB).seal()
-        assert handoff.offpath.wait()                   # (made on the client's own thread, after the seal)
         ready = handoff._ahead                          # the second of one size: its seal made the next ready
         assert ready is not None and ready.name is None
         buf = w.create("s/2", MiB)
@@ -69,7 +66,6 @@ def test_a_steady_writers_next_carve_is_made_ready_and_given_back_when_the_size_
         buf.seal()
         with r.get("s/2") as lease:                     # another process reads what went into it
             assert bytes(lease.view[:3]) == b"abc"
-        assert handoff.offpath.wait()
         aid, offset = handoff._ahead.carved_at
         arena = handoff._by_arena[aid]
         assert arena.ranges.taken(offset)               # held for the next 1 MiB create
@@ -79,44 +75,6 @@ def test_a_steady_writers_next_carve_is_made_ready_and_given_back_when_the_size_
         w.flush()
         assert not w.async_errors                       # nothing freed that the broker never had
         assert sorted(o["name"] for o in w.list()) == ["half", "s/0", "s/1", "s/2"]
-
-
-def test_a_steady_writers_seal_leaves_its_next_carve_to_the_clients_own_thread(broker):
-    """The seal returns once its frame is sent; the next carve is made on the client's thread
-    (``OffPath``), under the client's lock, and the next create takes it. A client closed with
-    such a carve asked for makes none after, and its thread ends."""
-    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
-        handoff = w._handoff
-        made_on = []
-        prepare = handoff._prepare
-
-        def spy(*args):
-            made_on.append((threading.current_thread() is threading.main_thread(), w._channel.lock._is_owned()))
-            prepare(*args)
-
-        handoff._prepare = spy
-        for i in range(20):
-            assert handoff.offpath.wait()
-            buf = w.create(f"t/{i}", MiB)
-            assert (handoff._ahead is None) and (buf.carving.ready_frames is not None) == (i >= 2)
-            buf.view[:2] = bytes([i, 255 - i])
-            buf.seal()
-        assert handoff.offpath.wait()
-        assert made_on and all(not main and locked for main, locked in made_on), made_on
-        for i in range(20):
-            with r.get(f"t/{i}", timeout=5) as lease:
-                assert bytes(lease.view[:2]) == bytes([i, 255 - i])
-    for k in range(20):   # closed at once after a steady seal: no carve made ready after the close
-        c = ipcpool.connect(broker.socket_dir)
-        for i in range(3):
-            c.create(f"c/{k}/{i}", MiB).seal()
-        thread = c._handoff.offpath._thread
-        c.close()
-        assert c._handoff._ahead is None
-        thread.join(5)
-        assert not thread.is_alive()
-    with ipcpool.connect(broker.socket_dir) as c:
-        assert len(c.list()) == 20 + 60
 
 
 def test_broker_checks_every_carved_range(broker):

@@ -175,7 +175,6 @@ def test_a_frame_put_ahead_in_c_after_the_brokers_last_look_is_nudged(start_brok
         for k in range(2):   # a steady writer: its next object is made ready, its frames built ahead
             w.create(f"steady/{k}", 4 * KiB).seal()
         w.flush()
-        assert w._handoff.offpath.wait()
         seen.update(ring=0, socket=0, nudge=0)
         _hand_off(w, r, "nudged")
         assert seen == {"ring": 2, "socket": 0, "nudge": 2}   # the create and the seal, each nudged
