@@ -164,15 +164,20 @@ class NextLease:
     only time off the hand-off's path."""
 
     MAX_SEEN = 256   # ranges remembered; past them, forgotten and learnt again
+    UNLEARNT = 64    # ranges taken and not learnt yet (a reader that holds many leases): learnt then
 
     def __init__(self) -> None:
         self._after: dict[tuple, list] = {}   # where an object lay -> [where the next one did, trust 0-3]
         self._last: tuple | None = None
         self._made: tuple | None = None        # (where, the arena's import, the buffer)
+        self._taken: list[tuple] = []          # where the objects taken since lay, learnt at ``make``
 
     def make(self, arena_of: Callable[[str, int], Any], lease_at: Callable[[tuple, Any], Any]) -> None:
         """The buffer for where the next object most likely lies (``lease_at(where, arena)``),
-        where its arena is imported here (``arena_of(pool, arena id)``); nothing where it is made."""
+        where its arena is imported here (``arena_of(pool, arena id)``); nothing where it is made.
+        What was taken since is learnt first (here, off the hand-off's path)."""
+        if self._taken:
+            self._learn()
         after = self._after.get(self._last)
         at = None if after is None or not after[1] else after[0]
         if at is None or (self._made is not None and self._made[0] == at):
@@ -186,11 +191,23 @@ class NextLease:
         self._made = None
 
     def take(self, at: tuple, arena: ImportedMemory) -> Any:
-        """The buffer made for ``at`` in ``arena``, else None; either way ``at`` is learnt (here,
-        not in a call of its own: this runs on the hand-off's path)."""
+        """The buffer made for ``at`` in ``arena``, else None; ``at`` is learnt at the next
+        ``make`` (this runs on the hand-off's path)."""
         made, self._made = self._made, None
-        last, self._last = self._last, at
-        if last is not None:   # learn: ``at`` followed ``last``
+        taken = self._taken
+        taken.append(at)
+        if len(taken) >= self.UNLEARNT:
+            self._learn()
+        if made is None or made[0] != at or made[1] is not arena:   # (an arena imported again: not its range)
+            return None
+        return made[2]
+
+    def _learn(self) -> None:
+        """Each range taken followed the one before it."""
+        for at in self._taken:
+            last, self._last = self._last, at
+            if last is None:
+                continue
             after = self._after.get(last)
             if after is None:
                 if len(self._after) >= self.MAX_SEEN:
@@ -203,9 +220,7 @@ class NextLease:
                 after[1] -= 1
             else:
                 after[0] = at
-        if made is None or made[0] != at or made[1] is not arena:   # (an arena imported again: not its range)
-            return None
-        return made[2]
+        self._taken.clear()
 
 
 class Handoff:

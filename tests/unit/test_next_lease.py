@@ -84,3 +84,22 @@ def test_objects_read_in_no_order_make_nothing():
         nl.make(lambda pool, alloc: arenas.get(alloc), lambda at, a: made.append(at) or Made(at, a))
         nl.take(spot((k * 7919 % 64) << 20), arena)
     assert made == []
+
+
+def test_what_a_get_takes_is_learnt_at_the_next_make_not_on_its_path():
+    nl, arena = NextLease(), object()
+    arenas = {1: arena}
+    for at in (spot(0), spot(1 << 20), spot(0), spot(1 << 20), spot(0)):
+        nl.take(at, arena)   # (gets only: a reader that holds its leases)
+    assert nl._after == {} and len(nl._taken) == 5   # nothing learnt on the get's path
+    nl.make(lambda pool, alloc: arenas.get(alloc), Made)   # (its release): learnt, and the guess made
+    assert nl._taken == [] and nl._after[spot(0)] == [spot(1 << 20), 1]
+    assert nl.take(spot(1 << 20), arena).at == spot(1 << 20)
+
+
+def test_a_reader_that_never_makes_learns_in_bounded_steps():
+    nl, arena = NextLease(), object()
+    for k in range(3 * NextLease.UNLEARNT):
+        nl.take(spot((k % 2) << 20), arena)
+        assert len(nl._taken) < NextLease.UNLEARNT
+    assert nl._after[spot(0)][0] == spot(1 << 20) and nl._after[spot(1 << 20)][0] == spot(0)
