@@ -334,10 +334,14 @@ class Handoff:
         self._channel.raise_unraised()
 
     def settle_all(self) -> None:
-        """Wait for the reply of every request sent without waiting (refusals are kept, not raised)."""
+        """Wait for the reply of every request sent without waiting (refusals are kept, not
+        raised): creates, seals, and the frees that gave up an object (after them the name is free
+        again, and another session sees it gone)."""
         ch = self._channel
         if self._inflight or self._sealing:
             ch.wait_reply(-1, ch.timeout, until=lambda: not (self._inflight or self._sealing))
+        if self._freeing and not ch.answered(max(self._freeing.values())):
+            ch.settle()   # (a free is answered only where refused: a ping after it says it was read)
 
     def flush(self) -> None:
         """Wait for the reply of every request sent without waiting; raise the first refusal."""

@@ -77,6 +77,20 @@ def test_a_steady_writers_next_carve_is_made_ready_and_given_back_when_the_size_
         assert sorted(o["name"] for o in w.list()) == ["half", "s/0", "s/1", "s/2"]
 
 
+def test_flush_waits_for_the_frees_that_gave_up_objects(broker):
+    """A free that gives up an unsealed object is a request sent without waiting too: after
+    ``flush`` its name is gone for every session (the creates around it go through the ring, which
+    the broker may read before the message channel)."""
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        for i in range(60):
+            w.create(f"gone/{i}", 4096).free()
+            kept = w.create(f"kept/{i}", 4096)
+            kept.seal()
+            w.flush()
+            assert [o["name"] for o in r.list("gone/")] == [], i
+        assert len(r.list("kept/")) == 60
+
+
 def test_broker_checks_every_carved_range(broker):
     with ipcpool.connect(broker.socket_dir, arena_bytes=ARENA) as a, ipcpool.connect(broker.socket_dir) as b:
         first = a.create("mine", MiB)
