@@ -805,7 +805,9 @@ class Handoff:
         """``_take`` once its hazard slot is ``lease`` and ``state`` the entry's after it."""
         if state == directory.GONE:
             self._end_lease(pool, lease, b"")
-            return None
+            if entry.state != directory.SEALED:   # given up before its seal: as ``_await_entry`` says it
+                raise ObjectAborted.of(name)
+            return None   # (deleted since: the broker says what there is now)
         at = (pool, entry.alloc, entry.offset, entry.size, entry.dtype, entry.shape)
         buf = self._next.take(at, arena)
         if buf is None:

@@ -471,3 +471,27 @@ def test_a_reader_that_asks_nothing_else_never_runs_out_of_lease_slots(broker):
             assert lease.dirlease is not None and bytes(lease.view[:4]) == i.to_bytes(4, "little")
             lease.release()
         assert sent["get"] == 0 and sent["release"] == n, dict(sent)
+
+
+def test_an_object_given_up_while_its_reader_imports_its_arena_is_aborted_for_that_reader(broker):
+    """A reader finds an unsealed entry in an arena it has not imported yet, and asks the broker
+    for it (``dir_export``); the writer gives the object up meanwhile. The reader's slot then finds
+    the entry gone: it is told ObjectAborted at once, as a reader waiting for the seal is, and
+    does not wait at the broker for a create of that name anew."""
+    with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
+        r.stats()   # (the reader's pool, not the writer's arena)
+        buf = w.create("dropped", 4 * KiB)
+        handoff, real = r._handoff, r._handoff._arena_for
+
+        def arena_for(pool, entry):   # the writer gives up while this reader imports the arena
+            buf.free()
+            w.flush()   # (the broker has the abort)
+            return real(pool, entry)
+
+        handoff._arena_for = arena_for
+        asked = count_requests(r)
+        began = time.monotonic()
+        with pytest.raises(ipcpool.ObjectAborted, match="'dropped' was abandoned"):
+            r.get("dropped", timeout=10)
+        assert time.monotonic() - began < 5 and asked["get"] == 0
+        assert w.list() == [] and r.list() == []
