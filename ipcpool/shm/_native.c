@@ -88,6 +88,74 @@ static int is_zero(const unsigned char *p, size_t n) {
     return 1;
 }
 
+/* The hot calls take their arguments as a vector (METH_FASTCALL), each read as the letter of a
+ * PyArg_ParseTuple format would read it, and build their answers item by item: a format's parse
+ * cost ~2.5 µs a call on a CPU a sleep left cold (2-CPU host, eleven arguments), this ~1. */
+static int args_are(Py_ssize_t nargs, Py_ssize_t want, const char *fn) {
+    if (nargs == want)
+        return 1;
+    PyErr_Format(PyExc_TypeError, "%s() takes exactly %zd arguments (%zd given)", fn, want, nargs);
+    return 0;
+}
+
+static int as_n(PyObject *o, Py_ssize_t *v) {   /* "n" */
+    if (PyLong_Check(o)) {
+        *v = PyLong_AsSsize_t(o);
+    } else {
+        PyObject *i = PyNumber_Index(o);
+        if (i == NULL)
+            return 0;
+        *v = PyLong_AsSsize_t(i);
+        Py_DECREF(i);
+    }
+    return !(*v == -1 && PyErr_Occurred());
+}
+
+static int as_K(PyObject *o, unsigned long long *v) {   /* "K" */
+    *v = PyLong_AsUnsignedLongLongMask(o);
+    return !(*v == (unsigned long long)-1 && PyErr_Occurred());
+}
+
+static int as_y(PyObject *o, const char **s, Py_ssize_t *n) {   /* "y#", of bytes */
+    char *b;
+    if (!PyBytes_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "a bytes object is required");
+        return 0;
+    }
+    if (PyBytes_AsStringAndSize(o, &b, n) < 0)
+        return 0;
+    *s = b;
+    return 1;
+}
+
+static int is_a(PyObject *o, PyTypeObject *type, const char *what) {   /* "O!" */
+    if (PyObject_TypeCheck(o, type))
+        return 1;
+    PyErr_Format(PyExc_TypeError, "%s is required", what);
+    return 0;
+}
+
+/* A tuple of the ``n`` new references in ``items`` (taken over); NULL, with all of them released,
+ * where one is NULL (its error set) or the tuple cannot be made. */
+static PyObject *tuple_of(Py_ssize_t n, PyObject **items) {
+    PyObject *t = NULL;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (items[k] == NULL)
+            goto failed;
+    t = PyTuple_New(n);
+    if (t == NULL)
+        goto failed;
+    for (Py_ssize_t k = 0; k < n; k++)
+        PyTuple_SetItem(t, k, items[k]);   /* (steals it; cannot fail on a new tuple in range) */
+    return t;
+failed:
+    for (Py_ssize_t k = 0; k < n; k++)
+        Py_XDECREF(items[k]);
+    return NULL;
+}
+
+static PyObject *bool_of(int v) { return Py_NewRef(v ? Py_True : Py_False); }
+
 /* The Entry's fields, in ``directory.Entry``'s order, from a copy of one entry. */
 static PyObject *entry_tuple(Py_ssize_t index, const unsigned char *e) {
     uint32_t word = u32(e + 48);
@@ -122,12 +190,13 @@ static PyObject *entry_tuple(Py_ssize_t index, const unsigned char *e) {
     } else {
         shape = Py_NewRef(Py_None);
     }
-    PyObject *w = word == NO_WORD ? Py_NewRef(Py_None) : PyLong_FromUnsignedLong(word);
-    return Py_BuildValue("(nKIKKKNKNNNOOO)", index, (unsigned long long)u64(e + 8), u32(e + 16),
-                         (unsigned long long)u64(e + 24), (unsigned long long)u64(e + 32),
-                         (unsigned long long)u64(e + 40), w, (unsigned long long)u64(e + 56), event,
-                         dtype, shape, flags & HAS_USER_META ? Py_True : Py_False,
-                         flags & IN_ARENA ? Py_True : Py_False, flags & KEPT_EVENT ? Py_True : Py_False);
+    PyObject *items[14] = {
+        PyLong_FromSsize_t(index), PyLong_FromUnsignedLongLong(u64(e + 8)), PyLong_FromUnsignedLong(u32(e + 16)),
+        PyLong_FromUnsignedLongLong(u64(e + 24)), PyLong_FromUnsignedLongLong(u64(e + 32)),
+        PyLong_FromUnsignedLongLong(u64(e + 40)), word == NO_WORD ? Py_NewRef(Py_None) : PyLong_FromUnsignedLong(word),
+        PyLong_FromUnsignedLongLong(u64(e + 56)), event, dtype, shape, bool_of(flags & HAS_USER_META),
+        bool_of(flags & IN_ARENA), bool_of(flags & KEPT_EVENT)};
+    return tuple_of(14, items);
 }
 
 /* ``map``'s buffer (``flags``: PyBUF_SIMPLE or PyBUF_WRITABLE), checked to hold ``capacity``
@@ -188,12 +257,14 @@ static int find_entry(const unsigned char *base, Py_ssize_t capacity, Py_ssize_t
 
 /* lookup(map, capacity, probes, name: bytes, torn_us) -> the entry's fields, or None. An entry
  * being written is read again until it is whole, for torn_us at most (then None). */
-static PyObject *lookup(PyObject *Py_UNUSED(self), PyObject *args) {
+static PyObject *lookup(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     PyObject *map;
     const char *name;
     Py_ssize_t n, capacity, probes, torn_us;
-    if (!PyArg_ParseTuple(args, "Onny#n", &map, &capacity, &probes, &name, &n, &torn_us))
+    if (!args_are(nargs, 5, "lookup") || !as_n(args[1], &capacity) || !as_n(args[2], &probes)
+            || !as_y(args[3], &name, &n) || !as_n(args[4], &torn_us))
         return NULL;
+    map = args[0];
     Py_buffer view;
     if (map_of(map, capacity, PyBUF_SIMPLE, &view) < 0)
         return NULL;
@@ -226,12 +297,13 @@ static int entry_state(const unsigned char *at, uint64_t gen, uint32_t *state) {
 
 /* state(map, index, gen) -> the entry's state while it holds object gen, else GONE; None where
  * it was being written for all of STATE_SPINS reads */
-static PyObject *state(PyObject *Py_UNUSED(self), PyObject *args) {
+static PyObject *state(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     PyObject *map;
     Py_ssize_t index;
     unsigned long long gen;
-    if (!PyArg_ParseTuple(args, "OnK", &map, &index, &gen))
+    if (!args_are(nargs, 3, "state") || !as_n(args[1], &index) || !as_K(args[2], &gen))
         return NULL;
+    map = args[0];
     Py_buffer view;
     if (PyObject_GetBuffer(map, &view, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -263,15 +335,18 @@ static PyObject *state(PyObject *Py_UNUSED(self), PyObject *args) {
  * object not sealed where ``sealed_only``, every slot in use. State None: the entry was being
  * written all that while (the caller reads it again). No fence between the hazard and the check:
  * the broker's barrier orders them on this CPU (``shm.fence``); the compiler keeps their order. */
-static PyObject *take(PyObject *Py_UNUSED(self), PyObject *args) {
+static PyObject *take(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     PyObject *map, *page, *free_list, *arenas;
     const char *name;
     Py_ssize_t n, capacity, probes, torn_us, pool;
     unsigned long long nonce;
     int sealed_only;
-    if (!PyArg_ParseTuple(args, "Onny#nOO!KnO!p", &map, &capacity, &probes, &name, &n, &torn_us, &page,
-                          &PyList_Type, &free_list, &nonce, &pool, &PyDict_Type, &arenas, &sealed_only))
+    if (!args_are(nargs, 11, "take") || !as_n(args[1], &capacity) || !as_n(args[2], &probes)
+            || !as_y(args[3], &name, &n) || !as_n(args[4], &torn_us) || !is_a(args[6], &PyList_Type, "a list")
+            || !as_K(args[7], &nonce) || !as_n(args[8], &pool) || !is_a(args[9], &PyDict_Type, "a dict")
+            || (sealed_only = PyObject_IsTrue(args[10])) < 0)
         return NULL;
+    map = args[0], page = args[5], free_list = args[6], arenas = args[9];
     Py_buffer dv;
     if (map_of(map, capacity, PyBUF_SIMPLE, &dv) < 0)
         return NULL;
@@ -300,7 +375,8 @@ static PyObject *take(PyObject *Py_UNUSED(self), PyObject *args) {
         usual = has;
     }
     if (!usual) {
-        out = Py_BuildValue("(OOKi)", fields, Py_None, nonce, -1);
+        PyObject *items[4] = {Py_NewRef(fields), Py_NewRef(Py_None), PyLong_FromUnsignedLongLong(nonce), PyLong_FromLong(-1)};
+        out = tuple_of(4, items);
         goto done;
     }
     Py_buffer pv;
@@ -328,10 +404,10 @@ static PyObject *take(PyObject *Py_UNUSED(self), PyObject *args) {
     PyBuffer_Release(&pv);
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     uint32_t st;
-    if (entry_state((const unsigned char *)dv.buf + (index + 1) * ENTRY, gen, &st))
-        out = Py_BuildValue("(OnKk)", fields, slot, nonce, (unsigned long)st);
-    else
-        out = Py_BuildValue("(OnKO)", fields, slot, nonce, Py_None);
+    int whole = entry_state((const unsigned char *)dv.buf + (index + 1) * ENTRY, gen, &st);
+    PyObject *items[4] = {Py_NewRef(fields), PyLong_FromSsize_t(slot), PyLong_FromUnsignedLongLong(nonce),
+                          whole ? PyLong_FromUnsignedLong(st) : Py_NewRef(Py_None)};
+    out = tuple_of(4, items);
 done:
     PyBuffer_Release(&dv);
     Py_DECREF(fields);
@@ -443,13 +519,15 @@ static Py_ssize_t ring_slots(void) { return (2 * ring_at() - RING_SLOTS_AT) / RI
  * where the broker's ``directory`` says it polls long enough (``Channel.send_frame``'s rule).
  * 1: put; 2: put, but the broker's polling may have ended meanwhile (send a nudge); 0: not put
  * (the ring is full, the broker sleeps, or the frame does not fit: send it on the socket). */
-static PyObject *ring_put(PyObject *Py_UNUSED(self), PyObject *args) {
+static PyObject *ring_put(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     PyObject *page, *directory, *name_obj;
     const char *frame;
     Py_ssize_t flen, name_len_at, name_len;
     unsigned long long rid;
-    if (!PyArg_ParseTuple(args, "OOy#nKU", &page, &directory, &frame, &flen, &name_len_at, &rid, &name_obj))
+    if (!args_are(nargs, 6, "ring_put") || !as_y(args[2], &frame, &flen) || !as_n(args[3], &name_len_at)
+            || !as_K(args[4], &rid) || !is_a(args[5], &PyUnicode_Type, "a str"))
         return NULL;
+    page = args[0], directory = args[1], name_obj = args[5];
     const char *name = PyUnicode_AsUTF8AndSize(name_obj, &name_len);
     if (name == NULL)
         return NULL;
@@ -544,12 +622,14 @@ static PyObject *event_query(PyObject *Py_UNUSED(self), PyObject *arg) {
  * map set to ``seq`` (``Board.post``), after the record as R1 needs. 0: done; -2: done, and a
  * reader may sleep on the board (the caller wakes it, ``Board.wake``); -1: no driver loaded here;
  * a CUresult: the record failed, nothing posted. */
-static PyObject *record_post(PyObject *Py_UNUSED(self), PyObject *args) {
+static PyObject *record_post(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     unsigned long long event, stream, seq;
     PyObject *board;
     Py_ssize_t index;
-    if (!PyArg_ParseTuple(args, "KKOnK", &event, &stream, &board, &index, &seq))
+    if (!args_are(nargs, 5, "record_post") || !as_K(args[0], &event) || !as_K(args[1], &stream)
+            || !as_n(args[3], &index) || !as_K(args[4], &seq))
         return NULL;
+    board = args[2];
     Py_buffer view;
     if (PyObject_GetBuffer(board, &view, PyBUF_WRITABLE) < 0)
         return NULL;
@@ -713,12 +793,13 @@ static long long ticket_int(PyObject *ticket, int k) {
  * anything not usual or not allowed (another frame, an arena without a ticket, a word, number,
  * credit, name, quota or range the Python refuses or might): the caller does it the Python way,
  * which refuses what it must, saying why. */
-static PyObject *usual_create(PyObject *Py_UNUSED(self), PyObject *args) {
+static PyObject *usual_create(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     PyObject *frame, *session, *tickets, *objects, *counts;
     unsigned long long gen;
-    if (!PyArg_ParseTuple(args, "OOO!O!O!K", &frame, &session, &PyDict_Type, &tickets, &PyDict_Type, &objects,
-                          &PyDict_Type, &counts, &gen))
+    if (!args_are(nargs, 6, "usual_create") || !is_a(args[2], &PyDict_Type, "a dict")
+            || !is_a(args[3], &PyDict_Type, "a dict") || !is_a(args[4], &PyDict_Type, "a dict") || !as_K(args[5], &gen))
         return NULL;
+    frame = args[0], session = args[1], tickets = args[2], objects = args[3], counts = args[4];
     Py_buffer fv;
     if (PyObject_GetBuffer(frame, &fv, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -840,7 +921,8 @@ static PyObject *usual_create(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t index = publish_into(mv.buf, dir_capacity, probes, f.name, f.name_len, gen, WRITING, f.arena, f.offset,
                                     f.nbytes, (uint32_t)(words + f.slot), f.seq, f.credit, no_credit ? 0 : 64,
                                     NULL, 0, NULL, 0, 0, IN_ARENA | (no_credit ? 0 : KEPT_EVENT));
-    out = index < 0 ? Py_BuildValue("(OOO)", fields, size_obj, Py_None) : Py_BuildValue("(OOn)", fields, size_obj, index);
+    PyObject *items[3] = {Py_NewRef(fields), Py_NewRef(size_obj), index < 0 ? Py_NewRef(Py_None) : PyLong_FromSsize_t(index)};
+    out = tuple_of(3, items);
     goto done;   /* (a tuple that could not be made: the range and entry stay, as a full memory
                     the broker's loop reports; nothing else fails past the checks) */
 failed_cleared:
@@ -872,15 +954,15 @@ static PyObject *crc32_py(PyObject *Py_UNUSED(self), PyObject *arg) {   /* for t
 }
 
 static PyMethodDef methods[] = {
-    {"lookup", lookup, METH_VARARGS, "lookup(map, capacity, probes, name, torn_us): an entry's fields, or None"},
-    {"take", take, METH_VARARGS, "take(map, capacity, probes, name, torn_us, page, free, nonce, pool, arenas, sealed_only): (fields, slot, nonce, state), or None"},
-    {"state", state, METH_VARARGS, "state(map, index, gen): the entry's state while it holds gen, else GONE; None: being written still"},
+    {"lookup", (PyCFunction)(void (*)(void))lookup, METH_FASTCALL, "lookup(map, capacity, probes, name, torn_us): an entry's fields, or None"},
+    {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL, "take(map, capacity, probes, name, torn_us, page, free, nonce, pool, arenas, sealed_only): (fields, slot, nonce, state), or None"},
+    {"state", (PyCFunction)(void (*)(void))state, METH_FASTCALL, "state(map, index, gen): the entry's state while it holds gen, else GONE; None: being written still"},
     {"publish", publish, METH_VARARGS, "publish(map, capacity, probes, name, gen, state, alloc, offset, size, word, seq, event, dtype, dims, ndim, flags): the index written, or None"},
-    {"ring_put", ring_put, METH_VARARGS, "ring_put(page, directory, frame, name_len_at, rid, name): 1 put, 2 put (nudge), 0 not put"},
+    {"ring_put", (PyCFunction)(void (*)(void))ring_put, METH_FASTCALL, "ring_put(page, directory, frame, name_len_at, rid, name): 1 put, 2 put (nudge), 0 not put"},
     {"event_query", event_query, METH_O, "event_query(event): cuEventQuery's CUresult, -1 without a driver"},
-    {"record_post", record_post, METH_VARARGS, "record_post(event, stream, board, index, seq): 0 (-2: wake sleepers), -1 no driver, else a CUresult"},
+    {"record_post", (PyCFunction)(void (*)(void))record_post, METH_FASTCALL, "record_post(event, stream, board, index, seq): 0 (-2: wake sleepers), -1 no driver, else a CUresult"},
     {"read_create", read_create, METH_O, "read_create(frame): a usual create frame's fields (frames.Create's), or None"},
-    {"usual_create", usual_create, METH_VARARGS, "usual_create(frame, session, tickets, objects, counts, gen): (fields, size, index) of a usual create checked, its range taken and its entry written; None: not usual"},
+    {"usual_create", (PyCFunction)(void (*)(void))usual_create, METH_FASTCALL, "usual_create(frame, session, tickets, objects, counts, gen): (fields, size, index) of a usual create checked, its range taken and its entry written; None: not usual"},
     {"crc32", crc32_py, METH_O, "crc32(data): as zlib.crc32"},
     {NULL, NULL, 0, NULL},
 };
