@@ -255,25 +255,31 @@ static int find_entry(const unsigned char *base, Py_ssize_t capacity, Py_ssize_t
     return 0;
 }
 
+/* lookup's arguments (map, capacity, probes, name, torn_us: take's first five too) and the live
+ * entry of ``name``: 1 found (its copy and index; ``view`` held), 0 none (nothing held), -1 an
+ * error (set). */
+static int entry_of(PyObject *const *args, Py_buffer *view, unsigned char *copy, Py_ssize_t *index) {
+    const char *name;
+    Py_ssize_t n, capacity, probes, torn_us;
+    if (!as_n(args[1], &capacity) || !as_n(args[2], &probes) || !as_y(args[3], &name, &n) || !as_n(args[4], &torn_us)
+            || map_of(args[0], capacity, PyBUF_SIMPLE, view) < 0)
+        return -1;
+    if (find_entry(view->buf, capacity, probes, (const unsigned char *)name, n, torn_us, copy, index))
+        return 1;
+    PyBuffer_Release(view);
+    return 0;
+}
+
 /* lookup(map, capacity, probes, name: bytes, torn_us) -> the entry's fields, or None. An entry
  * being written is read again until it is whole, for torn_us at most (then None). */
 static PyObject *lookup(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    PyObject *map;
-    const char *name;
-    Py_ssize_t n, capacity, probes, torn_us;
-    if (!args_are(nargs, 5, "lookup") || !as_n(args[1], &capacity) || !as_n(args[2], &probes)
-            || !as_y(args[3], &name, &n) || !as_n(args[4], &torn_us))
-        return NULL;
-    map = args[0];
     Py_buffer view;
-    if (map_of(map, capacity, PyBUF_SIMPLE, &view) < 0)
-        return NULL;
     unsigned char copy[ENTRY];
     Py_ssize_t index;
-    int found = find_entry(view.buf, capacity, probes, (const unsigned char *)name, n, torn_us, copy, &index);
+    int found = args_are(nargs, 5, "lookup") ? entry_of(args, &view, copy, &index) : -1;
+    if (found <= 0)
+        return found < 0 ? NULL : Py_NewRef(Py_None);
     PyBuffer_Release(&view);
-    if (!found)
-        Py_RETURN_NONE;
     return entry_tuple(index, copy);
 }
 
@@ -336,27 +342,20 @@ static PyObject *state(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssiz
  * written all that while (the caller reads it again). No fence between the hazard and the check:
  * the broker's barrier orders them on this CPU (``shm.fence``); the compiler keeps their order. */
 static PyObject *take(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    PyObject *map, *page, *free_list, *arenas;
-    const char *name;
-    Py_ssize_t n, capacity, probes, torn_us, pool;
+    Py_ssize_t pool;
     unsigned long long nonce;
     int sealed_only;
-    if (!args_are(nargs, 11, "take") || !as_n(args[1], &capacity) || !as_n(args[2], &probes)
-            || !as_y(args[3], &name, &n) || !as_n(args[4], &torn_us) || !is_a(args[6], &PyList_Type, "a list")
-            || !as_K(args[7], &nonce) || !as_n(args[8], &pool) || !is_a(args[9], &PyDict_Type, "a dict")
+    if (!args_are(nargs, 11, "take") || !is_a(args[6], &PyList_Type, "a list") || !as_K(args[7], &nonce)
+            || !as_n(args[8], &pool) || !is_a(args[9], &PyDict_Type, "a dict")
             || (sealed_only = PyObject_IsTrue(args[10])) < 0)
         return NULL;
-    map = args[0], page = args[5], free_list = args[6], arenas = args[9];
+    PyObject *page = args[5], *free_list = args[6], *arenas = args[9];
     Py_buffer dv;
-    if (map_of(map, capacity, PyBUF_SIMPLE, &dv) < 0)
-        return NULL;
     unsigned char copy[ENTRY];
     Py_ssize_t index;
-    int found = find_entry(dv.buf, capacity, probes, (const unsigned char *)name, n, torn_us, copy, &index);
-    if (!found) {
-        PyBuffer_Release(&dv);
-        Py_RETURN_NONE;
-    }
+    int found = entry_of(args, &dv, copy, &index);
+    if (found <= 0)
+        return found < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *fields = entry_tuple(index, copy), *out = NULL;
     if (fields == NULL) {
         PyBuffer_Release(&dv);
