@@ -753,23 +753,25 @@ class Handoff:
         page = self._pools.lease_page
         in_c = page is not None and leases.takes_in_c()
         for pool, (view, pidx) in dirs.items():
+            taken = None
             if in_c:
                 got = page.take_entry(view, name, pidx, self._arena_views.get(pool, _NO_ARENAS), timeout == 0)
                 if got is None:
                     continue
                 entry, taken = got
-                if taken is not None:   # its slot taken, and its state read after that
-                    if trace.hook is not None:
-                        trace.emit("client.entry_found", name=name)
-                    state = taken[1] if taken[1] is not None else view.state(entry.index, entry.gen)
-                    return self._lease_taken(pool, view, entry, name, stream, timeout,
-                                             self._arena_views[pool][entry.alloc],
-                                             (pidx, entry.index, entry.gen, *taken[0]), state)
             else:
                 entry = view.lookup(name)
                 if entry is None:
                     continue
-            return self._take(pool, view, pidx, entry, name, stream, timeout)
+            if trace.hook is not None:
+                trace.emit("client.entry_found", name=name)
+            if taken is None:
+                return self._take(pool, view, pidx, entry, name, stream, timeout)
+            # Its slot taken in C, and its state read after that (None: being written all along).
+            state = taken[1] if taken[1] is not None else view.state(entry.index, entry.gen)
+            return self._lease_taken(pool, view, entry, name, stream, timeout,
+                                     self._arena_views[pool][entry.alloc],
+                                     (pidx, entry.index, entry.gen, *taken[0]), state)
         return _MISSING
 
     def _take(self, pool: str, view: Any, pidx: int, entry: Any, name: str, stream: Any,
@@ -777,8 +779,6 @@ class Handoff:
         """The lease on ``entry``, found for ``name`` in ``pool``'s directory: hazard slot first,
         then the entry checked again, then the memory (``shm.leases``). None where the broker
         serves it instead."""
-        if trace.hook is not None:
-            trace.emit("client.entry_found", name=name)
         if entry.has_user_meta or not entry.in_arena:   # the broker serves those
             return None
         if timeout == 0 and entry.state != directory.SEALED:   # the broker says why not
