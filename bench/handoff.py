@@ -115,12 +115,12 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
                            "w_seal_sent": sent["client.seal_sent"], "w_sealed": t3}
             link.put((t0, sent["client.seal_sent"] or t3, sent["client.create_sent"] or t1, moments))
             if i < n:
-                steps.append((t1 - t0, t_view - t1, t2 - t_view, t3 - t2))
+                steps.append((t1 - t0, t_view - t1, t2 - t_view, t3 - t2, (t1 - t0) + (t_view - t1) + (t3 - t2)))
                 if ab is not None and i >= WARMUP:
                     ab.own(i, (t1 - t0) + (t_view - t1) + (t3 - t2))
             acks.get()
             c.delete(f"h/{i}")
-        report_steps("producer", ("create", "view", "fill", "seal"), steps)
+        report_steps("producer", ("create", "view", "fill", "seal", "create+view+seal"), steps)
         if ab is not None:
             ab.report("producer")
 
@@ -172,7 +172,7 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
             woken = c._handoff.wakes_sent != wakes          # (it waited past its spin: the broker woke it)
             lease.release(stream=stream)
             if i >= n:
-                late.append((t_got - t_asked, t_view - t_got))
+                late.append((t_got - t_asked, t_view - t_got, t_view - t_asked))
                 if ab is not None and ab.side == "reader":
                     ab.own(i, t_got - t_asked)
             else:
@@ -194,7 +194,7 @@ def _ipc_consumer(socket_dir, backend, n, go, link, acks, out):
         if not os.environ.get("HANDOFF_SENT_STAMPS"):   # (the seal's moment is t1 of seal(): not shown)
             names, steps = names[::2] + names[3:], [(s[0], s[2], s[3]) for s in steps]
         report_steps("consumer", names, steps)
-        report_steps("consumer", ("get once sealed", "its view"), late)
+        report_steps("consumer", ("get once sealed", "its view", "get+view"), late)
         if ab is not None:
             ab.report("consumer")
         # The hand-offs a broker's answer served, and those whose reader outwaited its spin.
@@ -276,8 +276,9 @@ def run_in_turns(pairs: list[Pair]) -> dict[str, dict]:
                 for pair in pairs:
                     pair.round(k, bar.update)
         for pair in pairs:   # (one at a time: a pair's untimed hand-offs run alone)
-            steps = pair.finish()
-            results[pair.label] = {**percentiles(pair.samples[WARMUP:]), **({"steps_p50_us": steps} if steps else {})}
+            steps, means = pair.finish(), pair.finish("mean_us")
+            results[pair.label] = {**percentiles(pair.samples[WARMUP:]),
+                                   **({"steps_p50_us": steps, "steps_mean_us": means} if steps else {})}
     finally:
         for pair in pairs:
             pair.stop()

@@ -60,21 +60,24 @@ def run_tree(tree: Path, handoffs: int, backend: str, timeout: float) -> dict:
     return {"error": (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]}
 
 
-STEP_LINE = re.compile(r"(producer|consumer) step p50: ")
-STEP = re.compile(r"([^,\n]+?) ([0-9.]+) µs")
+STEP_LINE = re.compile(r"(producer|consumer) step p50(?: \(mean\))?: ")
+STEP = re.compile(r"([^,\n]+?) ([0-9.]+)(?: \(([0-9.]+)\))? µs")   # p50 (mean)
 
 
 def parse_steps(stderr: str) -> dict[str, float]:
-    """The per-step p50s the tree's pair prints on stderr ("producer step p50: create 59.7 µs,
-    ..."), as {"producer create": 59.7, ...}: where a difference between trees lies. The two
-    processes print at the same moment, and a line of one may land inside the other's, so each
-    process's steps are read from its marker up to the next marker."""
+    """The per-step p50s the tree's pair prints on stderr ("producer step p50 (mean): create
+    59.7 (61.0) µs, ..."), as {"producer create": 59.7, "producer create (mean)": 61.0, ...}
+    (an older tree prints no means): where a difference between trees lies. The two processes
+    print at the same moment, and a line of one may land inside the other's, so each process's
+    steps are read from its marker up to the next marker."""
     steps = {}
     marks = list(STEP_LINE.finditer(stderr))
     for m, nxt in zip(marks, [*marks[1:], None]):
         text = stderr[m.end(): nxt.start() if nxt else len(stderr)]
-        for name, us in STEP.findall(text):
+        for name, us, mean in STEP.findall(text):
             steps[f"{m.group(1)} {name.strip()}"] = float(us)
+            if mean:
+                steps[f"{m.group(1)} {name.strip()} (mean)"] = float(mean)
     return steps
 
 

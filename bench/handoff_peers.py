@@ -55,20 +55,22 @@ STEPS_ENV = "HANDOFF_STEPS_FILE"   # where a pair's processes also add their ste
 
 
 def report_steps(who: str, names: tuple[str, ...], steps: list[tuple[int, ...]]) -> None:
-    """p50 of each step, on stderr: where a hand-off spends its time; and, as a JSON line, in the
-    file ``STEPS_ENV`` names, where set (the results keep them)."""
+    """p50 and mean of each step, on stderr: where a hand-off spends its time; and, as a JSON
+    line, in the file ``STEPS_ENV`` names, where set (the results keep them)."""
     steps = steps[WARMUP:]
-    p50s = {}
+    p50s, means = {}, {}
     for k, name in enumerate(names):
         xs = sorted(s[k] for s in steps)
         p50s[name] = xs[len(xs) // 2] / 1000
+        means[name] = sum(xs) / len(xs) / 1000 if xs else 0.0
     # one write, newline included: the producer and the consumer print at the same moment
-    sys.stderr.write(f"  {who} step p50: " + ", ".join(f"{k} {v:.1f} µs" for k, v in p50s.items()) + "\n")
+    sys.stderr.write(f"  {who} step p50 (mean): "
+                     + ", ".join(f"{k} {v:.1f} ({means[k]:.1f}) µs" for k, v in p50s.items()) + "\n")
     sys.stderr.flush()
     path = os.environ.get(STEPS_ENV)
     if path:
         with open(path, "a") as f:   # (one short line: appends of the pair's two processes stay whole)
-            f.write(json.dumps({"who": who, "p50_us": p50s}) + "\n")
+            f.write(json.dumps({"who": who, "p50_us": p50s, "mean_us": means}) + "\n")
 
 
 

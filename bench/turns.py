@@ -87,6 +87,7 @@ class Pair:
         self.samples: list[int] = []
         self._steps = tempfile.NamedTemporaryFile("r", prefix="handoff-steps-", suffix=".jsonl")
         self._env = {STEPS_ENV: self._steps.name, **(env or {})}   # (inherited as they start)
+        self._reported: list[dict] | None = None   # the processes' step reports, once they ended
 
     def start(self) -> None:
         with mock.patch.dict(os.environ, self._env):   # (the environment as it was, after)
@@ -117,17 +118,18 @@ class Pair:
                 self.samples.append(latency)
             on_sample()
 
-    def finish(self) -> dict[str, dict[str, float]]:
+    def finish(self, of: str = "p50_us") -> dict[str, dict[str, float]]:
         """Let the pair end (its untimed hand-offs, its step reports) and stop it; each process's
-        step p50s, as its report on stderr has them ("producer", "consumer", ...: a process
-        reporting two sets gets both, in order)."""
-        self.gate.put(True)
-        self.stop()
-        reported = [json.loads(line) for line in self._steps.read().splitlines()]
-        self._steps.close()
+        step p50s (``of="mean_us"``: means), as its report on stderr has them ("producer",
+        "consumer", ...: a process reporting two sets gets both, in order). Again: as kept."""
+        if self._reported is None:
+            self.gate.put(True)
+            self.stop()
+            self._reported = [json.loads(line) for line in self._steps.read().splitlines()]
+            self._steps.close()
         by_who: dict[str, dict[str, float]] = {}
-        for r in reported:
-            by_who.setdefault(r["who"], {}).update(r["p50_us"])
+        for r in self._reported:
+            by_who.setdefault(r["who"], {}).update(r.get(of, {}))
         return by_who
 
     def stop(self) -> None:

@@ -46,6 +46,9 @@ from .waitlog import SlowWait, describe
 log = logging.getLogger(__name__)
 
 MIN_ARENA = 1 << 20
+# A steady writer's carves made ready at once, at most (and at most a quarter of an arena's bytes):
+# made in one go, on caches warm from the first, one seal in this many pays for them (``_prepare``).
+READY_AHEAD = 4
 LOW_SLOTS = 16   # a reader's free lease slots below which its release takes in the answers waiting
 FREEING_MAX = 1024   # names given up whose free may be unhandled, at most (``Handoff._freeing``)
 _NO_CREDIT = bytes(HANDLE_BYTES)
@@ -232,7 +235,7 @@ class Handoff:
         self._channel = channel
         self._entered = entered
         self._views = views
-        self._ahead: Any = None                   # the next carve, made ready (``_prepare``)
+        self._ahead: collections.deque = collections.deque()   # the next carves, made ready (``_prepare``)
         self._last: tuple[str, int] | None = None   # (pool, nbytes) of the last carved create
         self._steady = False                        # ... and the one before it was the same
         self._pools = pools
@@ -412,12 +415,15 @@ class Handoff:
         is not as usual (no such buffer, a refusal to raise, a name in use here or invalid, a
         closed client): ``carve`` then does it, or says why not. Each line before the frame runs
         on a worker that often comes back from sleep with cold caches."""
-        buf, ch = self._ahead, self._channel
-        if (buf is None or buf.pool != pool or type(nbytes) is not int or buf.memory.size != nbytes
+        ahead, ch = self._ahead, self._channel
+        if not ahead:
+            return None
+        buf = ahead[0]
+        if (buf.pool != pool or type(nbytes) is not int or buf.memory.size != nbytes
                 or ch.closed or ch.unraised or type(name) is not str or name in writing
                 or not protocol.valid_object_name(name) or (self._freeing and self._still_freeing(name))):
             return None
-        self._ahead = None
+        ahead.popleft()
         buf.name = name
         self._send(buf, "create", name, None, None)
         writing.add(name)
@@ -481,21 +487,35 @@ class Handoff:
         cut.memory = arena.pool.carved(arena.memory, offset, nbytes)
         return cut
 
-    # A writer that hands off objects of one size has its next one made ready as it seals the last
-    # (range, board word, credit, buffer, and the tensor view where it asked for one): off the
-    # hand-off's path, as the floor sets up its memory once. Another size, or close, gives it back.
-    # (Made on a thread of the client's own instead, the writer's calls took ~20 µs less and the
-    # hand-off as a whole 10-20 µs more: that work then ran beside the reader's. docs/design.md.)
+    # A writer that hands off objects of one size has its next ones made ready as it seals the last
+    # of those made before (range, board word, credit, buffer, and the tensor view where it asked
+    # for one): off the hand-off's path, as the floor sets up its memory once. Made a few at a time,
+    # the first warms the caches for the rest (each costs a cold writer ~10-25 µs on an H100 host,
+    # the next ones a few), and only one seal in that many pays. Another size, or close, gives them
+    # back. (Made on a thread of the client's own instead, the writer's calls took ~20 µs less and
+    # the hand-off as a whole 10-20 µs more: that work then ran beside the reader's. docs/design.md.)
     def _prepare(self, pool: str, nbytes: int) -> None:
-        if self._ahead is not None or not self._steady or self._last != (pool, nbytes):
+        if self._ahead or not self._steady or self._last != (pool, nbytes):
             return
+        for _ in range(max(1, min(READY_AHEAD, self.arena_bytes // 4 // nbytes))):
+            buf = self._made_ready(pool, nbytes)
+            if buf is None:
+                return
+            self._ahead.append(buf)
+
+    def _made_ready(self, pool: str, nbytes: int) -> Any:
+        """One carve made ready for the next create of ``nbytes`` in ``pool``, else None (past
+        the first, one that would go without a board word is not made)."""
         try:
             cut = self._cut(pool, nbytes, True)
         except IpcPoolError as exc:   # (an arena the broker refuses now: the next create says so)
             log.debug("no carve made ready in pool %r: %s", pool, exc)
-            return
+            return None
         if cut is None:
-            return
+            return None
+        if cut.slot is None and self._ahead and pool in self.boards:   # (no word or credit left)
+            self._give_back(pool, cut)
+            return None
         buf = self._keep(0, pool, cut.memory, True, None, None, False, enter=False)
         buf.carving = cut
         if cut.slot is not None:   # the usual hand-off's two frames, all but the id and name
@@ -505,33 +525,38 @@ class Handoff:
                                         cut.seq, credit), frames.seal(0, b"", credit))
         if self._views.asked:
             buf.tensor_ahead = self._views.ahead(buf, cut.memory)
-        self._ahead = buf
+        return buf
 
     def _ahead_for(self, pool: str, nbytes: int, name: str | None) -> Any:
-        """The buffer made ready for this create, else None (one that does not fit goes back)."""
-        buf = self._ahead
-        if buf is None:
+        """The buffer made ready for this create, else None (where the next does not fit, all
+        those made ready go back)."""
+        ahead = self._ahead
+        if not ahead:
             return None
-        self._ahead = None
+        buf = ahead[0]
         if name is not None and buf.pool == pool and buf.memory.size == nbytes:
-            return buf
-        self.unprepare(buf)
+            return ahead.popleft()
+        self.unprepare()
         return None
 
     def unprepare(self, buf: Any = None) -> None:
-        """Give back a carve made ready (or one whose create was never sent): its range, its
-        board word, its credit. Without ``buf`` (at close), a reader's next lease made ahead goes too."""
-        if buf is None:
-            self._next.forget()
-            buf, self._ahead = self._ahead, None
-            if buf is None:
-                return
-        cut = buf.carving
+        """Give back the carves made ready, or ``buf`` (one whose create was never sent): each
+        one's range, board word and credit. Without ``buf``, a reader's next lease made ahead
+        goes too (at close: its tensor views the pool's memory)."""
+        if buf is not None:
+            self._give_back(buf.pool, buf.carving)
+            return
+        self._next.forget()
+        while self._ahead:   # (the last made first: the credits go back in the order they came)
+            buf = self._ahead.pop()
+            self._give_back(buf.pool, buf.carving)
+
+    def _give_back(self, pool: str, cut: Carving) -> None:
         cut.arena.ranges.free(cut.offset)   # (never announced: the broker has nothing to undo)
         if cut.slot is not None:
             cut.arena.free_slot(cut.slot)
         if cut.promise:
-            self._credits[buf.pool].appendleft(cut.promise)
+            self._credits[pool].appendleft(cut.promise)
 
     def _carve(self, pool: str, nbytes: int) -> tuple[ClientArena | None, int]:
         arenas = self._arenas.setdefault(pool, [])
@@ -615,7 +640,8 @@ class Handoff:
         if trace.hook is not None:
             trace.emit("client.seal_sent", name=name, rid=rid, framed=cut.framed)
         self._sealing[rid] = buf
-        self._prepare(buf.pool, buf.memory.size)
+        if not self._ahead and self._steady:   # (three seals in four: made ready already)
+            self._prepare(buf.pool, buf.memory.size)
 
     def free(self, buf: Any, stream: Any, abandoned: str | None) -> bool:
         """Free a carved buffer without waiting (``abandoned``: the name of the object it was

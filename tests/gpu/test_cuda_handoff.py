@@ -1,6 +1,7 @@
 """The hand-off on a GPU: a reader answered before the seal (pending) of a writer that dies gets
 ObjectAborted; garbage on one pool's seal board harms neither the broker, nor a reader, nor the
-other pool's hand-offs; pools on two devices hand out memory in turn."""
+other pool's hand-offs; pools on two devices hand out memory in turn; a steady writer's carves
+made ready a few at a time."""
 
 from __future__ import annotations
 
@@ -174,3 +175,61 @@ def test_the_c_event_query_answers_as_the_drivers():
     pending behind a 0.5 s kernel and complete after it, as the bindings' cuEventQuery says."""
     (pending, done, first), = run_together([(_queries_an_event_in_c, ())])
     assert pending == (600, 600) and done == (0, 0) and first == 7
+
+
+def _steady_writer(socket_dir, count, out):
+    """Hands off ``count`` 1 MiB objects through torch views, then one of another size; says how
+    many carves were made ready at once, whether each held a credit, a board word and a tensor
+    view, and whether the credits of those still ready came back with the size's change."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    torch.cuda.set_stream(stream)
+    with ipcpool.connect(socket_dir) as c:
+        handoff = c._handoff
+        c.create("steady/0", MiB).seal(stream=stream)
+        c.flush()   # (its reply's credit in)
+        made, promised, viewed = 0, True, True
+        for i in range(1, count):
+            buf = c.create(f"steady/{i}", MiB, stream=stream)
+            buf.tensor().fill_(i % 251)
+            buf.seal(stream=stream)
+            if i == 1:   # the first seal of the size after another: the next ones made ready
+                made = len(handoff._ahead)
+                promised = all(b.carving.promise and b.carving.slot is not None for b in handoff._ahead)
+                viewed = all(b.tensor_ahead is not None for b in handoff._ahead)
+        stream.synchronize()
+        c.flush()
+        held = [b.carving.promise for b in handoff._ahead]
+        other = c.create("steady/other", MiB // 2, stream=stream)   # another size: all go back, and
+        back = [other.carving.promise, *handoff._credits["default"]]   # the first serves this create
+        other.free(stream=stream)
+        c.flush()
+        out.put(("writer", {"made": made, "promised": promised, "viewed": viewed, "held": len(held),
+                            "back": back[:len(held)] == held, "async": c.async_errors}))
+
+
+def _steady_reader(socket_dir, count, out):
+    import torch
+
+    stream = torch.cuda.Stream()
+    torch.cuda.set_stream(stream)
+    seen = []
+    with ipcpool.connect(socket_dir) as c:
+        for i in range(1, count):
+            with c.get(f"steady/{i}", stream=stream, timeout=60) as lease:
+                seen.append(int(lease.tensor()[0].item()))
+    out.put(("seen", seen))
+
+
+def test_a_steady_writers_carves_made_ready_at_once_hold_credits_and_views_and_give_them_back(start_broker):
+    """A writer of one size on a GPU gets its next few carves made ready at one seal, each with the
+    credit its seal is recorded on, a board word and its tensor view; a reader in another process
+    reads every object's own bytes; a create of another size gives every credit back."""
+    b = start_broker(backend="cuda")
+    got = dict(run_together([(_steady_writer, (b.socket_dir, 30)), (_steady_reader, (b.socket_dir, 30))]))
+    assert got["seen"] == [i % 251 for i in range(1, 30)]
+    writer = got["writer"]
+    assert writer["made"] == 4 and writer["promised"] and writer["viewed"]
+    assert writer["held"] > 0 and writer["back"]   # the credits of those still ready came back, in order
+    assert writer["async"] == []

@@ -58,23 +58,59 @@ def test_a_steady_writers_next_carve_is_made_ready_and_given_back_when_the_size_
         handoff = w._leases.handoff
         for i in range(2):
             w.create(f"s/{i}", MiB).seal()
-        ready = handoff._ahead                          # the second of one size: its seal made the next ready
-        assert ready is not None and ready.name is None
+        [ready] = handoff._ahead                        # the second of one size: its seal made the next ready
+        assert ready.name is None                       # (one: a quarter of this arena holds one)
         buf = w.create("s/2", MiB)
         assert buf is ready and buf.carved_at == ready.carved_at and buf.name == "s/2"
         buf.view[:3] = b"abc"
         buf.seal()
         with r.get("s/2") as lease:                     # another process reads what went into it
             assert bytes(lease.view[:3]) == b"abc"
-        aid, offset = handoff._ahead.carved_at
+        aid, offset = handoff._ahead[0].carved_at
         arena = handoff._by_arena[aid]
         assert arena.ranges.taken(offset)               # held for the next 1 MiB create
         half = w.create("half", MiB // 2)               # another size: the ready range goes back,
-        assert handoff._ahead is None and half.carved_at == (aid, offset)   # and serves it
+        assert not handoff._ahead and half.carved_at == (aid, offset)   # and serves it
         half.seal()
         w.flush()
         assert not w.async_errors                       # nothing freed that the broker never had
         assert sorted(o["name"] for o in w.list()) == ["half", "s/0", "s/1", "s/2"]
+
+
+@pytest.mark.parametrize("arena_mib, made", [(32, 4), (8, 2)])
+def test_a_steady_writer_has_its_next_carves_made_ready_a_few_at_a_time(broker, arena_mib, made):
+    """One seal makes the next few creates' carves ready (at most four, and at most a quarter of an
+    arena's bytes); the creates take them in turn, and the seal after the last makes the next few.
+    A create of another size gives every one back: their ranges and board words are free again."""
+    with ipcpool.connect(broker.socket_dir, arena_bytes=arena_mib * MiB) as w, \
+            ipcpool.connect(broker.socket_dir) as r:
+        handoff = w._leases.handoff
+        for i in range(2):
+            w.create(f"s/{i}", MiB).seal()
+        ready = list(handoff._ahead)                    # made at the second seal of this size
+        assert len(ready) == made and all(b.name is None for b in ready)
+        assert len({b.carved_at for b in ready}) == made   # each its own range
+        for k, want in enumerate(ready):
+            buf = w.create(f"s/{2 + k}", MiB)
+            assert buf is want and buf.name == f"s/{2 + k}"
+            buf.view[:2] = bytes([k, 9])
+            buf.seal()
+            assert len(handoff._ahead) == (made - 1 - k or made)   # the last one's seal made more
+        for k in range(made):
+            with r.get(f"s/{2 + k}") as lease:          # another process reads what went into each
+                assert bytes(lease.view[:2]) == bytes([k, 9])
+        held = [(b.carved_at, b.carving.slot) for b in handoff._ahead]
+        odd = w.create("odd", MiB // 2)                 # another size: all of them go back
+        assert not handoff._ahead
+        for (aid, offset), slot in held:
+            arena = handoff._by_arena[aid]
+            assert slot in arena._slots                 # the board word is free again
+        taken = sum(a.ranges.size_of(o) for a in handoff._by_arena.values() for o in a.ranges.offsets())
+        assert taken == (2 + made) * MiB + MiB // 2     # the objects' ranges alone (none is deleted)
+        odd.seal()
+        w.flush()
+        assert not w.async_errors                       # nothing freed that the broker never had
+        assert len(w.list("s/")) == 2 + made
 
 
 def test_flush_waits_for_the_frees_that_gave_up_objects(broker):

@@ -198,10 +198,9 @@ def test_a_steady_writers_next_create_refuses_what_the_usual_create_refuses(brok
         for i in range(3):   # steady: each seal makes the next buffer of this size ready
             c.create(f"steady/{i}", MiB).seal()
         first = c.create("steady/3", MiB)    # (takes the buffer made ready)
-        writing = c.create("steady/4", MiB)  # (carved afresh: being written while the next is ready)
+        writing = c.create("steady/4", MiB)  # (being written while the next is ready)
         first.seal()
-        ready = c._handoff._ahead
-        assert ready is not None
+        ready = c._handoff._ahead[0]
         for name, size, error, words in [("../x", MiB, ipcpool.InvalidRequest, "invalid object name"),
                                          (b"steady/5", MiB, ipcpool.InvalidRequest, "a str"),
                                          (["steady/5"], MiB, ipcpool.InvalidRequest, "a str"),
@@ -209,7 +208,7 @@ def test_a_steady_writers_next_create_refuses_what_the_usual_create_refuses(brok
                                          ("steady/5", float(MiB), ipcpool.InvalidRequest, "positive int")]:
             with pytest.raises(error, match=words):
                 c.create(name, size)
-            assert c._handoff._ahead is ready
+            assert c._handoff._ahead[0] is ready
         writing.view[:4] = b"ok!!"
         writing.seal()
         nxt = c.create("steady/5", MiB)

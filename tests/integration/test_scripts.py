@@ -62,11 +62,14 @@ def test_the_handoff_to_a_reader_that_arrived_first_runs_on_the_host_backend(tmp
     result = json.loads((tmp_path / "handoff_host_late.json").read_text())
     assert result["writer_late_ms"] == 2 and set(result["peers"]) == {"ipcpool", "floor", "shared_memory"}
     assert all(row["p50_us"] > 0 for row in result["peers"].values())
-    assert "consumer step p50: start->got lease" in out.stderr and "without the directory" not in out.stderr
+    assert "consumer step p50 (mean): start->got lease" in out.stderr and "without the directory" not in out.stderr
     assert "hand-offs waited past the reader's spin (it asked the broker to wake it)" in out.stderr
     steps = result["peers"]["ipcpool"]["steps_p50_us"]   # the step report, kept with the figures
-    assert set(steps["producer"]) == {"create", "view", "fill", "seal"} and "get once sealed" in steps["consumer"]
+    assert set(steps["producer"]) == {"create", "view", "fill", "seal", "create+view+seal"}
+    assert "get once sealed" in steps["consumer"] and "get+view" in steps["consumer"]
     assert all(p50 > 0 for who in steps.values() for p50 in who.values()), steps
+    means = result["peers"]["ipcpool"]["steps_mean_us"]   # ... with each step's mean beside
+    assert set(means["producer"]) == set(steps["producer"]) and all(v > 0 for v in means["producer"].values())
 
 
 def test_the_handoff_to_a_reader_waiting_for_a_busy_writers_seal_runs_on_the_host_backend(tmp_path):

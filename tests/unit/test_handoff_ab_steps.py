@@ -12,6 +12,14 @@ def test_steps_are_read_per_process_even_when_two_lines_run_together():
                                    "consumer start->got lease": 252.2, "consumer read": 30.3}
 
 
+def test_steps_are_read_with_their_means_where_printed():
+    stderr = ("  producer step p50 (mean): create 9.5 (12.25) µs, create+view+seal 24.0 (30.5) µs\n"
+              "  consumer step p50 (mean): get once sealed 14.1 (15.0) µs\n")
+    assert parse_steps(stderr) == {"producer create": 9.5, "producer create (mean)": 12.25,
+                                   "producer create+view+seal": 24.0, "producer create+view+seal (mean)": 30.5,
+                                   "consumer get once sealed": 14.1, "consumer get once sealed (mean)": 15.0}
+
+
 def test_no_step_lines_give_no_steps():
     assert parse_steps("Traceback (most recent call last):\n  ...\n") == {}
 
