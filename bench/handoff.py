@@ -115,9 +115,10 @@ def _ipc_producer(socket_dir, backend, n, go, link, acks):
                            "w_seal_sent": sent["client.seal_sent"], "w_sealed": t3}
             link.put((t0, sent["client.seal_sent"] or t3, sent["client.create_sent"] or t1, moments))
             if i < n:
-                steps.append((t1 - t0, t_view - t1, t2 - t_view, t3 - t2, (t1 - t0) + (t_view - t1) + (t3 - t2)))
+                own = (t1 - t0) + (t_view - t1) + (t3 - t2)   # the writer's create + view + seal
+                steps.append((t1 - t0, t_view - t1, t2 - t_view, t3 - t2, own))
                 if ab is not None and i >= WARMUP:
-                    ab.own(i, (t1 - t0) + (t_view - t1) + (t3 - t2))
+                    ab.own(i, own)
             acks.get()
             c.delete(f"h/{i}")
         report_steps("producer", ("create", "view", "fill", "seal", "create+view+seal"), steps)

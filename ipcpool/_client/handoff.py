@@ -490,9 +490,9 @@ class Handoff:
     # A writer that hands off objects of one size has its next ones made ready as it seals the last
     # of those made before (range, board word, credit, buffer, and the tensor view where it asked
     # for one): off the hand-off's path, as the floor sets up its memory once. Made a few at a time,
-    # the first warms the caches for the rest (each costs a cold writer ~10-25 µs on an H100 host,
-    # the next ones a few), and only one seal in that many pays. Another size, or close, gives them
-    # back. (Made on a thread of the client's own instead, the writer's calls took ~20 µs less and
+    # the first warms the caches for the rest (on an H100 host, after a 200 µs nap, one alone cost a
+    # seal 37.5 µs and four 94), and only one seal in that many pays. Another size, or close, gives
+    # them back. (Made on a thread of the client's own instead, the writer's calls took ~20 µs less and
     # the hand-off as a whole 10-20 µs more: that work then ran beside the reader's. docs/design.md.)
     def _prepare(self, pool: str, nbytes: int) -> None:
         if self._ahead or not self._steady or self._last != (pool, nbytes):
