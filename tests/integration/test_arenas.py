@@ -113,6 +113,29 @@ def test_a_steady_writer_has_its_next_carves_made_ready_a_few_at_a_time(broker, 
         assert len(w.list("s/")) == 2 + made
 
 
+def test_a_steady_writer_under_a_quota_too_small_for_its_carves_made_ready_loses_nothing(start_broker):
+    """A bytes quota that holds the first arena (4 MiB) and not the next: the carves made ready
+    at a seal stop where the arena refused ends them, and every hand-off still goes through,
+    read back whole, with no refusal raised and the quota kept."""
+    b = start_broker(config_text=f"[quotas.default]\nbytes = {6 * MiB}\n")
+    with ipcpool.connect(b.socket_dir) as w, ipcpool.connect(b.socket_dir) as r:
+        handoff = w._leases.handoff
+        made = []
+        for i in range(30):
+            buf = w.create(f"q/{i}", MiB)
+            buf.view[:2] = bytes([i % 251, 5])
+            buf.seal()
+            made.append(len(handoff._ahead))
+            with r.get(f"q/{i}", timeout=5) as lease:
+                assert bytes(lease.view[:2]) == bytes([i % 251, 5])
+            w.delete(f"q/{i}")
+        w.flush()
+        assert not w.async_errors
+        assert 0 < max(made) < 4                        # made ready, fewer than four: no arena for more
+        assert len(handoff._arenas["default"]) == 1     # the second arena was refused
+        assert used(w) <= 6 * MiB
+
+
 def test_flush_waits_for_the_frees_that_gave_up_objects(broker):
     """A free that gives up an unsealed object is a request sent without waiting too: after
     ``flush`` its name is gone for every session (the creates around it go through the ring, which
