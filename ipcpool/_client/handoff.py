@@ -495,7 +495,8 @@ class Handoff:
     # them back. (Made on a thread of the client's own instead, the writer's calls took ~20 µs less and
     # the hand-off as a whole 10-20 µs more: that work then ran beside the reader's. docs/design.md.)
     def _prepare(self, pool: str, nbytes: int) -> None:
-        if self._ahead or not self._steady or self._last != (pool, nbytes):
+        """(``seal`` calls it once none is left and the writer is steady.)"""
+        if self._last != (pool, nbytes):
             return
         for _ in range(max(1, min(READY_AHEAD, self.arena_bytes // 4 // nbytes))):
             buf = self._made_ready(pool, nbytes)
@@ -640,7 +641,7 @@ class Handoff:
         if trace.hook is not None:
             trace.emit("client.seal_sent", name=name, rid=rid, framed=cut.framed)
         self._sealing[rid] = buf
-        if not self._ahead and self._steady:   # (three seals in four: made ready already)
+        if not self._ahead and self._steady:   # (three seals in four: made ready already, no call)
             self._prepare(buf.pool, buf.memory.size)
 
     def free(self, buf: Any, stream: Any, abandoned: str | None) -> bool:
