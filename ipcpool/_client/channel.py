@@ -23,7 +23,6 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
 
 import zmq
@@ -364,7 +363,7 @@ class Channel:
         self._last_sent = rid
         return rid
 
-    def send_frame(self, build: Callable[..., bytes], *args, ring: tuple[Any, Any] | None = None) -> int:
+    def send_frame(self, build: Callable[..., bytes], *args, ring: requests.Route | None = None) -> int:
         """A hand-off request as a frame on the control socket (``ipcpool.frames``: ``build(id,
         *args)`` makes it), without waiting; its id. Answered on the message channel as any request.
         ``ring``: (the session's request ring, the directory that says how long the broker
@@ -375,7 +374,7 @@ class Channel:
         self._next_id = rid + 1
         data = build(rid, *args)
         if ring is not None and not self._on_socket:   # the ring, while the broker reads it a while yet
-            writer, view = ring
+            writer, view = ring.writer, ring.view
             if view.awake_until() >= time.monotonic_ns() + requests.MARGIN_NS and writer.put(data):
                 if view.awake_until() < time.monotonic_ns() + requests.MARGIN_NS:
                     self._send_control(frames.NUDGE_FRAME)   # its last look at the rings may have come first
@@ -386,18 +385,17 @@ class Channel:
         self.framed.add(rid)
         return rid
 
-    def send_ready(self, frame: bytes, name_len_at: int, name: str, ring: tuple[Any, Any] | None) -> int:
+    def send_ready(self, frame: bytes, name_len_at: int, name: str, ring: requests.Route | None) -> int:
         """``send_frame`` for a frame built ahead with an empty name (a steady writer's:
         ``frames.completed``): its id and ``name`` added, and put in the ring in one C call where
         the package has it. Its id."""
-        if ring is None or self._on_socket:
+        put = requests.put_ready
+        if ring is None or self._on_socket or put is None:   # (no C part: as any frame)
             return self.send_frame(frames.completed, frame, name_len_at, name, ring=ring)
         if self._gone is not None or time.monotonic() - self._alive_at >= ALIVE_CHECK_S:
             self._check_alive()
         rid = self._next_id
-        got = ring[0].put_ahead(ring[1], frame, name_len_at, rid, name)
-        if got is None:   # (no C part: as any frame)
-            return self.send_frame(frames.completed, frame, name_len_at, name, ring=ring)
+        got = put(*ring.maps, frame, name_len_at, rid, name)
         self._next_id = rid + 1
         if got == 2:
             self._send_control(frames.NUDGE_FRAME)   # its last look at the rings may have come first

@@ -36,7 +36,7 @@ from ..errors import InvalidRequest, IpcPoolError, ObjectAborted, OutOfMemory, P
 from ..protocol import ARENA_ALIGN, MAX_ARENAS
 from ..ranges import RangeAllocator
 from ..replies import AbortNotice, Allocation, Arena, Carved, Lease, ReclaimNotice, SealNotice, credits_of
-from ..shm import directory, fence, futex, leases, sealboard
+from ..shm import directory, fence, futex, leases, requests, sealboard
 from ..sizes import HANDLE_BYTES
 from .channel import Channel
 from .interop import Views
@@ -55,6 +55,11 @@ _NO_CREDIT = bytes(HANDLE_BYTES)
 _NO_ARENAS: dict = {}   # (a pool none of whose arenas is imported here)
 _DROP = object()       # a wake's answer nobody waits for any more
 _MISSING = object()    # no directory has the name (``Handoff._found``)
+
+try:   # a steady writer's name checked in one C call (``protocol.NAME_RE``'s rule: a test holds the two together)
+    from ..shm._native import valid_name as _valid_name
+except ImportError:
+    _valid_name = protocol.valid_object_name
 
 
 # -- carving: an arena is an allocation of this client's, imported once; its free ranges are kept here
@@ -420,40 +425,45 @@ class Handoff:
             return None
         buf = ahead[0]
         if (buf.pool != pool or type(nbytes) is not int or buf.memory.size != nbytes
-                or ch.closed or ch.unraised or type(name) is not str or name in writing
-                or not protocol.valid_object_name(name) or (self._freeing and self._still_freeing(name))):
+                or buf.carving.ready_frames is None or ch.closed or ch.unraised or type(name) is not str or name in writing
+                or not _valid_name(name) or (self._freeing and self._still_freeing(name))):
             return None
         ahead.popleft()
         buf.name = name
-        self._send(buf, "create", name, None, None)
+        cut = buf.carving
+        try:   # its frame and its seal's built ahead (``_prepare``): the id and name added, in C
+            cut.rid = ch.send_ready(cut.ready_frames[0], frames.CREATE_NAME_LEN_AT, name, cut.ring)
+        except BaseException:   # not sent (the broker gone, say): the range is ours alone to take back
+            self.unprepare(buf)
+            raise
+        # In flight, as ``_send`` keeps it (here, not by a call to it: a call less on this path).
+        if trace.hook is not None:
+            trace.emit("client.create_sent", op="create", name=name, rid=cut.rid, framed=True)
+        self._entered[id(buf)] = buf
+        self._inflight[cut.rid] = buf
         writing.add(name)
         return buf   # (still steady: made ready only for this pool and size)
 
-    def _send(self, buf: Any, op: str, name: str | None, meta: dict | None, fields: dict | None) -> None:
-        """A carved buffer's create (or allocate) sent without waiting, then awaited as in flight:
-        the usual create as a frame (its seal follows on the same socket), else as a message of
-        ``fields``."""
+    def _send(self, buf: Any, op: str, name: str | None, meta: dict | None, fields: dict) -> None:
+        """A carved buffer's create (or allocate) of ``fields`` sent without waiting, then awaited
+        as in flight: a named one without long metadata as a frame (its seal follows on the same
+        socket), else as a message."""
         cut = buf.carving
-        ready = cut.ready_frames
         try:
-            if ready is not None and fields is None:   # the usual create (``create_ready``): its frame and its
-                # seal's built ahead (``_prepare``), framed, its name checked
-                cut.rid = self._channel.send_ready(ready[0], frames.CREATE_NAME_LEN_AT, name, cut.ring)
+            cut.ready_frames = None   # (its seal goes the way this create goes)
+            packed = protocol.pack(meta) if meta else b""
+            cut.framed = (name is not None and len(packed) <= frames.MAX_META
+                          and not (self._freeing and self._still_freeing(name)))
+            if cut.framed:
+                cut.ring = self._ring(buf.pool)   # (its seal's too)
+                cut.rid = self._channel.send_frame(frames.create, buf.pool.encode(), name.encode(), packed,
+                                                   cut.arena.aid, cut.offset, buf.memory.size, cut.slot,
+                                                   cut.seq, cut.promise or _NO_CREDIT, ring=cut.ring)
             else:
-                cut.ready_frames = None   # (its seal goes the way this create goes)
-                packed = protocol.pack(meta) if meta else b""
-                cut.framed = (name is not None and len(packed) <= frames.MAX_META
-                              and not (self._freeing and self._still_freeing(name)))
-                if cut.framed:
-                    cut.ring = self._ring(buf.pool)   # (its seal's too)
-                    cut.rid = self._channel.send_frame(frames.create, buf.pool.encode(), name.encode(), packed,
-                                                       cut.arena.aid, cut.offset, buf.memory.size, cut.slot,
-                                                       cut.seq, cut.promise or _NO_CREDIT, ring=cut.ring)
-                else:
-                    extra: dict[str, Any] = {} if cut.slot is None else {"slot": cut.slot, "seq": cut.seq}
-                    if cut.promise:
-                        extra["seal_credit"] = cut.promise
-                    cut.rid = self._channel.send(op, arena=cut.arena.aid, offset=cut.offset, **fields, **extra)
+                extra: dict[str, Any] = {} if cut.slot is None else {"slot": cut.slot, "seq": cut.seq}
+                if cut.promise:
+                    extra["seal_credit"] = cut.promise
+                cut.rid = self._channel.send(op, arena=cut.arena.aid, offset=cut.offset, **fields, **extra)
         except BaseException:   # not sent (too large, say): the range is ours alone to take back
             self.unprepare(buf)
             raise
@@ -462,11 +472,11 @@ class Handoff:
         self._entered[id(buf)] = buf
         self._inflight[cut.rid] = buf
 
-    def _ring(self, pool: str) -> tuple[Any, Any] | None:
+    def _ring(self, pool: str) -> requests.Route | None:
         """This session's request ring and ``pool``'s directory, which says how long the broker
         reads the ring (``shm.requests``); None where there is none."""
         page, got = self._pools.lease_page, self._pools.directories.get(pool)
-        return None if page is None or got is None else (page.ring, got[0])
+        return None if page is None or got is None else requests.Route.of(page.ring, got[0])
 
     def _cut(self, pool: str, nbytes: int, named: bool) -> Carving | None:
         """A range of an arena of ``pool`` for ``nbytes``, imported, with a board word and the
@@ -704,7 +714,7 @@ class Handoff:
         the directory cannot serve, every lease slot in use). A reader whose spin budget runs out
         before the entry comes asks the broker to wake it once the object exists, spins once more
         meanwhile, then sleeps until the answer (``_send_wake``): one request."""
-        if not fence.registered(wait=1.0):   # (the broker's barrier must reach this process first)
+        if not (fence.here or fence.registered(wait=1.0)):   # (the broker's barrier must reach this process first)
             return None
         self._slow = None
         dirs = self._pools.directories
@@ -778,7 +788,7 @@ class Handoff:
         after it are one call, and the usual lease is taken from here (a get runs on a CPU its
         sleep left cold: each call on its way costs ~1 µs on an H100 host)."""
         page = self._pools.lease_page
-        in_c = page is not None and leases.takes_in_c()
+        in_c = page is not None and leases.native_take is not None   # (C built, and not switched off: ``shm.native``)
         for pool, (view, pidx) in dirs.items():
             taken = None
             if in_c:

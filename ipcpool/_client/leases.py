@@ -125,7 +125,8 @@ class Buffer:
         may have it. This buffer is given up (``get`` the object to read it again)."""
         if self.name is None or self.readonly:
             raise InvalidRequest("only a buffer from Client.create() can be sealed")
-        self._live()
+        if self._freed:
+            self._live()   # (raises: a check, not a call, on the hand-off's path)
         self._freed = True
         self._leases.seal(self, stream)
 
@@ -261,7 +262,8 @@ class Leases:
 
     def seal(self, buf: Buffer, stream: Any) -> None:
         with self._lock:
-            self._channel.check_open()
+            if self._channel.closed:
+                self._channel.check_open()   # (raises: a check, not a call, on the hand-off's path)
             try:
                 if buf.carving is not None:   # (the usual hand-off: its readers wait for the post in
                     self.handoff.seal(buf, stream)   # there; the book-keeping below can wait for it)
@@ -280,7 +282,8 @@ class Leases:
             raise InvalidRequest(f"get: timeout is None (wait without limit) or 0 to "
                                  f"{protocol.MAX_WAIT_MS // 1000} seconds, got {timeout!r}")
         with self._lock:
-            self._channel.check_open()
+            if self._channel.closed:
+                self._channel.check_open()   # (raises: as ``seal``)
             buf = self.handoff.look(name, stream, timeout)   # from a directory: no request at all
             if buf is not None:
                 return buf

@@ -273,6 +273,9 @@ class DirectoryView:
         self._words = sealing.words(self._map)
         self.probes = min(MAX_PROBE, capacity)
         self._change_at = futex.address(self._map, _CHANGE_AT) if futex.usable else 0
+        # The read-only map, as C takes it (the reader's ``take``, the ring's put reads ``awake_until``
+        # there): an attribute, where a property is a call more on a hand-off's path.
+        self.mapping: mmap.mmap | None = self._map
 
     def change(self) -> int:
         return self._words[_CHANGE_AT // 8]
@@ -285,11 +288,6 @@ class DirectoryView:
 
     def awake_until(self) -> int:
         return self._words[_AWAKE_AT // 8]
-
-    @property
-    def mapping(self) -> mmap.mmap:
-        """The read-only map (the request ring's C put reads ``awake_until`` there)."""
-        return self._map
 
     def lookup(self, name: str) -> Entry | None:
         """The live entry of ``name`` (WRITING or SEALED), or None. A reader's get runs it first,
@@ -363,4 +361,4 @@ class DirectoryView:
         if self._map is not None:
             self._words.release()
             self._map.close()
-            self._map = None
+            self._map = self.mapping = None

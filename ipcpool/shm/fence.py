@@ -34,12 +34,14 @@ def _call(cmd: int) -> int:
 
 _registered: dict[int, bool] = {}   # pid -> registered (a forked child is a process of its own)
 _registering: dict[int, threading.Thread] = {}
-_here = False   # this process is registered: every directory read asks, and a getpid is a system call
+# This process is registered: every directory read asks (reading this first: ``registered`` is a
+# call, and its getpid a system call).
+here = False
 
 
 def _forked() -> None:
-    global _here
-    _here = False
+    global here
+    here = False
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -50,7 +52,7 @@ def registered(wait: float = 0.0) -> bool:
     a reader may take a lease from a directory only then. The first call starts the registration
     on a thread of its own (``register``), so a connect does not wait for it; a process's first
     directory read may (once)."""
-    if _here:
+    if here:
         return True
     pid = os.getpid()
     done = _registered.get(pid)
@@ -81,8 +83,8 @@ def register() -> bool:
             done = bool(supported & GLOBAL)   # every process takes part in the slow one anyway
         _registered[pid] = done
         if done:
-            global _here
-            _here = True
+            global here
+            here = True
     return done
 
 

@@ -23,9 +23,9 @@ import struct
 from . import directory, requests, sealing
 
 try:   # a reader's lookup, hazard slot and check in one call (``_native.c``), where built
-    from ._native import take as _native_take
+    from ._native import take as native_take
 except ImportError:   # (``take`` after ``DirectoryView.lookup`` then)
-    _native_take = None
+    native_take = None
 
 SLOTS = 120
 SLOT = 32                 # pool, entry, gen, nonce, spare
@@ -39,12 +39,6 @@ _FIRST_WORD, _SLOT_WORDS = HEAD // 8, SLOT // 8   # a slot's pool and entry, the
 _NONCE_WORD = _FIRST_WORD + _NONCE_AT // 8
 assert HEAD + SLOTS * SLOT <= requests.AT == mmap.PAGESIZE
 _new = tuple.__new__   # (an Entry without its generated ``__new__``)
-
-
-def takes_in_c() -> bool:
-    """Whether ``ClientLeasePage.take_entry`` can serve (the C part built, and switched on:
-    ``shm.native``)."""
-    return _native_take is not None
 
 
 class LeasePage(sealing.Owned):
@@ -114,8 +108,8 @@ class ClientLeasePage:
         its sleep left cold. None: no entry. (entry, None): no slot taken, the caller decides (an
         entry the broker serves, an arena not in ``arenas``, not sealed where ``sealed_only``, no
         slot free). Else (entry, ((slot, nonce), state)), state None where the entry was being
-        written all along. Only where the C part is built: ``takes_in_c``."""
-        got = _native_take(view.mapping, view.capacity, view.probes, name.encode(), directory.TORN_US, self._map,
+        written all along. Only where the C part is built: ``native_take`` is not None."""
+        got = native_take(view.mapping, view.capacity, view.probes, name.encode(), directory.TORN_US, self._map,
                            self._free, self._nonce, pool, arenas, sealed_only)
         if got is None:
             return None

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from . import directory, leases, requests, sealboard
 
-_CALLS = {"reader": ((directory, "_native_lookup"), (directory, "_native_state"), (leases, "_native_take")),
-          "writer": ((requests, "_native_ring_put"), (sealboard, "_native_record_post"))}
+_CALLS = {"reader": ((directory, "_native_lookup"), (directory, "_native_state"), (leases, "native_take")),
+          "writer": ((requests, "put_ready"), (sealboard, "_native_record_post"))}
 _BUILT = {side: tuple(getattr(module, name) for module, name in calls) for side, calls in _CALLS.items()}
 
 

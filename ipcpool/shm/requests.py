@@ -37,15 +37,15 @@ from __future__ import annotations
 
 import mmap
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import ProtocolError
 from . import sealing
 
-try:   # a frame built ahead, completed and put in one call (``_native.c``) where built
-    from ._native import ring_put as _native_ring_put
+try:   # a frame built ahead, completed and put in one call (``_native.c``) where built: ``Route``
+    from ._native import ring_put as put_ready
 except ImportError:   # (no C compiler at install: ``Channel.send_ready`` completes it in Python)
-    _native_ring_put = None
+    put_ready = None
 
 if TYPE_CHECKING:
     from .directory import DirectoryView
@@ -117,7 +117,7 @@ class RingWriter(_Ring):
     def put(self, frame: bytes) -> bool:
         """Write ``frame``; False where it does not fit or every slot waits for the broker."""
         n, words, m = len(frame), self._words, self._map
-        head = words[_HEAD_WORD]   # (ours alone to write; ``put_ahead`` counts here too)
+        head = words[_HEAD_WORD]   # (ours alone to write; ``put_ready`` counts here too)
         if n > MAX_FRAME or head - words[_TAIL_WORD] >= SLOTS:
             return False
         at = AT + _SLOTS_AT + (head % SLOTS) * SLOT
@@ -126,12 +126,21 @@ class RingWriter(_Ring):
         words[_HEAD_WORD] = head + 1   # the frame is whole before the broker can count it
         return True
 
-    def put_ahead(self, directory: DirectoryView, frame: bytes, name_len_at: int, rid: int, name: str) -> int:
-        """A frame built ahead (``frames.completed``'s), completed with ``rid`` and ``name`` and
-        written in one C call, where ``directory``'s broker polls ``MARGIN_NS`` longer at least
-        (``Channel.send_frame``'s rule): 1 written; 2 written, but the broker may have stopped
-        polling meanwhile (nudge it); 0 not written (send it on the socket); None where the C part
-        is not built (complete it in Python)."""
-        if _native_ring_put is None:
-            return None
-        return _native_ring_put(self._map, directory.mapping, frame, name_len_at, rid, name)
+
+class Route(NamedTuple):
+    """Where a session's hand-off frames go while the broker reads its ring: ``writer``, the ring;
+    ``view``, the directory whose header says how long the broker polls (``Channel.send_frame``'s
+    rule); ``maps``, the two as ``put_ready`` takes them. A frame built ahead (``frames.completed``'s)
+    is completed with its id and name and written in that one C call,
+    ``put_ready(*route.maps, frame, name_len_at, rid, name)``, no Python call around it (each costs
+    a writer back from sleep ~1 µs on an H100 host): 1 written; 2 written, but the broker may have
+    stopped polling meanwhile (nudge it); 0 not written (send it on the socket). ``put_ready`` is
+    None where the C part is not built (or switched off: ``shm.native``)."""
+
+    writer: RingWriter
+    view: DirectoryView
+    maps: tuple[mmap.mmap, mmap.mmap]
+
+    @classmethod
+    def of(cls, writer: RingWriter, view: DirectoryView) -> Route:
+        return cls(writer, view, (writer._map, view.mapping))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import struct
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -21,11 +22,12 @@ KiB = 1024
 SPINNING = "busy_poll_us = 100000\n"   # 0.1 s after each request: the ring is read throughout a test
 
 
-def _count_frames(client) -> dict[str, int]:
-    """Count the frames that go through the ring and the creates that go on the socket."""
-    ch, page = client._channel, client._pools.lease_page
-    seen = {"ring": 0, "socket": 0, "nudge": 0}
-    send_control, ring = ch._send_control, page.ring
+def _count_frames(client) -> Callable[[], dict[str, int]]:
+    """Count, from now on, the frames that go through the ring (its head word, where the C and
+    Python puts both count), the creates that go on the socket and the nudges: a call says how many."""
+    ch, words = client._channel, client._pools.lease_page.ring._words
+    seen = {"socket": 0, "nudge": 0}
+    send_control, start = ch._send_control, words[requests._HEAD_WORD]
 
     def counted_send(data):
         if data == frames.NUDGE_FRAME:
@@ -34,22 +36,8 @@ def _count_frames(client) -> dict[str, int]:
             seen["socket"] += 1
         return send_control(data)
 
-    class CountedRing:
-        def put(self, data):
-            ok = ring.put(data)
-            seen["ring"] += ok
-            return ok
-
-        def put_ahead(self, *args):   # (a frame built ahead, put in C)
-            got = ring.put_ahead(*args)
-            seen["ring"] += bool(got)
-            return got
-
-        def close(self):
-            ring.close()
-
-    ch._send_control, page.ring = counted_send, CountedRing()
-    return seen
+    ch._send_control = counted_send
+    return lambda: {"ring": words[requests._HEAD_WORD] - start, **seen}
 
 
 def _warm(w, r):
@@ -64,10 +52,10 @@ def _warm(w, r):
 def test_a_busy_polling_brokers_writer_puts_its_creates_in_the_ring(start_broker, monkeypatch, put):
     """A steady writer's frames are built ahead and completed at its create and seal: in one C
     call where the C part is built, else in Python (``frames.completed``); the same frames either way."""
-    if put == "C" and requests._native_ring_put is None:
+    if put == "C" and requests.put_ready is None:
         pytest.skip("ipcpool's C part is not built here")
     if put == "Python":
-        monkeypatch.setattr(requests, "_native_ring_put", None)
+        monkeypatch.setattr(requests, "put_ready", None)
     broker = start_broker(config_text=SPINNING)
     with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
         _warm(w, r)
@@ -82,7 +70,8 @@ def test_a_busy_polling_brokers_writer_puts_its_creates_in_the_ring(start_broker
             lease.release()
         # 30 creates and their seals; a stall of the broker past its busy-poll (a loaded machine)
         # sends a frame or two on the socket instead, and nudges
-        assert seen["ring"] >= 50 and seen["socket"] <= 5, seen
+        got = seen()
+        assert got["ring"] >= 50 and got["socket"] <= 5, got
         assert sorted(o["name"] for o in w.list("ring/")) == sorted(f"ring/{i}" for i in range(30))
 
 
@@ -101,7 +90,7 @@ def test_creates_in_the_ring_come_before_the_sessions_later_frames_and_requests(
                     w.delete(f"churn/{j}")
         w.flush()
         assert w.async_errors == [] and w.list("churn/") == []
-        assert seen["ring"] > 0
+        assert seen()["ring"] > 0
 
 
 def _hand_off(w, r, name: str) -> None:
@@ -136,48 +125,36 @@ def test_a_write_after_the_brokers_last_look_is_nudged(start_broker):
         w._pools.directories["default"] = (Dozing(), index)
         seen = _count_frames(w)
         _hand_off(w, r, "nudged")
-        assert seen == {"ring": 1, "socket": 0, "nudge": 1}   # (the seal then went on the socket)
+        assert seen() == {"ring": 1, "socket": 0, "nudge": 1}   # (the seal then went on the socket)
 
 
-def test_a_frame_put_ahead_in_c_after_the_brokers_last_look_is_nudged(start_broker):
+def test_a_frame_put_ahead_in_c_after_the_brokers_last_look_is_nudged(start_broker, monkeypatch):
     """The C put of a frame built ahead reads the broker's polling moment before and after its
     write; where it passed meanwhile (here: the put sees a directory that says "awake", then the
     moment is said to have passed) the writer sends a nudge after each such put, and the reader
     gets the object."""
-    if requests._native_ring_put is None:
+    if requests.put_ready is None:
         pytest.skip("ipcpool's C part is not built here")
     from ipcpool.shm import _native
 
     broker = start_broker(config_text="busy_poll_us = 0\n")   # asleep between requests: only a nudge wakes it
     with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
         _warm(w, r)
-        seen = _count_frames(w)
-        page = w._pools.lease_page
-        counted = page.ring
+        awake = bytearray(4096)   # what the C put reads: the broker polls for a long while yet
+        struct.pack_into("<Q", awake, _native.AWAKE_AT, 2**63)
+        put = requests.put_ready
 
-        class Awake:   # what the C put reads: the broker polls for a long while yet
-            mapping = bytearray(4096)
+        def looked_too_late(page, _directory, *args):
+            got = put(page, awake, *args)
+            return 2 if got == 1 else got   # written; the broker's moment passed meanwhile
 
-        struct.pack_into("<Q", Awake.mapping, _native.AWAKE_AT, 2**63)
-
-        class LookedTooLate:
-            def put_ahead(self, _directory, *args):
-                got = counted.put_ahead(Awake, *args)
-                return 2 if got == 1 else got   # written; the broker's moment passed meanwhile
-
-            def put(self, data):
-                return counted.put(data)
-
-            def close(self):
-                counted.close()
-
-        page.ring = LookedTooLate()   # (before the writer's next object is made ready: it keeps its ring)
         for k in range(2):   # a steady writer: its next object is made ready, its frames built ahead
             w.create(f"steady/{k}", 4 * KiB).seal()
         w.flush()
-        seen.update(ring=0, socket=0, nudge=0)
+        monkeypatch.setattr(requests, "put_ready", looked_too_late)
+        seen = _count_frames(w)
         _hand_off(w, r, "nudged")
-        assert seen == {"ring": 2, "socket": 0, "nudge": 2}   # the create and the seal, each nudged
+        assert seen() == {"ring": 2, "socket": 0, "nudge": 2}   # the create and the seal, each nudged
 
 
 def test_garbage_in_a_request_ring_ends_only_its_own_session(start_broker):
@@ -227,7 +204,8 @@ def test_a_parked_get_keeps_the_broker_polling_for_the_create_it_waits_for(start
         assert bytes(lease.view[:6]) == b"parked"
         lease.release()
         w.flush()
-        assert (seen["ring"], seen["socket"]) == ((2, 0) if parked_us else (0, 1)), seen   # (ring: create, seal)
+        got = seen()
+        assert (got["ring"], got["socket"]) == ((2, 0) if parked_us else (0, 1)), got   # (ring: create, seal)
 
 
 def test_a_create_with_metadata_after_steady_ones_has_its_seal_follow_it(start_broker):
@@ -269,7 +247,7 @@ def test_a_name_given_up_and_created_again_at_once_is_created_after_its_free(sta
             assert len(w._handoff._freeing) <= 8
         w.flush()   # raises the first refusal, if any
         assert w.async_errors == []
-        assert seen["ring"] > 0, seen   # (a ring full sends frames on the socket for a while)
+        assert seen()["ring"] > 0, seen()   # (a ring full sends frames on the socket for a while)
         for i in range(20):
             lease = r.get(f"again/{i}", timeout=5)
             assert lease.view[0] == i

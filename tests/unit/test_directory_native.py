@@ -220,8 +220,8 @@ def test_each_sides_c_calls_can_be_switched_off_and_on_again():
 
     from ipcpool.shm import leases
 
-    calls = {"reader": lambda: (layout._native_lookup, layout._native_state, leases._native_take),
-             "writer": lambda: (requests._native_ring_put, sealboard._native_record_post)}
+    calls = {"reader": lambda: (layout._native_lookup, layout._native_state, leases.native_take),
+             "writer": lambda: (requests.put_ready, sealboard._native_record_post)}
     for side, now in calls.items():
         assert switch.built(side)
         built = now()

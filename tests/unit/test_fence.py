@@ -16,7 +16,7 @@ def test_a_forked_child_registers_for_itself():
     pid = os.fork()
     if pid == 0:   # the child: not registered until it asks, then registered in its own right
         try:
-            before = fence._here
+            before = fence.here
             os.write(w, b"%d %d" % (before, fence.registered(wait=5.0)))
         finally:
             os._exit(0)

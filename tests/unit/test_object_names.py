@@ -62,3 +62,15 @@ def test_a_counters_next_name_is_judged_as_the_statement_does():
             name = f"{head}/{tail}"
             assert _accepted(name) == _by_the_statement(name), name
     assert protocol.valid_object_name("step/123") and "step" in protocol._VALID_HEADS
+
+
+def test_the_c_check_a_steady_writer_uses_judges_every_name_as_the_statement_does():
+    """``_native.valid_name`` (a steady writer's create checks its name in that one call): the same
+    tricky, short and random names as the pattern, and anything not a str refused."""
+    native = pytest.importorskip("ipcpool.shm._native", reason="ipcpool's C part is not built here")
+    names = TRICKY + ["".join(t) for n in range(7) for t in itertools.product("a./", repeat=n)]
+    rnd = random.Random(11)
+    names += ["".join(rnd.choice("a.:/-_Z9 \nä\ud800") for _ in range(rnd.randint(0, 14))) for _ in range(20000)]
+    names += [(base * 300)[:n] for base in ("a", "a/", "a/.", "a.") for n in (254, 255, 256)]
+    assert [n for n in names if native.valid_name(n) != _by_the_statement(n)] == []
+    assert [native.valid_name(x) for x in (b"step/1", None, 7, ["a"])] == [False] * 4

@@ -56,13 +56,13 @@ def test_a_ring_that_does_not_add_up_is_a_protocol_error(head, length, says):
     assert says in str(err.value)
 
 
-# -- a frame built ahead, completed and put in C (``_native.ring_put``, ``RingWriter.put_ahead``) --
+# -- a frame built ahead, completed and put in C (``_native.ring_put``, ``requests.put_ready``) --
 
 native = pytest.importorskip("ipcpool.shm._native", reason="ipcpool's C part is not built here")
 
 
 class _Awake:
-    """A directory's header as ``put_ahead`` reads it: until when the broker polls."""
+    """A directory's header as ``put_ready`` reads it: until when the broker polls."""
 
     def __init__(self, until_ns: int):
         self.mapping = bytearray(4096)
@@ -82,6 +82,11 @@ def test_the_c_layout_is_the_python_one():
     assert (native.BOARD_WORDS, native.SLEEPERS_AT) == (sealboard.WORDS, sealboard._SLEEPERS_AT)
 
 
+def _put_ready(w, directory, *args):
+    """A frame built ahead, put as a steady writer's create and seal go: one C call on its route's maps."""
+    return requests.put_ready(*requests.Route.of(w, directory).maps, *args)
+
+
 @pytest.mark.parametrize("ahead, name_at, build", [
     (frames.create(0, b"default", b"", b"", 3, 4096, 1 << 20, 7, 99, bytes(range(64))), frames.CREATE_NAME_LEN_AT,
      lambda rid, name: frames.create(rid, b"default", name.encode(), b"", 3, 4096, 1 << 20, 7, 99, bytes(range(64)))),
@@ -94,7 +99,7 @@ def test_a_frame_put_ahead_is_the_frame_built_whole(ahead, name_at, build):
     for k, name in enumerate(names):   # across the ring's wrap, C and Python puts sharing its count
         rid = 1000 + k
         if k % 3:
-            assert w.put_ahead(_awake_for(1), ahead, name_at, rid, name) == 1
+            assert _put_ready(w, _awake_for(1), ahead, name_at, rid, name) == 1
         else:
             assert w.put(frames.completed(rid, ahead, name_at, name))
         assert r.take() == [build(rid, name)]
@@ -104,21 +109,21 @@ def test_a_frame_put_ahead_is_the_frame_built_whole(ahead, name_at, build):
 def test_a_frame_is_put_ahead_only_while_the_broker_polls_long_enough():
     w, r, _ = _pair()
     ahead = frames.seal(0, b"", bytes(64))
-    assert w.put_ahead(_Awake(0), ahead, frames.SEAL_NAME_LEN_AT, 1, "a") == 0   # it sleeps: the socket
-    assert w.put_ahead(_awake_for(requests.MARGIN_NS / 2e9), ahead, frames.SEAL_NAME_LEN_AT, 2, "b") == 0
+    assert _put_ready(w, _Awake(0), ahead, frames.SEAL_NAME_LEN_AT, 1, "a") == 0   # it sleeps: the socket
+    assert _put_ready(w, _awake_for(requests.MARGIN_NS / 2e9), ahead, frames.SEAL_NAME_LEN_AT, 2, "b") == 0
     assert r.take() == []
-    assert w.put_ahead(_awake_for(1), ahead, frames.SEAL_NAME_LEN_AT, 4, "d") == 1
+    assert _put_ready(w, _awake_for(1), ahead, frames.SEAL_NAME_LEN_AT, 4, "d") == 1
     assert [frames.request_id(f) for f in r.take()][-1] == 4
 
 
 def test_a_full_ring_or_a_frame_too_large_is_not_put_ahead():
     w, r, _ = _pair()
     ahead, at = frames.seal(0, b"", bytes(64)), frames.SEAL_NAME_LEN_AT
-    assert w.put_ahead(_awake_for(1), ahead, at, 1, "n" * (requests.MAX_FRAME - len(ahead) + 1)) == 0
-    assert w.put_ahead(_awake_for(1), ahead, at, 1, "n" * (requests.MAX_FRAME - len(ahead))) == 1
+    assert _put_ready(w, _awake_for(1), ahead, at, 1, "n" * (requests.MAX_FRAME - len(ahead) + 1)) == 0
+    assert _put_ready(w, _awake_for(1), ahead, at, 1, "n" * (requests.MAX_FRAME - len(ahead))) == 1
     for k in range(requests.SLOTS - 1):
-        assert w.put_ahead(_awake_for(1), ahead, at, 2 + k, "x") == 1
-    assert w.put_ahead(_awake_for(1), ahead, at, 99, "x") == 0   # every slot waits for the broker
+        assert _put_ready(w, _awake_for(1), ahead, at, 2 + k, "x") == 1
+    assert _put_ready(w, _awake_for(1), ahead, at, 99, "x") == 0   # every slot waits for the broker
     assert len(r.take()) == requests.SLOTS
 
 
@@ -130,10 +135,10 @@ def test_a_full_ring_or_a_frame_too_large_is_not_put_ahead():
 def test_bad_calls_to_the_c_put_put_nothing(args, error):
     w, r, m = _pair()
     if error is None:
-        assert w.put_ahead(_awake_for(1), *args) == 0
+        assert _put_ready(w, _awake_for(1), *args) == 0
     else:
         with pytest.raises(error):
-            w.put_ahead(_awake_for(1), *args)
+            _put_ready(w, _awake_for(1), *args)
     with pytest.raises(ValueError, match="shorter than its header"):
         native.ring_put(m, b"tiny", frames.seal(0, b"", bytes(64)), 2, 1, "a")
     with pytest.raises(ValueError, match="shorter than its request ring"):

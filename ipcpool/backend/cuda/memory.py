@@ -52,7 +52,8 @@ class CudaMemory(ImportedMemory):
         return p
 
     def ready(self) -> None:
-        self.ptr   # noqa: B018 (a range waits for its slab)
+        if self._ptr is None:
+            self.ptr   # noqa: B018 (a range waits for its slab)
 
     def slab(self) -> tuple[CudaMemory, int] | None:
         return self._slab
