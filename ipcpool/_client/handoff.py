@@ -55,6 +55,7 @@ _NO_CREDIT = bytes(HANDLE_BYTES)
 _NO_ARENAS: dict = {}   # (a pool none of whose arenas is imported here)
 _DROP = object()       # a wake's answer nobody waits for any more
 _MISSING = object()    # no directory has the name (``Handoff._found``)
+_NOT_SEEN = object()   # no stream sealed on yet (``Handoff._stream_seen``)
 
 try:   # a steady writer's name checked in one C call (``protocol.NAME_RE``'s rule: a test holds the two together)
     from ..shm._native import valid_name as _valid_name
@@ -75,7 +76,7 @@ class ClientArena:
         self.words = words   # the first word of its board block, or None (no block left)
         # Its free board words, the one freed longest ago first: a word is used again as late as
         # may be, so a reader that looks late still finds its object's number there.
-        self._slots = collections.deque(range(sealboard.BLOCK)) if words is not None else collections.deque()
+        self.slots = collections.deque(range(sealboard.BLOCK)) if words is not None else collections.deque()
         self._seq = first_seq - 1   # (numbers start where the broker says: ``sealboard.Blocks``)
         self._cooling: list[tuple[int, Any]] = []   # refused ranges, until their work finished
         # Reclaimed ranges kept taken, by rounded size: a writer handing off objects of one size
@@ -111,14 +112,12 @@ class ClientArena:
         return self.ranges.taken(offset) and offset not in self._spare.get(self.ranges.size_of(offset), ())
 
     def slot(self) -> tuple[int, int] | None:
-        """A free board word of this arena and the next number (numbers only grow)."""
-        if not self._slots:
+        """A free board word of this arena and the next number (numbers only grow); given back
+        by ``slots.append`` (a method of the deque's, where one of ours is a call more on a seal)."""
+        if not self.slots:
             return None
         self._seq += 1
-        return self._slots.popleft(), self._seq
-
-    def free_slot(self, slot: int) -> None:
-        self._slots.append(slot)
+        return self.slots.popleft(), self._seq
 
     def reclaimed(self, offset: int) -> None:
         """The broker says the range at ``offset`` is idle: every importer is done with it."""
@@ -158,6 +157,9 @@ class Carving:
     ring: Any = None            # ... or in the session's request ring, where there is one (``Handoff._ring``)
     memory: ImportedMemory | None = None   # the range, imported: what its buffer holds
     ready_frames: tuple[bytes, bytes] | None = None   # made ready (``_prepare``): its create and seal frames, nameless
+    # ... and what its seal records on, the board's map, its word there, and what to call once
+    # sealed (``ClientPool.seal_target``): the seal then in one C call (``requests.put_sealed``)
+    sealer: tuple[Any, Any, int, Callable[[], Any] | None] | None = None
 
 
 class NextLease:
@@ -179,6 +181,9 @@ class NextLease:
         self._last: tuple | None = None
         self._made: tuple | None = None        # (where, the arena's import, the buffer)
         self._taken: list[tuple] = []          # where the objects taken since lay, learnt at ``make``
+        # The pool and ``directory.where_key`` of what was made, where something was: a reader's
+        # take in C compares its entry to it (``Handoff._found``) and takes it with ``hit``.
+        self.where: tuple[str, bytes] | None = None
 
     def make(self, arena_of: Callable[[str, int], Any], lease_at: Callable[[tuple, Any], Any]) -> None:
         """The buffer for where the next object most likely lies (``lease_at(where, arena)``),
@@ -193,15 +198,24 @@ class NextLease:
         arena = arena_of(at[0], at[1])
         if arena is not None:
             self._made = (at, arena, lease_at(at, arena))
+            self.where = (at[0], directory.where_key(*at[1:]))
 
     def forget(self) -> None:
         """Drop what was made (at close: its tensor views the pool's memory)."""
-        self._made = None
+        self._made = self.where = None
+
+    def hit(self) -> Any:
+        """The buffer made, taken where ``where`` says the object lies (learnt as ``take`` learns)."""
+        made, self._made, self.where = self._made, None, None
+        self._taken.append(made[0])
+        if len(self._taken) >= self.UNLEARNT:
+            self._learn()
+        return made[2]
 
     def take(self, at: tuple, arena: ImportedMemory) -> Any:
         """The buffer made for ``at`` in ``arena``, else None; ``at`` is learnt at the next
         ``make`` (this runs on the hand-off's path)."""
-        made, self._made = self._made, None
+        made, self._made, self.where = self._made, None, None
         taken = self._taken
         taken.append(at)
         if len(taken) >= self.UNLEARNT:
@@ -264,6 +278,7 @@ class Handoff:
         self._arena_views: dict[str, dict[int, ImportedMemory]] = {}   # pool -> arena -> its import
         self._releasing: dict[int, int] = {}   # directory leases' releases by request id -> slot
         self._next = NextLease()   # a directory reader's next lease, made ahead
+        self._stream_seen: tuple[Any, int] = (_NOT_SEEN, 0)   # the last stream sealed on, as an int
         self._wakes: dict[int, Any] = {}   # gets that only wake a reader, by id: None, their answer, or _DROP
         self._slow: SlowWait | None = None   # the get under way, waiting without a deadline (``_send_wake``)
         self.wakes_sent = 0   # gets that waited past the spin budget (``bench/handoff.py`` counts them)
@@ -331,7 +346,7 @@ class Handoff:
         cut = buf.carving
         cut.error = err
         if cut.slot is not None:
-            cut.arena.free_slot(cut.slot)
+            cut.arena.slots.append(cut.slot)
             cut.slot = None
         if cut.sent:   # sealed or freed already: the range comes back here, the error later
             cut.arena.refused(cut.offset, cut.stream)
@@ -450,7 +465,7 @@ class Handoff:
         socket), else as a message."""
         cut = buf.carving
         try:
-            cut.ready_frames = None   # (its seal goes the way this create goes)
+            cut.ready_frames = cut.sealer = None   # (its seal goes the way this create goes)
             packed = protocol.pack(meta) if meta else b""
             cut.framed = (name is not None and len(packed) <= frames.MAX_META
                           and not (self._freeing and self._still_freeing(name)))
@@ -493,7 +508,7 @@ class Handoff:
                 if cut.promise or not seal_event:
                     cut.slot, cut.seq = got
                 else:
-                    arena.free_slot(got[0])
+                    arena.slots.append(got[0])
         cut.memory = arena.pool.carved(arena.memory, offset, nbytes)
         return cut
 
@@ -534,6 +549,14 @@ class Handoff:
             credit = cut.promise or _NO_CREDIT
             cut.ready_frames = (frames.create(0, pool.encode(), b"", b"", cut.arena.aid, cut.offset, nbytes, cut.slot,
                                         cut.seq, credit), frames.seal(0, b"", credit))
+            board = self.boards.get(pool)
+            try:
+                target = None if board is None else self._imported[pool].seal_target(cut.memory, cut.promise)
+            except IpcPoolError as exc:   # (the credit not opened: the seal goes the general way)
+                log.debug("no one-call seal made ready in pool %r: %s", pool, exc)
+                target = None
+            if target is not None:
+                cut.sealer = (target[0], board.mapping, cut.arena.words + cut.slot, target[1])
         if self._views.asked:
             buf.tensor_ahead = self._views.ahead(buf, cut.memory)
         return buf
@@ -565,7 +588,7 @@ class Handoff:
     def _give_back(self, pool: str, cut: Carving) -> None:
         cut.arena.ranges.free(cut.offset)   # (never announced: the broker has nothing to undo)
         if cut.slot is not None:
-            cut.arena.free_slot(cut.slot)
+            cut.arena.slots.append(cut.slot)
         if cut.promise:
             self._credits[pool].appendleft(cut.promise)
 
@@ -624,6 +647,35 @@ class Handoff:
         if cut.error is not None:
             cut.arena.refused(cut.offset, stream)
             raise cut.error
+        name, sealer, rid = buf.name, cut.sealer, None
+        if sealer is not None and sealer[0].handle is not None:   # the usual seal (made ready): one C call
+            on = self._stream_seen
+            if stream is not on[0]:
+                on = self._stream_seen = (stream, self._imported[buf.pool].stream_int(stream))
+            rid = self._channel.send_ready(cut.ready_frames[1], frames.SEAL_NAME_LEN_AT, name, cut.ring,
+                                           (sealer[0].ptr, on[1], sealer[1], sealer[2], cut.seq))
+            if rid is not None:
+                if sealer[3] is not None:
+                    sealer[3]()   # (the memory is the pool's now)
+                # (posted in that call, before its frame)
+                if trace.hook is not None:
+                    trace.emit("client.seal_posted", name=name)
+        if rid is None:
+            rid = self._seal_apart(buf, cut, stream, name)
+        if cut.slot is not None:   # the word may serve the next object (with its own number)
+            cut.arena.slots.append(cut.slot)
+            cut.slot = None
+        cut.sent = True
+        if trace.hook is not None:
+            trace.emit("client.seal_sent", name=name, rid=rid, framed=cut.framed)
+        self._sealing[rid] = buf
+        if not self._ahead and self._steady:   # (three seals in four: made ready already, no call)
+            self._prepare(buf.pool, buf.memory.size)
+
+    def _seal_apart(self, buf: Any, cut: Carving, stream: Any, name: str) -> int:
+        """``seal``'s record (or release), board post and frame, each its own call: where the one
+        C call cannot serve (no C part, no ring in use, a stream of another device, a create
+        sent the general way). The seal's request id."""
         posted = False
         if cut.promise:   # the credit it promised (the usual hand-off): recorded by the pool, one call
             pool = self._imported[buf.pool]
@@ -633,26 +685,16 @@ class Handoff:
             done = cut.promise if posted else pool.release(cut.memory, stream, cut.promise)
         else:
             done = self.release(buf.pool, cut.memory, stream)
-        if cut.slot is not None:
-            if not posted:
-                self.boards[buf.pool].post(cut.arena.words + cut.slot, cut.seq)   # after the record
-            cut.arena.free_slot(cut.slot)   # the word may serve the next object (with its own number)
-            cut.slot = None
-        cut.sent = True
-        name = buf.name
+        if cut.slot is not None and not posted:
+            self.boards[buf.pool].post(cut.arena.words + cut.slot, cut.seq)   # after the record
         if trace.hook is not None:
             trace.emit("client.seal_posted", name=name)
         if cut.ready_frames is not None and done == cut.promise:   # as built ahead
-            rid = self._channel.send_ready(cut.ready_frames[1], frames.SEAL_NAME_LEN_AT, name, cut.ring)
-        elif cut.framed:
-            rid = self._channel.send_frame(frames.seal, name.encode(), done or _NO_CREDIT, ring=cut.ring)
-        else:   # after a create on the message channel: there too, so it cannot overtake it
-            rid = self._channel.send("seal", name=name, **({"done_event": done} if done else {}))
-        if trace.hook is not None:
-            trace.emit("client.seal_sent", name=name, rid=rid, framed=cut.framed)
-        self._sealing[rid] = buf
-        if not self._ahead and self._steady:   # (three seals in four: made ready already, no call)
-            self._prepare(buf.pool, buf.memory.size)
+            return self._channel.send_ready(cut.ready_frames[1], frames.SEAL_NAME_LEN_AT, name, cut.ring)
+        if cut.framed:
+            return self._channel.send_frame(frames.seal, name.encode(), done or _NO_CREDIT, ring=cut.ring)
+        # After a create on the message channel: there too, so it cannot overtake it.
+        return self._channel.send("seal", name=name, **({"done_event": done} if done else {}))
 
     def free(self, buf: Any, stream: Any, abandoned: str | None) -> bool:
         """Free a carved buffer without waiting (``abandoned``: the name of the object it was
@@ -664,7 +706,7 @@ class Handoff:
         # Its board word serves the next object: a reader still watching it for this object's
         # number, and the broker, take only that very number for this object's seal.
         if cut.slot is not None:
-            cut.arena.free_slot(cut.slot)
+            cut.arena.slots.append(cut.slot)
             cut.slot = None
         if cut.error is not None:   # the broker never had it: only ours to drop
             cut.arena.refused(cut.offset, stream)
@@ -792,9 +834,14 @@ class Handoff:
         for pool, (view, pidx) in dirs.items():
             taken = None
             if in_c:
-                got = page.take_entry(view, name, pidx, self._arena_views.get(pool, _NO_ARENAS), timeout == 0)
+                where = self._next.where
+                got = page.take_entry(view, name, pidx, self._arena_views.get(pool, _NO_ARENAS), timeout == 0,
+                                      where[1] if where is not None and where[0] == pool else None,
+                                      self._imported[pool].open_credits)
                 if got is None:
                     continue
+                if got[0] is None:   # sealed, done, and where the lease made ahead lies: nothing more to do
+                    return self._made_taken(name, (pidx, got[3], got[4], got[1], got[2]))
                 entry, taken = got
             else:
                 entry = view.lookup(name)
@@ -810,6 +857,22 @@ class Handoff:
                                      self._arena_views[pool][entry.alloc],
                                      (pidx, entry.index, entry.gen, *taken[0]), state)
         return _MISSING
+
+    def _made_taken(self, name: str, lease: tuple) -> Any:
+        """The lease made ahead, on sealed object ``name`` whose seal is done, its hazard slot
+        ``lease`` taken (``_found``)."""
+        buf = self._next.hit()
+        buf.name = name
+        self._entered[id(buf)] = buf
+        buf.dirlease = lease
+        # (found, seen sealed and ordered after in that one call: three moments as one)
+        if trace.hook is not None:
+            trace.emit("client.entry_found", name=name)
+        if trace.hook is not None:
+            trace.emit("client.seal_seen", name=name)
+        if trace.hook is not None:
+            trace.emit("client.ordered", name=name)
+        return buf
 
     def _take(self, pool: str, view: Any, pidx: int, entry: Any, name: str, stream: Any,
               timeout: float | None) -> Any:

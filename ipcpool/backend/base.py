@@ -267,12 +267,27 @@ class ImportedMemory(ABC):
         self.view[offset : offset + src.nbytes] = src
 
 
+class Unrecorded:
+    """What a seal records on where it records nothing (host memory): ``seal_target``'s; never closed."""
+
+    __slots__ = ()
+    ptr = 0
+    handle = True
+
+
+UNRECORDED = Unrecorded()
+
+
 class ClientPool(ABC):
     # Readers order their work after a seal's event: writers record each seal on one (CUDA).
     seal_event = False
     # The driver's event query in one C call (an event's CUevent as an int -> its CUresult, -1
     # without a driver), where the client has one to give (``shm.sealboard.event_query``).
     query_event: Callable[[int], int] | None = None
+    # The broker's credits opened here, by handle bytes (each with ``ptr``, its CUevent as an int):
+    # a reader's take in C queries the seal's there (``shm.leases.ClientLeasePage.take_entry``).
+    # Never written where a pool has no events.
+    open_credits: dict[bytes, Any] = {}
 
     def order_after(self, event: bytes, stream: Any = None, credit: bool = False) -> None:
         """Order the work on ``stream`` after the peer's IPC event ``event`` (R1): nothing once the
@@ -299,6 +314,20 @@ class ClientPool(ABC):
         broker's event ``credit`` (see ``Ordering.credit``) recorded, where one is given and
         an event is needed, else one of our own. ``if_busy``: a release (never a seal, whose event
         readers order after) of a range needs none where the work on ``stream`` is all done."""
+
+    def seal_target(self, memory: ImportedMemory, credit: bytes) -> tuple[Any, Callable[[], Any] | None] | None:
+        """For a carved range's seal in one C call with its board post and frame
+        (``requests.put_sealed``), made ready before the seal: (what it records on, what to call
+        once it is done). The first has ``ptr``, the CUevent of ``credit`` (opened here) as an
+        int, 0 where nothing is recorded, and ``handle``, None once it is closed (the caller then
+        seals the general way); the second marks ``memory`` released, or is None. None where
+        ``seal_range`` or ``release`` must serve."""
+        return None
+
+    def stream_int(self, stream: Any) -> int:
+        """``stream`` (anything ``release`` takes) as the driver's handle, an int, for a C call; 0
+        where there are no streams."""
+        return 0
 
     def seal_range(self, memory: ImportedMemory, stream: Any, credit: bytes, board: Any, word: int, seq: int) -> bool:
         """A carved range's seal in one step where the backend can: ``release`` on the broker's

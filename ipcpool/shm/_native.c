@@ -20,6 +20,10 @@
 #include <time.h>
 #include <dlfcn.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
 
 static inline uint64_t now_ns(void) {
     struct timespec ts;
@@ -332,35 +336,112 @@ static PyObject *state(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssiz
 #define LEASE_SLOT 32
 #define LEASE_HEAD 64
 
-/* take(map, capacity, probes, name, torn_us, page, free, nonce, pool, arenas, sealed_only) ->
- * None, or (fields, slot, nonce, state). A reader's get from a directory in one call: the entry
- * of ``name`` looked up (``lookup``), a hazard slot of the lease page taken for it (the last of
- * ``free``, numbered ``nonce`` + 1: ``ClientLeasePage.take``), then its state read again
- * (``state``). No slot (slot None, state -1) where the caller's own way must decide: an entry
- * the broker serves (metadata, not in an arena), an arena not in ``arenas`` (not imported yet), an
- * object not sealed where ``sealed_only``, every slot in use. State None: the entry was being
- * written all that while (the caller reads it again). No fence between the hazard and the check:
- * the broker's barrier orders them on this CPU (``shm.fence``); the compiler keeps their order. */
+/* The driver's cuEventRecord and cuEventQuery, from the libcuda this process has loaded already
+ * (cuda.bindings loads it); NULL where none is loaded. */
+typedef int (*event_record_fn)(void *event, void *stream);
+typedef int (*event_query_fn)(void *event);
+static event_record_fn event_record;
+static event_query_fn event_query_call;
+
+static void *driver_call(const char *name) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    return lib == NULL ? NULL : dlsym(lib, name);
+}
+
+static event_record_fn driver_event_record(void) {
+    if (event_record == NULL)
+        event_record = (event_record_fn)driver_call("cuEventRecord");
+    return event_record;
+}
+
+static event_query_fn driver_event_query(void) {
+    if (event_query_call == NULL)
+        event_query_call = (event_query_fn)driver_call("cuEventQuery");
+    return event_query_call;
+}
+
+/* event_query(event) -> a CUresult (0: complete, 600: not yet), or -1 where no driver is loaded
+ * here. ``event``: a CUevent, as an int. A reader's check that the seal's event (a credit it
+ * keeps open) completed: one call where the bindings' is several on a cold CPU. */
+static PyObject *event_query(PyObject *Py_UNUSED(self), PyObject *arg) {
+    unsigned long long event = PyLong_AsUnsignedLongLong(arg);
+    if (event == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    event_query_fn query = driver_event_query();
+    return PyLong_FromLong(query == NULL ? -1 : query((void *)(uintptr_t)event));
+}
+
+/* Whether the entry copied at ``e`` lies where ``key`` says and is typed as it says: its arena,
+ * offset and size, then its ndim (0 without a shape), dtype length, whether it has a shape, its
+ * dtype and dims, as ``directory.where_key`` builds the key of a lease made ahead. */
+static int lies_at(const unsigned char *e, const char *key, Py_ssize_t key_len) {
+    unsigned ndim = e[52], dtype_len = e[53];
+    int has_shape = (u16(e + 54) & HAS_SHAPE) != 0;
+    if (dtype_len > 32 || (has_shape && ndim > MAX_DIMS))
+        return 0;
+    Py_ssize_t dims = has_shape ? 8 * (Py_ssize_t)ndim : 0;
+    if (key_len != 27 + (Py_ssize_t)dtype_len + dims || memcmp(key, e + 24, 24) != 0)
+        return 0;
+    const unsigned char *k = (const unsigned char *)key + 24;
+    return k[0] == (has_shape ? ndim : 0) && k[1] == dtype_len && k[2] == has_shape
+           && memcmp(k + 3, e + DTYPE_AT, dtype_len) == 0 && memcmp(k + 3 + dtype_len, e + SHAPE_AT, dims) == 0;
+}
+
+/* Whether the seal of the entry copied at ``e`` is done on the GPU: 1 where it has no event (host
+ * memory), or where its event is a credit (KEPT_EVENT) open in ``credits`` (handle bytes -> an
+ * object whose ``ptr`` is the CUevent as an int) and the driver's query says complete; else 0
+ * (the caller orders after it its own way). Never an error. */
+static int seal_done(const unsigned char *e, PyObject *credits) {
+    if (is_zero(e + 64, 64))
+        return 1;
+    if (!(u16(e + 54) & KEPT_EVENT) || !PyDict_Check(credits))
+        return 0;
+    event_query_fn query = driver_event_query();
+    PyObject *handle = PyBytes_FromStringAndSize((const char *)e + 64, 64), *ptr = NULL;
+    PyObject *opened = handle == NULL ? NULL : PyDict_GetItemWithError(credits, handle);   /* (borrowed) */
+    if (opened != NULL)
+        ptr = PyObject_GetAttrString(opened, "ptr");
+    unsigned long long event = ptr == NULL ? 0 : PyLong_AsUnsignedLongLong(ptr);
+    Py_XDECREF(ptr);
+    Py_XDECREF(handle);
+    PyErr_Clear();
+    return query != NULL && event != 0 && event != (unsigned long long)-1 && query((void *)(uintptr_t)event) == 0;
+}
+
+/* take(map, capacity, probes, name, torn_us, page, free, nonce, pool, arenas, sealed_only[, made,
+ * credits]) -> None, (fields, slot, nonce, state) or (None, slot, nonce, index, gen). A reader's
+ * get from a directory in one call: the entry of ``name`` looked up (``lookup``), a hazard slot of
+ * the lease page taken for it (the last of ``free``, numbered ``nonce`` + 1:
+ * ``ClientLeasePage.take``), then its state read again (``state``). No slot (slot None, state -1)
+ * where the caller's own way must decide: an entry the broker serves (metadata, not in an arena),
+ * an arena not in ``arenas`` (not imported yet), an object not sealed where ``sealed_only``, every
+ * slot in use. State None: the entry was being written all that while (the caller reads it
+ * again). ``made``: where the lease made ahead lies (``directory.where_key``): an object sealed
+ * there, whose seal is done (``seal_done``, on ``credits``), comes as (None, slot, nonce, index,
+ * gen), nothing more to read or wait for (none of the entry's fields made into objects). No fence
+ * between the hazard and the check: the broker's barrier orders them on this CPU
+ * (``shm.fence``); the compiler keeps their order. */
 static PyObject *take(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    Py_ssize_t pool;
+    Py_ssize_t pool, made_len = 0;
     unsigned long long nonce;
     int sealed_only;
-    if (!args_are(nargs, 11, "take") || !is_a(args[6], &PyList_Type, "a list") || !as_K(args[7], &nonce)
-            || !as_n(args[8], &pool) || !is_a(args[9], &PyDict_Type, "a dict")
-            || (sealed_only = PyObject_IsTrue(args[10])) < 0)
+    const char *made = NULL;
+    if (nargs != 11 && nargs != 13) {
+        PyErr_Format(PyExc_TypeError, "take() takes 11 or 13 arguments (%zd given)", nargs);
         return NULL;
-    PyObject *page = args[5], *free_list = args[6], *arenas = args[9];
+    }
+    if (!is_a(args[6], &PyList_Type, "a list") || !as_K(args[7], &nonce) || !as_n(args[8], &pool)
+            || !is_a(args[9], &PyDict_Type, "a dict") || (sealed_only = PyObject_IsTrue(args[10])) < 0
+            || (nargs == 13 && args[11] != Py_None && !as_y(args[11], &made, &made_len)))
+        return NULL;
+    PyObject *page = args[5], *free_list = args[6], *arenas = args[9], *credits = nargs == 13 ? args[12] : Py_None;
     Py_buffer dv;
     unsigned char copy[ENTRY];
     Py_ssize_t index;
     int found = entry_of(args, &dv, copy, &index);
     if (found <= 0)
         return found < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *fields = entry_tuple(index, copy), *out = NULL;
-    if (fields == NULL) {
-        PyBuffer_Release(&dv);
-        return NULL;
-    }
+    PyObject *out = NULL;
     uint16_t flags = u16(copy + 54);
     uint64_t gen = u64(copy + 8);
     int usual = (flags & IN_ARENA) && !(flags & HAS_USER_META) && (!sealed_only || u32(copy + 16) == SEALED)
@@ -374,7 +455,8 @@ static PyObject *take(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize
         usual = has;
     }
     if (!usual) {
-        PyObject *items[4] = {Py_NewRef(fields), Py_NewRef(Py_None), PyLong_FromUnsignedLongLong(nonce), PyLong_FromLong(-1)};
+        PyObject *items[4] = {entry_tuple(index, copy), Py_NewRef(Py_None), PyLong_FromUnsignedLongLong(nonce),
+                              PyLong_FromLong(-1)};
         out = tuple_of(4, items);
         goto done;
     }
@@ -404,12 +486,18 @@ static PyObject *take(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     uint32_t st;
     int whole = entry_state((const unsigned char *)dv.buf + (index + 1) * ENTRY, gen, &st);
-    PyObject *items[4] = {Py_NewRef(fields), PyLong_FromSsize_t(slot), PyLong_FromUnsignedLongLong(nonce),
+    if (made != NULL && whole && st == SEALED && u32(copy + 16) == SEALED && lies_at(copy, made, made_len)
+            && seal_done(copy, credits)) {
+        PyObject *items[5] = {Py_NewRef(Py_None), PyLong_FromSsize_t(slot), PyLong_FromUnsignedLongLong(nonce),
+                              PyLong_FromSsize_t(index), PyLong_FromUnsignedLongLong(gen)};
+        out = tuple_of(5, items);
+        goto done;
+    }
+    PyObject *items[4] = {entry_tuple(index, copy), PyLong_FromSsize_t(slot), PyLong_FromUnsignedLongLong(nonce),
                           whole ? PyLong_FromUnsignedLong(st) : Py_NewRef(Py_None)};
     out = tuple_of(4, items);
 done:
     PyBuffer_Release(&dv);
-    Py_DECREF(fields);
     return out;
 }
 
@@ -512,54 +600,44 @@ static PyObject *publish(PyObject *Py_UNUSED(self), PyObject *args) {
 static Py_ssize_t ring_at(void) { return (Py_ssize_t)sysconf(_SC_PAGESIZE); }   /* mmap.PAGESIZE */
 static Py_ssize_t ring_slots(void) { return (2 * ring_at() - RING_SLOTS_AT) / RING_SLOT; }
 
-/* ring_put(page, directory, frame, name_len_at, rid, name) -> 0, 1 or 2. ``frame`` built ahead with
- * an empty name (``frames.create``/``seal``), completed here with ``rid``, ``name`` (appended,
- * its length at ``name_len_at``) and written to the session's ring, as ``RingWriter.put`` does,
- * where the broker's ``directory`` says it polls long enough (``Channel.send_frame``'s rule).
- * 1: put; 2: put, but the broker's polling may have ended meanwhile (send a nudge); 0: not put
- * (the ring is full, the broker sleeps, or the frame does not fit: send it on the socket). */
-static PyObject *ring_put(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    PyObject *page, *directory, *name_obj;
-    const char *frame;
-    Py_ssize_t flen, name_len_at, name_len;
-    unsigned long long rid;
-    if (!args_are(nargs, 6, "ring_put") || !as_y(args[2], &frame, &flen) || !as_n(args[3], &name_len_at)
-            || !as_K(args[4], &rid) || !is_a(args[5], &PyUnicode_Type, "a str"))
-        return NULL;
-    page = args[0], directory = args[1], name_obj = args[5];
-    const char *name = PyUnicode_AsUTF8AndSize(name_obj, &name_len);
-    if (name == NULL)
-        return NULL;
+/* A frame built ahead with an empty name (``frames.create``/``seal``), completed with ``rid`` and
+ * ``name`` (appended, its length at ``name_len_at``) and written to the session's ring in ``page``,
+ * as ``RingWriter.put`` does, where the broker's ``directory`` says it polls long enough
+ * (``Channel.send_frame``'s rule). 1: put; 2: put, but the broker's polling may have ended
+ * meanwhile (send a nudge); 0: not put (the ring is full, the broker sleeps, or the frame does not
+ * fit: send it on the socket); -1: an error set (a map too short, not a buffer). */
+static int ring_write(PyObject *page, PyObject *directory, const char *frame, Py_ssize_t flen, Py_ssize_t name_len_at,
+                      unsigned long long rid, const char *name, Py_ssize_t name_len) {
     if (name_len_at < 0 || name_len_at + 2 > ID_AT || flen < ID_AT + 8 || flen + name_len > RING_MAX_FRAME)
-        return PyLong_FromLong(0);
+        return 0;
     Py_buffer dir, view;
     if (PyObject_GetBuffer(directory, &dir, PyBUF_SIMPLE) < 0)
-        return NULL;
+        return -1;
     if (dir.len < AWAKE_AT + 8) {
         PyBuffer_Release(&dir);
         PyErr_SetString(PyExc_ValueError, "a directory map shorter than its header");
-        return NULL;
+        return -1;
     }
     const uint64_t *awake = (const uint64_t *)((const unsigned char *)dir.buf + AWAKE_AT);
     if (__atomic_load_n(awake, __ATOMIC_ACQUIRE) < now_ns() + RING_MARGIN_NS) {
         PyBuffer_Release(&dir);
-        return PyLong_FromLong(0);
+        return 0;
     }
     Py_ssize_t at = ring_at(), slots = ring_slots();
     if (PyObject_GetBuffer(page, &view, PyBUF_WRITABLE) < 0) {
         PyBuffer_Release(&dir);
-        return NULL;
+        return -1;
     }
     if (view.len < 3 * at) {
         PyBuffer_Release(&view);
         PyBuffer_Release(&dir);
         PyErr_SetString(PyExc_ValueError, "a session page shorter than its request ring");
-        return NULL;
+        return -1;
     }
     unsigned char *ring = (unsigned char *)view.buf + at;
     uint64_t *head_word = (uint64_t *)ring, *tail_word = (uint64_t *)(ring + 64);
     uint64_t head = __atomic_load_n(head_word, __ATOMIC_RELAXED);   /* (the client's own word) */
-    long put = 0;
+    int put = 0;
     if (head - __atomic_load_n(tail_word, __ATOMIC_ACQUIRE) < (uint64_t)slots) {
         unsigned char *slot = ring + RING_SLOTS_AT + (Py_ssize_t)(head % (uint64_t)slots) * RING_SLOT;
         uint32_t n = (uint32_t)(flen + name_len);
@@ -575,81 +653,104 @@ static PyObject *ring_put(PyObject *Py_UNUSED(self), PyObject *const *args, Py_s
     }
     PyBuffer_Release(&view);
     PyBuffer_Release(&dir);
-    return PyLong_FromLong(put);
+    return put;
 }
 
-/* The driver's cuEventRecord, from the libcuda this process has loaded already (cuda.bindings
- * loads it); NULL where none is loaded. */
-typedef int (*event_record_fn)(void *event, void *stream);
-static event_record_fn event_record;
-
-static event_record_fn driver_event_record(void) {
-    if (event_record == NULL) {
-        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-        if (lib != NULL)
-            event_record = (event_record_fn)dlsym(lib, "cuEventRecord");
-    }
-    return event_record;
+/* The ring's frame arguments, ``args[0..5]`` as ``ring_put`` takes them (page, directory, frame,
+ * name_len_at, rid, name), written by ``ring_write``. */
+static int ring_write_args(PyObject *const *args) {
+    const char *frame;
+    Py_ssize_t flen, name_len_at, name_len;
+    unsigned long long rid;
+    if (!as_y(args[2], &frame, &flen) || !as_n(args[3], &name_len_at) || !as_K(args[4], &rid)
+            || !is_a(args[5], &PyUnicode_Type, "a str"))
+        return -1;
+    const char *name = PyUnicode_AsUTF8AndSize(args[5], &name_len);
+    if (name == NULL)
+        return -1;
+    return ring_write(args[0], args[1], frame, flen, name_len_at, rid, name, name_len);
 }
 
-/* The driver's cuEventQuery, as ``driver_event_record`` finds cuEventRecord. */
-typedef int (*event_query_fn)(void *event);
-static event_query_fn event_query_call;
-
-/* event_query(event) -> a CUresult (0: complete, 600: not yet), or -1 where no driver is loaded
- * here. ``event``: a CUevent, as an int. A reader's check that the seal's event (a credit it
- * keeps open) completed: one call where the bindings' is several on a cold CPU. */
-static PyObject *event_query(PyObject *Py_UNUSED(self), PyObject *arg) {
-    unsigned long long event = PyLong_AsUnsignedLongLong(arg);
-    if (event == (unsigned long long)-1 && PyErr_Occurred())
+/* ring_put(page, directory, frame, name_len_at, rid, name) -> 0, 1 or 2: ``ring_write``. */
+static PyObject *ring_put(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (!args_are(nargs, 6, "ring_put"))
         return NULL;
-    if (event_query_call == NULL) {
-        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-        if (lib != NULL)
-            event_query_call = (event_query_fn)dlsym(lib, "cuEventQuery");
-        if (event_query_call == NULL)
-            return PyLong_FromLong(-1);
-    }
-    return PyLong_FromLong(event_query_call((void *)(uintptr_t)event));
+    int put = ring_write_args(args);
+    return put < 0 ? NULL : PyLong_FromLong(put);
 }
 
 #define BOARD_WORDS (1 << 16)
 #define SLEEPERS_AT (BOARD_WORDS * 8)   /* the seal board's word after its words: a reader may sleep */
 
-/* record_post(event, stream, board, index, seq) -> 0, -2, -1 or a CUresult. A seal: ``event`` (a
- * CUevent, as an int) recorded on ``stream`` (a CUstream), then word ``index`` of the ``board``
- * map set to ``seq`` (``Board.post``), after the record as R1 needs. 0: done; -2: done, and a
- * reader may sleep on the board (the caller wakes it, ``Board.wake``); -1: no driver loaded here;
- * a CUresult: the record failed, nothing posted. */
+/* ``event`` (a CUevent, as an int; 0: none to record, as on host memory) recorded on ``stream`` (a
+ * CUstream), then word ``index`` of the seal board ``board`` set to ``seq`` (``Board.post``), after
+ * the record as R1 needs. 0: done; -2: done, and a reader may sleep on the board (its deadline, at
+ * SLEEPERS_AT, is set); -1: no driver loaded here; a CUresult: the record failed, nothing posted;
+ * -3: an error set (a board too short, a word not on it). ``word`` gets the posted word's address. */
+static long record_and_post(unsigned long long event, unsigned long long stream, PyObject *board, Py_ssize_t index,
+                            unsigned long long seq, uint64_t **word, uint64_t *sleepers) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(board, &view, PyBUF_WRITABLE) < 0)
+        return -3;
+    if (view.len < SLEEPERS_AT + 8 || index < 0 || index >= BOARD_WORDS) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_IndexError, "no such seal board word");
+        return -3;
+    }
+    long got = 0;
+    if (event) {
+        event_record_fn record = driver_event_record();
+        got = record == NULL ? -1 : record((void *)(uintptr_t)event, (void *)(uintptr_t)stream);
+    }
+    if (got == 0) {
+        uint64_t *words = view.buf;
+        __atomic_store_n(words + index, (uint64_t)seq, __ATOMIC_RELEASE);
+        *word = words + index;
+        *sleepers = __atomic_load_n(words + SLEEPERS_AT / 8, __ATOMIC_ACQUIRE);
+        if (*sleepers)
+            got = -2;
+    }
+    PyBuffer_Release(&view);   /* (the map outlives the call: its owner closes it only at the pool's close) */
+    return got;
+}
+
+/* record_post(event, stream, board, index, seq) -> 0, -2, -1 or a CUresult: ``record_and_post``
+ * (the caller wakes a sleeper, ``Board.wake``). */
 static PyObject *record_post(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     unsigned long long event, stream, seq;
-    PyObject *board;
     Py_ssize_t index;
     if (!args_are(nargs, 5, "record_post") || !as_K(args[0], &event) || !as_K(args[1], &stream)
             || !as_n(args[3], &index) || !as_K(args[4], &seq))
         return NULL;
-    board = args[2];
-    Py_buffer view;
-    if (PyObject_GetBuffer(board, &view, PyBUF_WRITABLE) < 0)
+    uint64_t *word, sleepers;
+    long got = record_and_post(event, stream, args[2], index, seq, &word, &sleepers);
+    return got == -3 ? NULL : PyLong_FromLong(got);
+}
+
+/* seal_put(event, stream, board, index, seq, page, directory, frame, name_len_at, rid, name) ->
+ * the ring's 0, 1 or 2 (``ring_write``), or < 0 where nothing was done: -1 no driver loaded here,
+ * else -1 - a CUresult (the record failed). A steady writer's seal in one call: the record and the
+ * board post (``record_and_post``), a reader asleep on the word woken (a futex wake, only while
+ * the board's sleepers' deadline has not passed: ``Board.wake``), then its frame built ahead put
+ * in the ring (``ring_put``'s arguments). */
+static PyObject *seal_put(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    unsigned long long event, stream, seq;
+    Py_ssize_t index;
+    if (!args_are(nargs, 11, "seal_put") || !as_K(args[0], &event) || !as_K(args[1], &stream)
+            || !as_n(args[3], &index) || !as_K(args[4], &seq))
         return NULL;
-    if (view.len < SLEEPERS_AT + 8 || index < 0 || index >= BOARD_WORDS) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_IndexError, "no such seal board word");
+    uint64_t *word = NULL, sleepers = 0;
+    long got = record_and_post(event, stream, args[2], index, seq, &word, &sleepers);
+    if (got == -3)
         return NULL;
-    }
-    long got = -1;
-    event_record_fn record = driver_event_record();
-    if (record != NULL) {
-        got = record((void *)(uintptr_t)event, (void *)(uintptr_t)stream);
-        if (got == 0) {
-            uint64_t *words = view.buf;
-            __atomic_store_n(words + index, (uint64_t)seq, __ATOMIC_RELEASE);
-            if (__atomic_load_n(words + SLEEPERS_AT / 8, __ATOMIC_ACQUIRE))
-                got = -2;
-        }
-    }
-    PyBuffer_Release(&view);
-    return PyLong_FromLong(got);
+    if (got == -1 || got > 0)
+        return PyLong_FromLong(got == -1 ? -1 : -1 - got);
+#ifdef SYS_futex
+    if (got == -2 && sleepers > now_ns())   /* shared (no FUTEX_PRIVATE_FLAG): readers of other processes */
+        syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+#endif
+    int put = ring_write_args(args + 5);
+    return put < 0 ? NULL : PyLong_FromLong(put);
 }
 
 /* The create frame (``frames``): magic, kind, pool length, name length, meta length, slot, then
@@ -969,12 +1070,13 @@ static PyObject *crc32_py(PyObject *Py_UNUSED(self), PyObject *arg) {   /* for t
 
 static PyMethodDef methods[] = {
     {"lookup", (PyCFunction)(void (*)(void))lookup, METH_FASTCALL, "lookup(map, capacity, probes, name, torn_us): an entry's fields, or None"},
-    {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL, "take(map, capacity, probes, name, torn_us, page, free, nonce, pool, arenas, sealed_only): (fields, slot, nonce, state), or None"},
+    {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL, "take(map, capacity, probes, name, torn_us, page, free, nonce, pool, arenas, sealed_only[, made, credits]): (fields, slot, nonce, state), (None, slot, nonce, index, gen) or None"},
     {"state", (PyCFunction)(void (*)(void))state, METH_FASTCALL, "state(map, index, gen): the entry's state while it holds gen, else GONE; None: being written still"},
     {"publish", publish, METH_VARARGS, "publish(map, capacity, probes, name, gen, state, alloc, offset, size, word, seq, event, dtype, dims, ndim, flags): the index written, or None"},
     {"ring_put", (PyCFunction)(void (*)(void))ring_put, METH_FASTCALL, "ring_put(page, directory, frame, name_len_at, rid, name): 1 put, 2 put (nudge), 0 not put"},
     {"event_query", event_query, METH_O, "event_query(event): cuEventQuery's CUresult, -1 without a driver"},
     {"record_post", (PyCFunction)(void (*)(void))record_post, METH_FASTCALL, "record_post(event, stream, board, index, seq): 0 (-2: wake sleepers), -1 no driver, else a CUresult"},
+    {"seal_put", (PyCFunction)(void (*)(void))seal_put, METH_FASTCALL, "seal_put(event, stream, board, index, seq, page, directory, frame, name_len_at, rid, name): the ring's 0, 1 or 2 once recorded and posted; -1 no driver, else -1 - the record's CUresult (nothing done)"},
     {"valid_name", valid_name, METH_O, "valid_name(name): whether name is a valid object name (protocol.NAME_RE)"},
     {"read_create", read_create, METH_O, "read_create(frame): a usual create frame's fields (frames.Create's), or None"},
     {"usual_create", (PyCFunction)(void (*)(void))usual_create, METH_FASTCALL, "usual_create(frame, session, tickets, objects, counts, gen): (fields, size, index) of a usual create checked, its range taken and its entry written; None: not usual"},

@@ -93,6 +93,18 @@ class Entry(NamedTuple):   # (a tuple: made on every lookup, where a frozen data
     kept_event: bool = False
 
 
+_WHERE = struct.Struct("<QQQBBB")
+
+
+def where_key(alloc: int, offset: int, size: int, dtype: str | None, shape: tuple[int, ...] | None) -> bytes:
+    """Where an object lies and how it is typed, as the broker writes it in its entry (``_typed``)
+    and ``_native.c``'s ``take`` compares an entry to a reader's lease made ahead: arena, offset and
+    size, ndim (0 without a shape), dtype length, whether it has a shape, dtype, dims."""
+    dt = dtype.encode()[:32] if dtype else b""
+    dims = b"" if shape is None else _DIMS[len(shape)].pack(*shape)
+    return _WHERE.pack(alloc, offset, size, 0 if shape is None else len(shape), len(dt), shape is not None) + dt + dims
+
+
 def _length(capacity: int) -> int:
     return -(-(capacity + 1) * ENTRY // mmap.PAGESIZE) * mmap.PAGESIZE
 

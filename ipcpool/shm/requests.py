@@ -25,8 +25,9 @@ client sends a nudge (``frames.NUDGE``) on its socket, which wakes the broker. S
 on timing for more than the broker's next turn; correctness never depends on it.
 
 A steady writer's frames are built ahead (``frames.completed``) and put in C where the package has
-it (``_native.c``'s ``ring_put``, this layout and rule in one call): the client's count of frames
-written is ``head`` itself, so the C and Python puts share it.
+it (``_native.c``'s ``ring_put``, this layout and rule in one call; its seal's ``seal_put``, the
+event record and board post first in the same call): the client's count of frames written is
+``head`` itself, so the C and Python puts share it.
 
 A client that writes garbage here harms only itself: the broker checks ``head`` against what it
 has taken, each length against the slot, and each frame as one from the socket; a ring that does
@@ -42,10 +43,11 @@ from typing import TYPE_CHECKING, NamedTuple
 from ..errors import ProtocolError
 from . import sealing
 
-try:   # a frame built ahead, completed and put in one call (``_native.c``) where built: ``Route``
-    from ._native import ring_put as put_ready
+try:   # a frame built ahead, completed and put in one call (``_native.c``) where built: ``Route``;
+    # a seal's, after its record and board post in the same call (``put_sealed``)
+    from ._native import ring_put as put_ready, seal_put as put_sealed
 except ImportError:   # (no C compiler at install: ``Channel.send_ready`` completes it in Python)
-    put_ready = None
+    put_ready = put_sealed = None
 
 if TYPE_CHECKING:
     from .directory import DirectoryView
@@ -134,7 +136,10 @@ class Route(NamedTuple):
     is completed with its id and name and written in that one C call,
     ``put_ready(*route.maps, frame, name_len_at, rid, name)``, no Python call around it (each costs
     a writer back from sleep ~1 µs on an H100 host): 1 written; 2 written, but the broker may have
-    stopped polling meanwhile (nudge it); 0 not written (send it on the socket). ``put_ready`` is
+    stopped polling meanwhile (nudge it); 0 not written (send it on the socket). A seal's frame
+    goes with its record and board post before it, ``put_sealed(event, stream, board, word, seq,
+    *route.maps, frame, name_len_at, rid, name)``: the same answers once recorded and posted, below
+    0 where nothing was done (-1 no CUDA driver loaded, else -1 - the record's CUresult). Both are
     None where the C part is not built (or switched off: ``shm.native``)."""
 
     writer: RingWriter

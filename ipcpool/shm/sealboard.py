@@ -66,6 +66,7 @@ class Board:
         self._words = (ctypes.c_uint64 * WORDS).from_buffer(self._map)
         self._sleepers = ctypes.c_uint64.from_buffer(self._map, _SLEEPERS_AT)
         self._base = ctypes.addressof(self._words) if futex.usable else 0   # (0: no sleeping here)
+        self.mapping = self._map   # (as a writer's seal in one C call takes it: ``requests.put_sealed``)
 
     @classmethod
     def create(cls, name: str) -> Board:

@@ -104,7 +104,7 @@ def test_a_steady_writer_has_its_next_carves_made_ready_a_few_at_a_time(broker, 
         assert not handoff._ahead
         for (aid, offset), slot in held:
             arena = handoff._by_arena[aid]
-            assert slot in arena._slots                 # the board word is free again
+            assert slot in arena.slots                  # the board word is free again
         taken = sum(a.ranges.size_of(o) for a in handoff._by_arena.values() for o in a.ranges.offsets())
         assert taken == (2 + made) * MiB + MiB // 2     # the objects' ranges alone (none is deleted)
         odd.seal()

@@ -51,11 +51,17 @@ def _warm(w, r):
 @pytest.mark.parametrize("put", ["C", "Python"])
 def test_a_busy_polling_brokers_writer_puts_its_creates_in_the_ring(start_broker, monkeypatch, put):
     """A steady writer's frames are built ahead and completed at its create and seal: in one C
-    call where the C part is built, else in Python (``frames.completed``); the same frames either way."""
+    call where the C part is built (the seal's with its board post: ``put_sealed``), else in
+    Python (``frames.completed``); the same frames either way."""
     if put == "C" and requests.put_ready is None:
         pytest.skip("ipcpool's C part is not built here")
+    sealed = []
     if put == "Python":
         monkeypatch.setattr(requests, "put_ready", None)
+        monkeypatch.setattr(requests, "put_sealed", None)
+    else:   # (the C call itself, counted)
+        c_seal = requests.put_sealed
+        monkeypatch.setattr(requests, "put_sealed", lambda *args: sealed.append(c_seal(*args)) or sealed[-1])
     broker = start_broker(config_text=SPINNING)
     with ipcpool.connect(broker.socket_dir) as w, ipcpool.connect(broker.socket_dir) as r:
         _warm(w, r)
@@ -73,6 +79,8 @@ def test_a_busy_polling_brokers_writer_puts_its_creates_in_the_ring(start_broker
         got = seen()
         assert got["ring"] >= 50 and got["socket"] <= 5, got
         assert sorted(o["name"] for o in w.list("ring/")) == sorted(f"ring/{i}" for i in range(30))
+        if put == "C":   # each seal posted and put in one call (0: posted, its frame on the socket)
+            assert len(sealed) >= 25 and all(s in (0, 1, 2) for s in sealed), sealed
 
 
 def test_creates_in_the_ring_come_before_the_sessions_later_frames_and_requests(start_broker):
@@ -142,16 +150,21 @@ def test_a_frame_put_ahead_in_c_after_the_brokers_last_look_is_nudged(start_brok
         _warm(w, r)
         awake = bytearray(4096)   # what the C put reads: the broker polls for a long while yet
         struct.pack_into("<Q", awake, _native.AWAKE_AT, 2**63)
-        put = requests.put_ready
+        put, put_sealed = requests.put_ready, requests.put_sealed
 
         def looked_too_late(page, _directory, *args):
             got = put(page, awake, *args)
             return 2 if got == 1 else got   # written; the broker's moment passed meanwhile
 
+        def sealed_too_late(event, stream, board, word, seq, page, _directory, *args):   # (the seal's, with its post)
+            got = put_sealed(event, stream, board, word, seq, page, awake, *args)
+            return 2 if got == 1 else got
+
         for k in range(2):   # a steady writer: its next object is made ready, its frames built ahead
             w.create(f"steady/{k}", 4 * KiB).seal()
         w.flush()
         monkeypatch.setattr(requests, "put_ready", looked_too_late)
+        monkeypatch.setattr(requests, "put_sealed", sealed_too_late)
         seen = _count_frames(w)
         _hand_off(w, r, "nudged")
         assert seen() == {"ring": 2, "socket": 0, "nudge": 2}   # the create and the seal, each nudged

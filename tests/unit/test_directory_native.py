@@ -216,12 +216,10 @@ def test_a_bad_publish_is_an_error_and_writes_nothing():
 def test_each_sides_c_calls_can_be_switched_off_and_on_again():
     """``shm.native.use``: what ``bench/handoff.py --reader-ab``/``--writer-ab`` alternate. Off, the
     modules see no C call and take their Python; on, the built ones again."""
-    from ipcpool.shm import native as switch, requests, sealboard
-
-    from ipcpool.shm import leases
+    from ipcpool.shm import leases, native as switch, requests, sealboard
 
     calls = {"reader": lambda: (layout._native_lookup, layout._native_state, leases.native_take),
-             "writer": lambda: (requests.put_ready, sealboard._native_record_post)}
+             "writer": lambda: (requests.put_ready, requests.put_sealed, sealboard._native_record_post)}
     for side, now in calls.items():
         assert switch.built(side)
         built = now()

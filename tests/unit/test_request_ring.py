@@ -144,3 +144,72 @@ def test_bad_calls_to_the_c_put_put_nothing(args, error):
     with pytest.raises(ValueError, match="shorter than its request ring"):
         native.ring_put(bytearray(100), _awake_for(1).mapping, frames.seal(0, b"", bytes(64)), 2, 1, "a")
     assert r.take() == []
+
+
+# -- a seal's record, board post and frame in one C call (``_native.seal_put``, ``requests.put_sealed``) --
+
+def _board():
+    from ipcpool.shm import sealboard
+
+    return sealboard.Board.create("seal-put")
+
+
+def _put_sealed(w, directory, board, event, word, seq, rid, name):
+    ahead = frames.seal(0, b"", bytes(range(64)))
+    return requests.put_sealed(event, 0, board.mapping, word, seq, *requests.Route.of(w, directory).maps, ahead,
+                               frames.SEAL_NAME_LEN_AT, rid, name)
+
+
+def test_a_seal_in_one_call_posts_its_word_then_puts_its_frame_whole():
+    """Nothing to record (host memory: event 0): the word posted, then the seal frame put as
+    ``frames.seal`` builds it; where the broker does not poll, posted all the same, not put (0)."""
+    w, r, _ = _pair()
+    board = _board()
+    try:
+        assert _put_sealed(w, _awake_for(1), board, 0, 5, 41, 77, "hand/off") == 1
+        assert board.read(5) == 41
+        assert r.take() == [frames.seal(77, b"hand/off", bytes(range(64)))]
+        assert _put_sealed(w, _Awake(0), board, 0, 6, 42, 78, "asleep") == 0
+        assert board.read(6) == 42 and r.take() == []
+    finally:
+        board.close()
+
+
+def test_a_seal_in_one_call_wakes_a_reader_asleep_on_its_word():
+    """A reader asleep on the word (``Board.sleep``, a real futex) wakes at the post, not at its
+    timeout."""
+    import threading
+
+    w, _, _ = _pair()
+    board = _board()
+    woke = []
+    try:
+        sleeper = threading.Thread(target=lambda: woke.append((board.sleep(9, 0, 5.0), time.monotonic())))
+        sleeper.start()
+        while not board.sleeping:   # (its deadline said: it sleeps, or is about to)
+            time.sleep(0.001)
+        time.sleep(0.05)
+        posted = time.monotonic()
+        assert _put_sealed(w, _awake_for(1), board, 0, 9, 3, 1, "wake") == 1
+        sleeper.join(5)
+        assert woke and woke[0][0] and woke[0][1] - posted < 1.0, woke
+    finally:
+        board.close()
+
+
+def test_a_seal_in_one_call_does_nothing_without_a_driver_or_off_its_board():
+    """An event to record with no CUDA driver loaded (this host): -1, nothing posted, nothing put
+    (the caller seals the general way); a word off the board: IndexError, nothing put."""
+    from tests.unit.test_sealboard_sleep import _driver_loaded
+
+    w, r, _ = _pair()
+    board = _board()
+    try:
+        if not _driver_loaded():
+            assert _put_sealed(w, _awake_for(1), board, 1, 5, 41, 77, "no/driver") == -1
+            assert board.read(5) == 0 and r.take() == []
+        with pytest.raises(IndexError, match="no such seal board word"):
+            _put_sealed(w, _awake_for(1), board, 0, 1 << 16, 41, 77, "off/board")
+        assert r.take() == []
+    finally:
+        board.close()

@@ -117,6 +117,7 @@ class CudaClientPool(ClientPool):
         # The broker's credits opened once, by handle (they live as long as the broker and are
         # recycled, never destroyed: ``events.CreditStock``). Opening one costs ~10 µs (H100).
         self._credits: dict[bytes, DriverEvent] = {}
+        self.open_credits = self._credits   # (as a reader's take in C queries them: ``ClientPool``)
         self._closed = False
 
     def needs_fds(self, export: Export) -> bool:
@@ -335,6 +336,15 @@ class CudaClientPool(ClientPool):
                 event, handle = record_ipc(s)   # R2: the broker frees (or reuses) after this
         self._backend.keep_done(event)
         return handle
+
+    def seal_target(self, memory: ImportedMemory, credit: bytes) -> tuple[Any, Callable[[], Any] | None] | None:
+        if not credit or not isinstance(memory, CudaMemory) or memory.whole or memory.mapping is not None:
+            return None
+        with cuda_errors("opening a seal credit of pool %r", self.name):
+            return self._opened(credit), memory.detach   # (the credit opened now: before the seal, off its path)
+
+    def stream_int(self, stream: Any) -> int:
+        return int(self._backend.stream_handle(stream, self.device))
 
     def seal_range(self, memory: ImportedMemory, stream: Any, credit: bytes, board: Any, word: int, seq: int) -> bool:
         # The usual seal: the record and the post in one C call (``shm.sealboard.Board.post_after``),

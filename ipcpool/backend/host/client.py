@@ -9,7 +9,7 @@ from typing import Any
 
 from ...fds import close_all
 from ...errors import BackendUnavailable, InvalidRequest
-from ..base import ClientBackend, ClientGrowable, ClientPool, Export, ImportedMemory
+from ..base import UNRECORDED, ClientBackend, ClientGrowable, ClientPool, Export, ImportedMemory
 from .growable import HostClientGrowable
 
 
@@ -78,6 +78,9 @@ class HostClientPool(ClientPool):
     def release(self, memory: ImportedMemory, stream: Any = None, credit: bytes = b"", *,
                 if_busy: bool = False) -> bytes:
         return b""
+
+    def seal_target(self, memory: ImportedMemory, credit: bytes) -> tuple[Any, None] | None:
+        return (UNRECORDED, None) if isinstance(memory, HostMemory) else None   # (nothing to record: the post and frame)
 
     def carved(self, arena: ImportedMemory, offset: int, nbytes: int) -> ImportedMemory:
         if not isinstance(arena, HostMemory) or offset + nbytes > arena.size:
