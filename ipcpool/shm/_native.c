@@ -95,6 +95,93 @@ static int is_zero(const unsigned char *p, size_t n) {
 /* The hot calls take their arguments as a vector (METH_FASTCALL), each read as the letter of a
  * PyArg_ParseTuple format would read it, and build their answers item by item: a format's parse
  * cost ~2.5 µs a call on a CPU a sleep left cold (2-CPU host, eleven arguments), this ~1. */
+/* A map pinned once (``Pinned(map, writable=False)``): its buffer taken when it is made and held until
+ * ``release()`` (or its end), so a hot call reads the address from the object instead of asking the
+ * map for its buffer each time (an mmap's buffer export, on a CPU back from sleep, is ~1.5 µs of
+ * cold code). The map cannot be closed while one is held; its owner releases it first. */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;
+} Pinned;
+
+static PyObject *pinned_type;
+
+static PyObject *pinned_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *map;
+    int writable = 0;
+    static char *kw[] = {"map", "writable", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p", kw, &map, &writable))
+        return NULL;
+    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
+    Pinned *self = (Pinned *)alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    if (PyObject_GetBuffer(map, &self->view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
+        self->view.obj = NULL;
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static PyObject *pinned_release(PyObject *self, PyObject *Py_UNUSED(unused)) {
+    Pinned *p = (Pinned *)self;
+    if (p->view.obj != NULL)
+        PyBuffer_Release(&p->view);
+    p->view.obj = NULL;
+    p->view.buf = NULL;
+    Py_RETURN_NONE;
+}
+
+static void pinned_dealloc(PyObject *self) {
+    PyTypeObject *type = Py_TYPE(self);
+    Pinned *p = (Pinned *)self;
+    if (p->view.obj != NULL)
+        PyBuffer_Release(&p->view);
+    freefunc free_ = (freefunc)PyType_GetSlot(type, Py_tp_free);
+    free_(self);
+    Py_DECREF(type);
+}
+
+static PyMethodDef pinned_methods[] = {
+    {"release", pinned_release, METH_NOARGS, "release(): the map's buffer given back (the map may close); later calls raise"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot pinned_slots[] = {
+    {Py_tp_new, pinned_new},
+    {Py_tp_dealloc, pinned_dealloc},
+    {Py_tp_methods, pinned_methods},
+    {Py_tp_doc, "Pinned(map, writable=False): a map's buffer held for the hot calls (release() before the map closes)"},
+    {0, NULL},
+};
+
+static PyType_Spec pinned_spec = {"ipcpool.shm._native.Pinned", sizeof(Pinned), 0, Py_TPFLAGS_DEFAULT, pinned_slots};
+
+/* ``obj``'s buffer: a Pinned's as held (nothing taken: ``put_buffer`` then gives nothing back),
+ * else ``PyObject_GetBuffer``'s. */
+static int get_buffer(PyObject *obj, Py_buffer *view, int flags) {
+    if ((PyObject *)Py_TYPE(obj) != pinned_type)
+        return PyObject_GetBuffer(obj, view, flags);
+    Pinned *p = (Pinned *)obj;
+    if (p->view.obj == NULL) {
+        PyErr_SetString(PyExc_ValueError, "a pinned map used after its release");
+        return -1;
+    }
+    if ((flags & PyBUF_WRITABLE) && p->view.readonly) {
+        PyErr_SetString(PyExc_BufferError, "a map pinned read-only");
+        return -1;
+    }
+    *view = p->view;
+    view->obj = NULL;
+    return 0;
+}
+
+static void put_buffer(Py_buffer *view) {
+    if (view->obj != NULL)
+        PyBuffer_Release(view);
+}
+
 static int args_are(Py_ssize_t nargs, Py_ssize_t want, const char *fn) {
     if (nargs == want)
         return 1;
@@ -206,10 +293,10 @@ static PyObject *entry_tuple(Py_ssize_t index, const unsigned char *e) {
 /* ``map``'s buffer (``flags``: PyBUF_SIMPLE or PyBUF_WRITABLE), checked to hold ``capacity``
  * entries after its header; -1 with the error set where it cannot. */
 static int map_of(PyObject *map, Py_ssize_t capacity, int flags, Py_buffer *view) {
-    if (PyObject_GetBuffer(map, view, flags) < 0)
+    if (get_buffer(map, view, flags) < 0)
         return -1;
     if (capacity <= 0 || (capacity + 1) * (Py_ssize_t)ENTRY > view->len) {
-        PyBuffer_Release(view);
+        put_buffer(view);
         PyErr_SetString(PyExc_ValueError, "a directory's capacity beyond its map");
         return -1;
     }
@@ -270,7 +357,7 @@ static int entry_of(PyObject *const *args, Py_buffer *view, unsigned char *copy,
         return -1;
     if (find_entry(view->buf, capacity, probes, (const unsigned char *)name, n, torn_us, copy, index))
         return 1;
-    PyBuffer_Release(view);
+    put_buffer(view);
     return 0;
 }
 
@@ -283,7 +370,7 @@ static PyObject *lookup(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssi
     int found = args_are(nargs, 5, "lookup") ? entry_of(args, &view, copy, &index) : -1;
     if (found <= 0)
         return found < 0 ? NULL : Py_NewRef(Py_None);
-    PyBuffer_Release(&view);
+    put_buffer(&view);
     return entry_tuple(index, copy);
 }
 
@@ -315,16 +402,16 @@ static PyObject *state(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssiz
         return NULL;
     map = args[0];
     Py_buffer view;
-    if (PyObject_GetBuffer(map, &view, PyBUF_SIMPLE) < 0)
+    if (get_buffer(map, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     if (index < 0 || (index + 2) * (Py_ssize_t)ENTRY > view.len) {
-        PyBuffer_Release(&view);
+        put_buffer(&view);
         PyErr_SetString(PyExc_IndexError, "no such directory entry");
         return NULL;
     }
     uint32_t s;
     int whole = entry_state((const unsigned char *)view.buf + (index + 1) * ENTRY, gen, &s);
-    PyBuffer_Release(&view);
+    put_buffer(&view);
     if (!whole)   /* a writer mid-write this long (or dead there): the caller waits, interruptibly */
         Py_RETURN_NONE;
     return PyLong_FromUnsignedLong(s);
@@ -461,18 +548,18 @@ static PyObject *take(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize
         goto done;
     }
     Py_buffer pv;
-    if (PyObject_GetBuffer(page, &pv, PyBUF_WRITABLE) < 0)
+    if (get_buffer(page, &pv, PyBUF_WRITABLE) < 0)
         goto done;
     Py_ssize_t last = PyList_Size(free_list) - 1;
     Py_ssize_t slot = PyLong_AsSsize_t(PyList_GetItem(free_list, last));
     if (pv.len < LEASE_HEAD + LEASE_SLOTS * LEASE_SLOT || slot < 0 || slot >= LEASE_SLOTS) {
-        PyBuffer_Release(&pv);
+        put_buffer(&pv);
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "a lease page or free slot out of place");
         goto done;
     }
     if (PySequence_DelItem(free_list, last) < 0) {
-        PyBuffer_Release(&pv);
+        put_buffer(&pv);
         goto done;
     }
     nonce += 1;
@@ -482,7 +569,7 @@ static PyObject *take(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize
     __atomic_store_n(at, (uint64_t)pool | (uint64_t)index << 32, __ATOMIC_RELEASE);
     __atomic_store_n(at + 1, gen, __ATOMIC_RELEASE);
     __atomic_store_n(at + 2, (uint64_t)nonce, __ATOMIC_RELEASE);
-    PyBuffer_Release(&pv);
+    put_buffer(&pv);
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     uint32_t st;
     int whole = entry_state((const unsigned char *)dv.buf + (index + 1) * ENTRY, gen, &st);
@@ -497,7 +584,7 @@ static PyObject *take(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize
                           whole ? PyLong_FromUnsignedLong(st) : Py_NewRef(Py_None)};
     out = tuple_of(4, items);
 done:
-    PyBuffer_Release(&dv);
+    put_buffer(&dv);
     return out;
 }
 
@@ -583,7 +670,7 @@ static PyObject *publish(PyObject *Py_UNUSED(self), PyObject *args) {
                                     offset, size, word, seq, (const unsigned char *)event, event_len,
                                     (const unsigned char *)dtype, dtype_len, (const unsigned char *)dims, dims_len,
                                     ndim, flags);
-    PyBuffer_Release(&view);
+    put_buffer(&view);
     if (index < 0)
         Py_RETURN_NONE;
     return PyLong_FromSsize_t(index);
@@ -611,26 +698,26 @@ static int ring_write(PyObject *page, PyObject *directory, const char *frame, Py
     if (name_len_at < 0 || name_len_at + 2 > ID_AT || flen < ID_AT + 8 || flen + name_len > RING_MAX_FRAME)
         return 0;
     Py_buffer dir, view;
-    if (PyObject_GetBuffer(directory, &dir, PyBUF_SIMPLE) < 0)
+    if (get_buffer(directory, &dir, PyBUF_SIMPLE) < 0)
         return -1;
     if (dir.len < AWAKE_AT + 8) {
-        PyBuffer_Release(&dir);
+        put_buffer(&dir);
         PyErr_SetString(PyExc_ValueError, "a directory map shorter than its header");
         return -1;
     }
     const uint64_t *awake = (const uint64_t *)((const unsigned char *)dir.buf + AWAKE_AT);
     if (__atomic_load_n(awake, __ATOMIC_ACQUIRE) < now_ns() + RING_MARGIN_NS) {
-        PyBuffer_Release(&dir);
+        put_buffer(&dir);
         return 0;
     }
     Py_ssize_t at = ring_at(), slots = ring_slots();
-    if (PyObject_GetBuffer(page, &view, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&dir);
+    if (get_buffer(page, &view, PyBUF_WRITABLE) < 0) {
+        put_buffer(&dir);
         return -1;
     }
     if (view.len < 3 * at) {
-        PyBuffer_Release(&view);
-        PyBuffer_Release(&dir);
+        put_buffer(&view);
+        put_buffer(&dir);
         PyErr_SetString(PyExc_ValueError, "a session page shorter than its request ring");
         return -1;
     }
@@ -651,8 +738,8 @@ static int ring_write(PyObject *page, PyObject *directory, const char *frame, Py
         __atomic_store_n(head_word, head + 1, __ATOMIC_RELEASE);   /* the frame is whole before it counts */
         put = __atomic_load_n(awake, __ATOMIC_ACQUIRE) < now_ns() + RING_MARGIN_NS ? 2 : 1;
     }
-    PyBuffer_Release(&view);
-    PyBuffer_Release(&dir);
+    put_buffer(&view);
+    put_buffer(&dir);
     return put;
 }
 
@@ -690,10 +777,10 @@ static PyObject *ring_put(PyObject *Py_UNUSED(self), PyObject *const *args, Py_s
 static long record_and_post(unsigned long long event, unsigned long long stream, PyObject *board, Py_ssize_t index,
                             unsigned long long seq, uint64_t **word, uint64_t *sleepers) {
     Py_buffer view;
-    if (PyObject_GetBuffer(board, &view, PyBUF_WRITABLE) < 0)
+    if (get_buffer(board, &view, PyBUF_WRITABLE) < 0)
         return -3;
     if (view.len < SLEEPERS_AT + 8 || index < 0 || index >= BOARD_WORDS) {
-        PyBuffer_Release(&view);
+        put_buffer(&view);
         PyErr_SetString(PyExc_IndexError, "no such seal board word");
         return -3;
     }
@@ -710,7 +797,7 @@ static long record_and_post(unsigned long long event, unsigned long long stream,
         if (*sleepers)
             got = -2;
     }
-    PyBuffer_Release(&view);   /* (the map outlives the call: its owner closes it only at the pool's close) */
+    put_buffer(&view);   /* (the map outlives the call: its owner closes it only at the pool's close) */
     return got;
 }
 
@@ -871,11 +958,11 @@ static PyObject *create_fields(const struct create_frame *f) {
  * with a create, on the way to the entry a reader waits for. */
 static PyObject *read_create(PyObject *Py_UNUSED(self), PyObject *arg) {
     Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+    if (get_buffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     struct create_frame f;
     PyObject *out = parse_create(view.buf, view.len, &f) ? create_fields(&f) : Py_NewRef(Py_None);
-    PyBuffer_Release(&view);
+    put_buffer(&view);
     return out;
 }
 
@@ -916,7 +1003,7 @@ static PyObject *usual_create(PyObject *Py_UNUSED(self), PyObject *const *args, 
         return NULL;
     frame = args[0], session = args[1], tickets = args[2], objects = args[3], counts = args[4];
     Py_buffer fv;
-    if (PyObject_GetBuffer(frame, &fv, PyBUF_SIMPLE) < 0)
+    if (get_buffer(frame, &fv, PyBUF_SIMPLE) < 0)
         return NULL;
     PyObject *out = NULL, *aid = NULL, *name = NULL, *credit = NULL, *start = NULL, *size_obj = NULL, *fields = NULL;
     Py_buffer mv = {0};
@@ -1049,8 +1136,8 @@ failed:
     out = NULL;
 done:
     if (mv.obj != NULL)
-        PyBuffer_Release(&mv);
-    PyBuffer_Release(&fv);
+        put_buffer(&mv);
+    put_buffer(&fv);
     Py_XDECREF(aid);
     Py_XDECREF(name);
     Py_XDECREF(credit);
@@ -1094,6 +1181,11 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)   /* the constants the tests hold to the Python layouts' */
         return NULL;
+    pinned_type = PyType_FromSpec(&pinned_spec);
+    if (pinned_type == NULL || PyModule_AddObjectRef(m, "Pinned", pinned_type) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddIntConstant(m, "RING_SLOT", RING_SLOT) < 0 || PyModule_AddIntConstant(m, "RING_SLOTS_AT", RING_SLOTS_AT) < 0
             || PyModule_AddIntConstant(m, "RING_MARGIN_NS", RING_MARGIN_NS) < 0
             || PyModule_AddIntConstant(m, "AWAKE_AT", AWAKE_AT) < 0 || PyModule_AddIntConstant(m, "ID_AT", ID_AT) < 0

@@ -286,8 +286,8 @@ class DirectoryView:
         self.probes = min(MAX_PROBE, capacity)
         self._change_at = futex.address(self._map, _CHANGE_AT) if futex.usable else 0
         # The read-only map, as C takes it (the reader's ``take``, the ring's put reads ``awake_until``
-        # there): an attribute, where a property is a call more on a hand-off's path.
-        self.mapping: mmap.mmap | None = self._map
+        # there), pinned: an attribute, where a property is a call more on a hand-off's path.
+        self.mapping: object = sealing.pinned(self._map)
 
     def change(self) -> int:
         return self._words[_CHANGE_AT // 8]
@@ -371,6 +371,7 @@ class DirectoryView:
 
     def close(self) -> None:
         if self._map is not None:
+            sealing.unpin(self.mapping)
             self._words.release()
             self._map.close()
             self._map = self.mapping = None

@@ -79,7 +79,8 @@ class ClientLeasePage:
         self._map = sealing.map_received(fd, LENGTH, sealing.FIXED_SIZE, "a lease page", writable=True)
         self._free = list(range(SLOTS - 1, -1, -1))
         self._nonce = 0
-        self.ring = requests.RingWriter(self._map)
+        self._pinned = sealing.pinned(self._map, writable=True)   # (as the C take and ring put take it)
+        self.ring = requests.RingWriter(self._map, self._pinned)
         self._words = sealing.words(self._map)
 
     @property
@@ -114,7 +115,7 @@ class ClientLeasePage:
         the reader's lease made ahead) and its seal's event is done (a credit open in ``credits``,
         or none): (None, slot, nonce, index, gen), no entry made. Only where the C part is built:
         ``native_take`` is not None."""
-        got = native_take(view.mapping, view.capacity, view.probes, name.encode(), directory.TORN_US, self._map,
+        got = native_take(view.mapping, view.capacity, view.probes, name.encode(), directory.TORN_US, self._pinned,
                            self._free, self._nonce, pool, arenas, sealed_only, made, credits)
         if got is None:
             return None
@@ -137,5 +138,6 @@ class ClientLeasePage:
         if self._map is not None:
             self.ring.close()
             self._words.release()
+            sealing.unpin(self._pinned)
             self._map.close()
             self._map = None

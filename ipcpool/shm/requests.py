@@ -112,9 +112,14 @@ class RingReader(_Ring):
 
 
 class RingWriter(_Ring):
-    """A client's side of its session's ring."""
+    """A client's side of its session's ring; ``mapping``, its page as the C put takes it (the
+    lease page's, pinned: ``sealing.pinned``)."""
 
-    __slots__ = ()
+    __slots__ = ("mapping",)
+
+    def __init__(self, mapping: mmap.mmap, pinned: object = None):
+        super().__init__(mapping)
+        self.mapping = mapping if pinned is None else pinned
 
     def put(self, frame: bytes) -> bool:
         """Write ``frame``; False where it does not fit or every slot waits for the broker."""
@@ -148,4 +153,4 @@ class Route(NamedTuple):
 
     @classmethod
     def of(cls, writer: RingWriter, view: DirectoryView) -> Route:
-        return cls(writer, view, (writer._map, view.mapping))
+        return cls(writer, view, (writer.mapping, view.mapping))

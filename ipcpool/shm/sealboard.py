@@ -33,7 +33,7 @@ import time
 
 from ..errors import InvalidRequest, OutOfMemory
 from ..ranges import RangeAllocator
-from . import futex
+from . import futex, sealing
 
 try:   # a seal's record and post in one call (``_native.c``) where built; a reader's query of it
     from ._native import event_query, record_post as _native_record_post
@@ -66,7 +66,7 @@ class Board:
         self._words = (ctypes.c_uint64 * WORDS).from_buffer(self._map)
         self._sleepers = ctypes.c_uint64.from_buffer(self._map, _SLEEPERS_AT)
         self._base = ctypes.addressof(self._words) if futex.usable else 0   # (0: no sleeping here)
-        self.mapping = self._map   # (as a writer's seal in one C call takes it: ``requests.put_sealed``)
+        self.mapping = sealing.pinned(self._map, writable=True)   # (as a seal in one C call takes it: ``requests.put_sealed``)
 
     @classmethod
     def create(cls, name: str) -> Board:
@@ -91,7 +91,7 @@ class Board:
         driver loaded in this process)."""
         if _native_record_post is None:
             return None
-        got = _native_record_post(event, stream, self._map, index, seq)
+        got = _native_record_post(event, stream, self.mapping, index, seq)
         if got == -1:
             return None
         if got == -2:   # posted; a reader may sleep on this board
@@ -138,6 +138,7 @@ class Board:
         if self._words is not None:
             self._words = self._sleepers = None
             self._base = 0
+            sealing.unpin(self.mapping)
             self._map.close()
             if self.fd >= 0:
                 os.close(self.fd)

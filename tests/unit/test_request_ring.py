@@ -213,3 +213,44 @@ def test_a_seal_in_one_call_does_nothing_without_a_driver_or_off_its_board():
         assert r.take() == []
     finally:
         board.close()
+
+
+# -- a map pinned for the C calls (``sealing.pinned``: ``_native.Pinned``) --
+
+def test_a_pinned_map_serves_the_c_calls_until_released_and_holds_the_map_open():
+    """The C put through a pinned page writes what it writes through the map itself; the map
+    cannot close while pinned; once released, a call raises instead of reading the closed map."""
+    from ipcpool.shm import sealing
+
+    w, r, m = _pair()
+    held = sealing.pinned(m, writable=True)
+    ahead = frames.seal(0, b"", bytes(64))
+    awake = _awake_for(1)
+    assert native.ring_put(held, awake.mapping, ahead, frames.SEAL_NAME_LEN_AT, 5, "pinned") == 1
+    assert r.take() == [frames.seal(5, b"pinned", bytes(64))]
+    w.close()
+    r.close()
+    with pytest.raises(BufferError):
+        m.close()
+    sealing.unpin(held)
+    with pytest.raises(ValueError, match="used after its release"):
+        native.ring_put(held, awake.mapping, ahead, frames.SEAL_NAME_LEN_AT, 6, "late")
+    m.close()
+
+
+def test_a_map_pinned_read_only_is_not_written_through():
+    """A read-only map (as a client maps its directory) pinned serves no write."""
+    import os
+
+    fd = os.memfd_create("ro-page")
+    os.ftruncate(fd, requests.AT + requests.LENGTH)
+    m = mmap.mmap(fd, requests.AT + requests.LENGTH, access=mmap.ACCESS_READ)
+    os.close(fd)
+    held = native.Pinned(m)
+    try:
+        with pytest.raises(BufferError, match="pinned read-only"):
+            native.ring_put(held, _awake_for(1).mapping, frames.seal(0, b"", bytes(64)), frames.SEAL_NAME_LEN_AT, 1, "x")
+        assert bytes(m[requests.AT: requests.AT + 8]) == bytes(8)   # (the head: nothing counted)
+    finally:
+        held.release()
+        m.close()
