@@ -478,6 +478,8 @@ static int lies_at(const unsigned char *e, const char *key, Py_ssize_t key_len) 
  * memory), or where its event is a credit (KEPT_EVENT) open in ``credits`` (handle bytes -> an
  * object whose ``ptr`` is the CUevent as an int) and the driver's query says complete; else 0
  * (the caller orders after it its own way). Never an error. */
+static PyObject *str_ptr;   /* "ptr", interned: the attribute of an open credit read here */
+
 static int seal_done(const unsigned char *e, PyObject *credits) {
     if (is_zero(e + 64, 64))
         return 1;
@@ -487,7 +489,7 @@ static int seal_done(const unsigned char *e, PyObject *credits) {
     PyObject *handle = PyBytes_FromStringAndSize((const char *)e + 64, 64), *ptr = NULL;
     PyObject *opened = handle == NULL ? NULL : PyDict_GetItemWithError(credits, handle);   /* (borrowed) */
     if (opened != NULL)
-        ptr = PyObject_GetAttrString(opened, "ptr");
+        ptr = PyObject_GetAttr(opened, str_ptr);
     unsigned long long event = ptr == NULL ? 0 : PyLong_AsUnsignedLongLong(ptr);
     Py_XDECREF(ptr);
     Py_XDECREF(handle);
@@ -1176,7 +1178,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, 
 PyMODINIT_FUNC PyInit__native(void) {
     crc_init();
     str_closed = PyUnicode_InternFromString("closed");
-    if (str_closed == NULL)
+    str_ptr = PyUnicode_InternFromString("ptr");
+    if (str_closed == NULL || str_ptr == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)   /* the constants the tests hold to the Python layouts' */

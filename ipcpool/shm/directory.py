@@ -308,7 +308,7 @@ class DirectoryView:
         is read again (up to TORN_READS in all, or TORN_US in C, then None: the caller looks again
         or asks the broker)."""
         if _native_lookup is not None:
-            got = _native_lookup(self._map, self.capacity, self.probes, name.encode(), TORN_US)
+            got = _native_lookup(self.mapping, self.capacity, self.probes, name.encode(), TORN_US)
             return None if got is None else _new(Entry, got)
         return self.lookup_py(name)
 
@@ -352,7 +352,7 @@ class DirectoryView:
     def state(self, index: int, gen: int) -> int:
         """The state of entry ``index`` while it still holds object ``gen``; GONE once it does not."""
         if _native_state is not None:
-            got = _native_state(self._map, index, gen)
+            got = _native_state(self.mapping, index, gen)
             if got is not None:   # (None: written all this while; waited for below, interruptibly)
                 return got
         return self.state_py(index, gen)
