@@ -51,6 +51,10 @@ MIN_ARENA = 1 << 20
 READY_AHEAD = 4
 LOW_SLOTS = 16   # a reader's free lease slots below which its release takes in the answers waiting
 FREEING_MAX = 1024   # names given up whose free may be unhandled, at most (``Handoff._freeing``)
+# A reader told the object exists that finds no entry looks again while the directory changes,
+# this long at most, before it asks the broker: an entry (or one before it on its probe) the
+# broker is rewriting when a busy machine takes its CPU away reads as none (``TORN_US``).
+ANSWERED_LOOK_S = 0.005
 _NO_CREDIT = bytes(HANDLE_BYTES)
 _NO_ARENAS: dict = {}   # (a pool none of whose arenas is imported here)
 _DROP = object()       # a wake's answer nobody waits for any more
@@ -779,6 +783,7 @@ class Handoff:
         spin_until = began + spin
         made = not spin   # (no spin: nothing to make meanwhile)
         wake = None       # the get that only wakes this reader, once sent; True once answered
+        looked_until = 0.0   # ... and until when a reader answered looks again (``ANSWERED_LOOK_S``)
         # (asleep on the directory itself where there is one to look in: ``_doze``)
         bed = next(iter(dirs.values()))[0] if len(dirs) == 1 and futex.usable else None
         try:
@@ -795,6 +800,8 @@ class Handoff:
                     if time.perf_counter() < spin_until:
                         continue
                     if wake is True or timeout == 0:   # (answered, and no entry here: the broker serves it)
+                        if wake is True and timeout != 0 and time.perf_counter() < looked_until:
+                            continue   # (an entry mid-write: its change comes once the broker runs)
                         return None
                     if wake is None:
                         # The broker is asked to wake this reader, and the spin goes on meanwhile: an
@@ -804,6 +811,7 @@ class Handoff:
                         continue
                     if self._doze(wake, bed, changes[0]):   # asleep until the object exists (or a while)
                         wake = True
+                        looked_until = time.perf_counter() + ANSWERED_LOOK_S
                     break
         finally:
             self._drop_wake(wake)   # (interrupted, say)
