@@ -386,27 +386,24 @@ class Channel:
         return rid
 
     def send_ready(self, frame: bytes, name_len_at: int, name: str, ring: requests.Route | None,
-                   sealed: tuple | None = None) -> int | None:
+                   sealed: tuple = ()) -> int | None:
         """``send_frame`` for a frame built ahead with an empty name (a steady writer's:
         ``frames.completed``): its id and ``name`` added, and put in the ring in one C call where
         the package has it. Its id. ``sealed``: a seal's (event, stream, board, word, seq), its
         record and board post done first in that same call (``requests.put_sealed``); then None
         where nothing was done (no C part, no ring in use, the record failed: the caller seals
         the general way, which says why)."""
-        put = requests.put_ready if sealed is None else requests.put_sealed
+        put = requests.put_sealed if sealed else requests.put_ready
         if ring is None or self._on_socket or put is None:   # (no C part: as any frame)
-            if sealed is not None:
+            if sealed:
                 return None
             return self.send_frame(frames.completed, frame, name_len_at, name, ring=ring)
         if self._gone is not None or time.monotonic() - self._alive_at >= ALIVE_CHECK_S:
             self._check_alive()
         rid = self._next_id
-        if sealed is None:
-            got = put(*ring.maps, frame, name_len_at, rid, name)
-        else:
-            got = put(*sealed, *ring.maps, frame, name_len_at, rid, name)
-            if got < 0:
-                return None
+        got = put(*sealed, *ring.maps, frame, name_len_at, rid, name)
+        if got < 0:   # (a seal whose record failed: nothing done)
+            return None
         self._next_id = rid + 1
         if got == 2:
             self._send_control(frames.NUDGE_FRAME)   # its last look at the rings may have come first
