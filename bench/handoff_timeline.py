@@ -107,6 +107,24 @@ def timelines(hand_offs: list[dict], events: list) -> list[dict[str, int]]:
     return rows
 
 
+TAIL = 0.05   # the slowest hand-offs whose segments ``tail`` sets against all of them
+
+
+def tail(rows: list[dict[str, int]]) -> list[dict]:
+    """What makes the slowest hand-offs slow: each segment's p50 over the slowest ``TAIL`` of
+    them against its p50 over all, the segments that grew most first."""
+    done = sorted((r for r in rows if "r_read" in r), key=lambda r: r["r_read"] - r["w_start"])
+    slow = done[int(len(done) * (1 - TAIL)):]
+    out = []
+    for label, a, b in SEGMENTS[:-1]:
+        every = [(r[b] - r[a]) / 1000 for r in done if a in r and b in r]
+        there = [(r[b] - r[a]) / 1000 for r in slow if a in r and b in r]
+        if every and there:
+            p50, tail_p50 = statistics.median(every), statistics.median(there)
+            out.append({"label": label, "p50_us": p50, "tail_p50_us": tail_p50, "n": len(there)})
+    return sorted(out, key=lambda t: t["p50_us"] - t["tail_p50_us"])
+
+
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
     s = sorted(xs)
     return s[len(s) // 4], statistics.median(s), s[3 * len(s) // 4]
@@ -181,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
               "directory (the broker served them)" + (f", p50 {statistics.median(asked):.1f} µs" if asked else "")
               + f"; {len(woken)} waited past the reader's spin (it asked the broker to wake it)"
               + (f", p50 {statistics.median(woken):.1f} µs" if woken else ""))
+    result["tail"] = tail(rows)
+    if result["tail"]:
+        print(f"\nin the slowest {TAIL:.0%} of hand-offs (p50 µs there against all): " + ", ".join(
+            f"{t['label']} {t['tail_p50_us']:.1f} vs {t['p50_us']:.1f}" for t in result["tail"][:5]))
     both = [r for r in rows if "r_entry" in r and "w_seal_posted" in r]
     early = sum(r["r_entry"] <= r["w_seal_posted"] for r in both)
     result["entry_before_seal"] = early / len(both) if both else None
