@@ -284,10 +284,9 @@ class ClientPool(ABC):
     # The driver's event query in one C call (an event's CUevent as an int -> its CUresult, -1
     # without a driver), where the client has one to give (``shm.sealboard.event_query``).
     query_event: Callable[[int], int] | None = None
-    # The broker's credits opened here, by handle bytes (each with ``ptr``, its CUevent as an int):
-    # a reader's take in C queries the seal's there (``shm.leases.ClientLeasePage.take_entry``).
-    # Never written where a pool has no events.
-    open_credits: dict[bytes, Any] = {}
+    # The broker's credits opened here, as the table a reader's take in C finds a seal's CUevent in
+    # (``cuda.credits``; ``shm.leases.ClientLeasePage.take_entry``). None where a pool has no events.
+    open_credits: bytearray | None = None
 
     def order_after(self, event: bytes, stream: Any = None, credit: bool = False) -> None:
         """Order the work on ``stream`` after the peer's IPC event ``event`` (R1): nothing once the

@@ -475,26 +475,53 @@ static int lies_at(const unsigned char *e, const char *key, Py_ssize_t key_len) 
 }
 
 /* Whether the seal of the entry copied at ``e`` is done on the GPU: 1 where it has no event (host
- * memory), or where its event is a credit (KEPT_EVENT) open in ``credits`` (handle bytes -> an
- * object whose ``ptr`` is the CUevent as an int) and the driver's query says complete; else 0
- * (the caller orders after it its own way). Never an error. */
-static PyObject *str_ptr;   /* "ptr", interned: the attribute of an open credit read here */
+ * memory), or where its event is a credit (KEPT_EVENT) open in ``credits`` and the driver's query
+ * says complete; else 0 (the caller orders after it its own way). ``credits``: the client's
+ * credit table (``backend/cuda/credits.py``: rows of a 64-byte handle and its CUevent, at the
+ * handle's ``row_of``), read in place under the GIL that its writes hold too. Never an error. */
+#define CREDIT_ROW 72
+
+/* A 64-byte handle's row of ``rows``, as ``credits.row_of``: its eight words mixed by
+ * multiplication (no table to fetch on a cold CPU, as crc32 has). */
+static Py_ssize_t credit_row_of(const unsigned char *handle, Py_ssize_t rows) {
+    uint64_t h = 0;
+    for (int k = 0; k < 8; k++)
+        h = (h ^ u64(handle + 8 * k)) * 0x9E3779B97F4A7C15ull;
+    return (Py_ssize_t)((h >> 32) % (uint64_t)rows);
+}
+
+/* credit_row(handle, rows): ``credit_row_of``, for the tests that hold it to the Python's. */
+static PyObject *credit_row(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    const char *handle;
+    Py_ssize_t n, rows;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "credit_row(handle, rows)");
+        return NULL;
+    }
+    if (!as_y(args[0], &handle, &n) || !as_n(args[1], &rows))
+        return NULL;
+    if (n != 64 || rows <= 0) {
+        PyErr_SetString(PyExc_ValueError, "a 64-byte handle and rows > 0");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(credit_row_of((const unsigned char *)handle, rows));
+}
 
 static int seal_done(const unsigned char *e, PyObject *credits) {
     if (is_zero(e + 64, 64))
         return 1;
-    if (!(u16(e + 54) & KEPT_EVENT) || !PyDict_Check(credits))
+    if (!(u16(e + 54) & KEPT_EVENT) || !PyByteArray_Check(credits))
         return 0;
+    Py_ssize_t rows = PyByteArray_Size(credits) / CREDIT_ROW;
+    const unsigned char *table = (const unsigned char *)PyByteArray_AsString(credits);
+    if (rows <= 0 || table == NULL)
+        return 0;
+    const unsigned char *row = table + credit_row_of(e + 64, rows) * CREDIT_ROW;
+    if (memcmp(row, e + 64, 64) != 0)   /* not open here, or another credit holds its row */
+        return 0;
+    uint64_t event = u64(row + 64);
     event_query_fn query = driver_event_query();
-    PyObject *handle = PyBytes_FromStringAndSize((const char *)e + 64, 64), *ptr = NULL;
-    PyObject *opened = handle == NULL ? NULL : PyDict_GetItemWithError(credits, handle);   /* (borrowed) */
-    if (opened != NULL)
-        ptr = PyObject_GetAttr(opened, str_ptr);
-    unsigned long long event = ptr == NULL ? 0 : PyLong_AsUnsignedLongLong(ptr);
-    Py_XDECREF(ptr);
-    Py_XDECREF(handle);
-    PyErr_Clear();
-    return query != NULL && event != 0 && event != (unsigned long long)-1 && query((void *)(uintptr_t)event) == 0;
+    return query != NULL && event != 0 && query((void *)(uintptr_t)event) == 0;
 }
 
 /* take(map, capacity, probes, name, torn_us, page, free, nonce, pool, arenas, sealed_only[, made,
@@ -1170,6 +1197,7 @@ static PyMethodDef methods[] = {
     {"read_create", read_create, METH_O, "read_create(frame): a usual create frame's fields (frames.Create's), or None"},
     {"usual_create", (PyCFunction)(void (*)(void))usual_create, METH_FASTCALL, "usual_create(frame, session, tickets, objects, counts, gen): (fields, size, index) of a usual create checked, its range taken and its entry written; None: not usual"},
     {"crc32", crc32_py, METH_O, "crc32(data): as zlib.crc32"},
+    {"credit_row", (PyCFunction)(void (*)(void))credit_row, METH_FASTCALL, "credit_row(handle, rows): a credit's row in the credit table"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1178,8 +1206,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, 
 PyMODINIT_FUNC PyInit__native(void) {
     crc_init();
     str_closed = PyUnicode_InternFromString("closed");
-    str_ptr = PyUnicode_InternFromString("ptr");
-    if (str_closed == NULL || str_ptr == NULL)
+    if (str_closed == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)   /* the constants the tests hold to the Python layouts' */
@@ -1197,6 +1224,7 @@ PyMODINIT_FUNC PyInit__native(void) {
             || PyModule_AddIntConstant(m, "LEASE_SLOTS", LEASE_SLOTS) < 0
             || PyModule_AddIntConstant(m, "LEASE_SLOT", LEASE_SLOT) < 0
             || PyModule_AddIntConstant(m, "LEASE_HEAD", LEASE_HEAD) < 0
+            || PyModule_AddIntConstant(m, "CREDIT_ROW", CREDIT_ROW) < 0
             || PyModule_AddObject(m, "FIRST_MAX", PyLong_FromUnsignedLongLong(FIRST_MAX)) < 0
             || PyModule_AddIntConstant(m, "BOARD_WORDS", BOARD_WORDS) < 0
             || PyModule_AddIntConstant(m, "SLEEPERS_AT", SLEEPERS_AT) < 0) {

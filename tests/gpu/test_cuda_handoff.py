@@ -233,3 +233,59 @@ def test_a_steady_writers_carves_made_ready_at_once_hold_credits_and_views_and_g
     assert writer["made"] == 4 and writer["promised"] and writer["viewed"]
     assert writer["held"] > 0 and writer["back"]   # the credits of those still ready came back, in order
     assert writer["async"] == []
+
+
+def _lockstep_writer(socket_dir, count, sealed, read, out):
+    """Hands off ``count`` 1 MiB objects one at a time: each filled, sealed and done on the GPU
+    before its reader is told (``sealed``), deleted once read (``read``)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    torch.cuda.set_stream(stream)
+    with ipcpool.connect(socket_dir) as c:
+        for i in range(count):
+            buf = c.create(f"step/{i}", MiB, stream=stream)
+            buf.tensor().fill_(i % 251)
+            buf.seal(stream=stream)
+            stream.synchronize()
+            sealed.put(i)
+            read.get(timeout=60)
+            c.delete(f"step/{i}")
+        out.put(("writer", c.async_errors))
+
+
+def _lockstep_reader(socket_dir, count, sealed, read, out):
+    import torch
+
+    stream = torch.cuda.Stream()
+    torch.cuda.set_stream(stream)
+    seen, made = [], [0]
+    with ipcpool.connect(socket_dir) as c:
+        handoff = c._handoff
+        taken = handoff._made_taken
+
+        def counted(*args):   # (the one-call take of the lease made ahead)
+            made[0] += 1
+            return taken(*args)
+
+        handoff._made_taken = counted
+        for _ in range(count):
+            i = sealed.get(timeout=60)
+            with c.get(f"step/{i}", stream=stream, timeout=60) as lease:
+                seen.append(int(lease.tensor()[0].item()))
+            read.put(i)
+    out.put(("reader", (seen, made[0])))
+
+
+def test_a_reader_of_sealed_objects_takes_the_lease_made_ahead_in_one_call(start_broker):
+    """A reader that asks once each object is sealed and its seal done on the GPU gets most of
+    them with the lease made ahead, in one C call that finds the seal's credit open in its table
+    and the driver saying it is done (``backend.cuda.credits``); each object's own bytes read."""
+    b = start_broker(backend="cuda")
+    sealed, read, n = SPAWN.Queue(), SPAWN.Queue(), 40
+    got = dict(run_together([(_lockstep_writer, (b.socket_dir, n, sealed, read)),
+                             (_lockstep_reader, (b.socket_dir, n, sealed, read))]))
+    seen, made = got["reader"]
+    assert seen == [i % 251 for i in range(n)]
+    assert made >= n // 2, f"{made} of {n} taken as made ahead"   # (the guess is learnt after a few)
+    assert got["writer"] == []

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from ipcpool.backend.cuda.credits import CreditTable
 from ipcpool.shm import directory as layout
 from ipcpool.shm.leases import HEAD, SLOT, SLOTS, ClientLeasePage, LeasePage
 
@@ -112,7 +113,7 @@ def test_a_sealed_object_where_the_lease_made_ahead_lies_is_taken_with_nothing_m
     d, view, (page_c, page_py), (c, py) = world
     _publish_typed(d, "x", 5, dtype, shape)
     want = view.lookup("x")
-    got = c.take_entry(view, "x", POOL, {ARENA: object()}, False, _where(want), {})
+    got = c.take_entry(view, "x", POOL, {ARENA: object()}, False, _where(want), CreditTable().rows)
     assert got[0] is None and got[3:] == (want.index, want.gen)
     assert got[1:3] == py.take(POOL, want.index, want.gen)
     assert bytes(page_c._map[:4096]) == bytes(page_py._map[:4096])
@@ -139,12 +140,11 @@ def test_anything_else_comes_as_the_entry_and_its_slot(world, case):
             "another shape": (e.alloc, e.offset, e.size, e.dtype, (1024, 2)),
             "no shape": (e.alloc, e.offset, e.size, e.dtype, None)}.get(case, (e.alloc, e.offset, e.size, e.dtype, e.shape))
 
-    class Opened:   # (a credit as the CUDA pool keeps it open: its CUevent as an int)
-        ptr = 0x1234
-
-    credits = {event: Opened()} if case.startswith("a kept event open") else {}
+    credits = CreditTable()   # (a credit as the CUDA pool keeps it open: its CUevent as an int)
+    if case.startswith("a kept event open"):
+        credits.put(event, 0x1234)
     entry, ((slot, nonce), state) = c.take_entry(view, "x", POOL, {ARENA: object()}, False,
-                                                 layout.where_key(*made), credits)
+                                                 layout.where_key(*made), credits.rows)
     assert entry == e and state == e.state and (slot, nonce) == (0, 1)   # (the first slot taken)
 
 

@@ -25,6 +25,7 @@ from ..base import ClientPool, Export, ImportedMemory
 from . import driver as drv
 from . import vmm
 from .context import OnDevice, OnStream, check_device
+from .credits import CreditTable
 from .descriptors import import_pointer
 from .errors import cuda_errors
 from .events import DriverEvent, open_ipc, record_into, record_ipc, record_marker, wait_for
@@ -117,7 +118,8 @@ class CudaClientPool(ClientPool):
         # The broker's credits opened once, by handle (they live as long as the broker and are
         # recycled, never destroyed: ``events.CreditStock``). Opening one costs ~10 µs (H100).
         self._credits: dict[bytes, DriverEvent] = {}
-        self.open_credits = self._credits   # (as a reader's take in C queries them: ``ClientPool``)
+        self._table = CreditTable()   # (the same credits, as a reader's take in C finds them)
+        self.open_credits = self._table.rows
         self._closed = False
 
     def needs_fds(self, export: Export) -> bool:
@@ -246,9 +248,12 @@ class CudaClientPool(ClientPool):
         event = self._credits.get(handle)
         if event is None:
             if len(self._credits) >= MAX_OPEN_CREDITS:   # bounded: the oldest goes
-                self._credits.pop(next(iter(self._credits))).close()
+                oldest = next(iter(self._credits))
+                self._table.drop(oldest)   # (out of the table before its event closes)
+                self._credits.pop(oldest).close()
             with OnDevice(self.device):
                 event = self._credits[handle] = open_ipc(handle)
+            self._table.put(handle, event.ptr)
         return event
 
     def carved(self, arena: ImportedMemory, offset: int, nbytes: int) -> ImportedMemory:
@@ -417,6 +422,7 @@ class CudaClientPool(ClientPool):
                 else:
                     slab.buffer.close(stream=LEGACY_DEFAULT_STREAM)
         self._slabs.clear()
+        self._table.clear()
         for event in self._credits.values():
             event.close()
         self._credits.clear()
