@@ -105,16 +105,16 @@ class ClientLeasePage:
 
     def take_entry(self, view: directory.DirectoryView, name: str, pool: int, arenas: dict,
                    sealed_only: bool, made: bytes | None = None,
-                   credits: dict | None = None) -> tuple[Any, ...] | None:
+                   credits: bytearray | None = None) -> tuple[Any, ...] | None:
         """``name``'s entry in ``view`` (pool number ``pool``) and its slot taken, in one C call:
         ``view.lookup``, then ``take``, then ``view.state``, as a reader's get runs them on a CPU
         its sleep left cold. None: no entry. (entry, None): no slot taken, the caller decides (an
         entry the broker serves, an arena not in ``arenas``, not sealed where ``sealed_only``, no
         slot free). Else (entry, ((slot, nonce), state)), state None where the entry was being
         written all along. Where the object is sealed where ``made`` says (``directory.where_key``:
-        the reader's lease made ahead) and its seal's event is done (a credit open in ``credits``,
-        or none): (None, slot, nonce, index, gen), no entry made. Only where the C part is built:
-        ``native_take`` is not None."""
+        the reader's lease made ahead) and its seal's event is done (a credit in ``credits``,
+        the client's credit table, or none): (None, slot, nonce, index, gen), no entry made. Only
+        where the C part is built: ``native_take`` is not None."""
         got = native_take(view.mapping, view.capacity, view.probes, name.encode(), directory.TORN_US, self._pinned,
                            self._free, self._nonce, pool, arenas, sealed_only, made, credits)
         if got is None:

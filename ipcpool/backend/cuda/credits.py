@@ -33,25 +33,26 @@ class CreditTable:
         self.rows = bytearray(ROWS * ROW)   # (never resized: the C reads it in place)
 
     @staticmethod
-    def _at(handle: bytes) -> int:
-        return row_of(handle) * ROW if len(handle) == HANDLE else 0
+    def _at(handle: bytes) -> int | None:
+        """Where the row of ``handle`` starts; None for bytes that are no handle."""
+        return row_of(handle) * ROW if len(handle) == HANDLE else None
 
     def put(self, handle: bytes, event: int) -> None:
         """Credit ``handle`` open here as CUevent ``event``, where its row is free."""
         at = self._at(handle)
-        if len(handle) == HANDLE and event and not any(self.rows[at : at + ROW]):
+        if at is not None and event and not any(self.rows[at : at + ROW]):
             self.rows[at : at + ROW] = handle + event.to_bytes(8, "little")
 
     def drop(self, handle: bytes) -> None:
         """Credit ``handle`` about to close: out of its row, where it holds one."""
         at = self._at(handle)
-        if len(handle) == HANDLE and self.rows[at : at + HANDLE] == handle:
+        if at is not None and self.rows[at : at + HANDLE] == handle:
             self.rows[at : at + ROW] = bytes(ROW)
 
     def event(self, handle: bytes) -> int:
         """The CUevent of ``handle`` as the C reads it; 0 where its row holds another or none."""
         at = self._at(handle)
-        if len(handle) != HANDLE or self.rows[at : at + HANDLE] != handle:
+        if at is None or self.rows[at : at + HANDLE] != handle:
             return 0
         return int.from_bytes(self.rows[at + HANDLE : at + ROW], "little")
 
