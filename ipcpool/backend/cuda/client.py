@@ -118,7 +118,7 @@ class CudaClientBackend(ClientBackend):
         self.event_spin_s = int(os.environ.get("IPCPOOL_EVENT_SPIN_US", "2000")) / 1e6
         self._foreign: dict[int, Stream] = {}
         self._last_stream: tuple[Any, Stream | None] = (None, None)
-        self.last_handle: tuple[Any, Any] = (None, None)   # (the last stream passed, its handle): ``stream_handle``
+        self._last_handle: tuple[Any, Any] = (None, None)   # (the last stream passed, its handle): ``stream_handle``
         # Done events we recorded, with the reply count when recorded. One is destroyed once the
         # broker has certainly opened it (two replies later: a reply means the broker read every
         # earlier message) and it has completed.
@@ -217,11 +217,11 @@ class CudaClientBackend(ClientBackend):
     def stream_handle(self, obj: Any, device: int) -> Any:
         """The driver handle of ``stream(obj, device)``: a cuda.core Stream builds a new CUstream
         on each ``.handle`` (~1 µs on an H100 host); a writer seals on one stream, so the last is kept."""
-        last = self.last_handle
+        last = self._last_handle
         if obj is last[0] and obj is not None:
             return last[1]
         handle = self.stream(obj, device).handle
-        self.last_handle = (obj, handle)
+        self._last_handle = (obj, handle)
         return handle
 
     # -- done events (R4)

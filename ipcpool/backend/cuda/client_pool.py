@@ -39,7 +39,6 @@ class ClientServices(StreamSource, Protocol):
     """What an imported pool needs of the client backend (``client.CudaClientBackend``)."""
 
     event_spin_s: float   # how long a reader polls a pending event before a stream wait (R1)
-    last_handle: tuple[Any, Any]   # (the last stream passed to ``stream_handle``, its handle)
 
     def keep_done(self, event: Any) -> None:
         """Keep a done event of ours alive until the broker has certainly opened it (R4)."""
@@ -352,15 +351,14 @@ class CudaClientPool(ClientPool):
         return int(self._backend.stream_handle(stream, self.device))
 
     def seal_range(self, memory: ImportedMemory, stream: Any, credit: bytes, board: Any, word: int, seq: int) -> bool:
-        # The usual seal: the record and the post in one C call (``shm.sealboard.Board.post_after``),
-        # where ``release`` and the post cost a writer on a cold CPU ~9 µs before its readers may go on.
+        # A seal the one-call seal does not serve (``Handoff._seal_apart``): the record and the post
+        # still in one C call (``shm.sealboard.Board.post_after``), where ``release`` and the post
+        # cost a writer on a cold CPU ~9 µs before its readers may go on.
         opened = self._credits.get(credit)
         if (opened is None or not isinstance(memory, CudaMemory) or memory.whole or memory.mapping is not None
                 or memory.released):
             return False
-        seen, stream_handle = self._backend.last_handle   # (``stream_handle``'s, read here: a call less)
-        if stream is not seen or stream is None:
-            stream_handle = self._backend.stream_handle(stream, self.device)
+        stream_handle = self._backend.stream_handle(stream, self.device)
         if board.post_after(opened.ptr, int(stream_handle), word, seq) != 0:
             return False   # (a stream of another context, say: ``release`` records it there)
         memory.detach()
