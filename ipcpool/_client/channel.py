@@ -98,6 +98,9 @@ class Channel:
         self.spin_s = settings.spin_s
         self.get_spin_s = settings.get_spin_s
         self.lock = threading.RLock()
+        # Work a call does while its reply is on its way, at most a round trip's worth; it raises
+        # nothing (``Handoff.ready_more``: a steady writer's next carve, made where it waits anyway).
+        self.idle: Callable[[], None] | None = None
         self.closed = False
         self._last_sent = 0       # the id of the newest request on the message channel ...
         self._last_answered = 0   # ... and of the newest one answered (all before it were read)
@@ -469,6 +472,8 @@ class Channel:
         with self.lock:
             self.check_open()
             rid = self.send(op, **fields)
+            if self.idle is not None:   # (the reply is on its way meanwhile)
+                self.idle()
             spin = self.get_spin_s if _wait != 0.0 else self.spin_s
             if _wait is None:   # a wait without a limit says, once, what it waits for
                 return self.wait_reply(rid, None, spin=spin, slow=SlowWait(describe(op, fields)))

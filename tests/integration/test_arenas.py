@@ -113,6 +113,35 @@ def test_a_steady_writer_has_its_next_carves_made_ready_a_few_at_a_time(broker, 
         assert len(w.list("s/")) == 2 + made
 
 
+def test_a_steady_writer_that_waits_on_a_call_has_a_carve_made_ready_meanwhile(broker):
+    """A steady writer's call that waits for its reply (a delete here) makes one carve more ready
+    meanwhile, up to the few a seal makes: its seals find carves ready and make none, and each
+    object, in a range of its own, reads back whole."""
+    with ipcpool.connect(broker.socket_dir, arena_bytes=32 * MiB) as w, \
+            ipcpool.connect(broker.socket_dir) as r:
+        handoff = w._leases.handoff
+        for i in range(2):
+            w.create(f"s/{i}", MiB).seal()
+        assert len(handoff._ahead) == 4                 # made at the second seal of this size
+        after_seal, after_delete = [], []
+        for i in range(2, 22):
+            buf = w.create(f"s/{i}", MiB)
+            buf.view[:2] = bytes([i, 7])
+            buf.seal()
+            after_seal.append(len(handoff._ahead))
+            live = {buf.carved_at} | {b.carved_at for b in handoff._ahead}
+            assert len(live) == 1 + len(handoff._ahead)   # each its own range
+            with r.get(f"s/{i}") as lease:
+                assert bytes(lease.view[:2]) == bytes([i, 7])
+            w.delete(f"s/{i - 2}")
+            after_delete.append(len(handoff._ahead))
+        assert after_seal == [3] * 20                   # no seal found none left (none made four)
+        assert after_delete == [4] * 20                 # each delete's wait made the one used
+        w.flush()
+        assert not w.async_errors
+        assert [o["name"] for o in w.list("s/")] == ["s/20", "s/21"]
+
+
 def test_a_steady_writer_under_a_quota_too_small_for_its_carves_made_ready_loses_nothing(start_broker):
     """A bytes quota that holds the first arena (4 MiB) and not the next: the carves made ready
     at a seal stop where the arena refused ends them, and every hand-off still goes through,
