@@ -69,11 +69,12 @@ def parse_steps(stderr: str) -> dict[str, float]:
     59.7 (61.0) µs, ..."), as {"producer create": 59.7, "producer create (mean)": 61.0, ...}
     (an older tree prints no means): where a difference between trees lies. The two processes
     print at the same moment, and a line of one may land inside the other's, so each process's
-    steps are read from its marker up to the next marker."""
+    steps are read from its marker up to the next marker or the end of its line (the lines after
+    it are other reports: "... waited past the reader's spin ..., p50 465.9 µs" is no step)."""
     steps = {}
     marks = list(STEP_LINE.finditer(stderr))
     for m, nxt in zip(marks, [*marks[1:], None]):
-        text = stderr[m.end(): nxt.start() if nxt else len(stderr)]
+        text = stderr[m.end(): nxt.start() if nxt else len(stderr)].split("\n", 1)[0]
         for name, us, mean in STEP.findall(text):
             steps[f"{m.group(1)} {name.strip()}"] = float(us)
             if mean:

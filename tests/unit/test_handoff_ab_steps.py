@@ -20,6 +20,13 @@ def test_steps_are_read_with_their_means_where_printed():
                                    "consumer get once sealed": 14.1, "consumer get once sealed (mean)": 15.0}
 
 
+def test_the_reports_after_a_step_line_are_not_steps():
+    stderr = ("  consumer step p50 (mean): get once sealed 14.1 (15.0) µs\n"
+              "  consumer: 2 of 1045 hand-offs waited past the reader's spin (it asked the broker to wake it), "
+              "p50 465.9 µs\n")
+    assert parse_steps(stderr) == {"consumer get once sealed": 14.1, "consumer get once sealed (mean)": 15.0}
+
+
 def test_no_step_lines_give_no_steps():
     assert parse_steps("Traceback (most recent call last):\n  ...\n") == {}
 
