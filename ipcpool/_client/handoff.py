@@ -208,13 +208,26 @@ class NextLease:
         """Drop what was made (at close: its tensor views the pool's memory)."""
         self._made = self.where = None
 
-    def hit(self) -> Any:
-        """The buffer made, taken where ``where`` says the object lies (learnt as ``take`` learns)."""
+    def hit(self, name: str, lease: tuple, entered: dict[int, Any]) -> Any:
+        """The buffer made, now the lease on sealed object ``name`` whose seal is done, where
+        ``where`` said it lies, its hazard slot ``lease`` taken (``Handoff._found``), entered in
+        ``entered``; learnt as ``take`` learns."""
         made, self._made, self.where = self._made, None, None
         self._taken.append(made[0])
         if len(self._taken) >= self.UNLEARNT:
             self._learn()
-        return made[2]
+        buf = made[2]
+        buf.name = name
+        entered[id(buf)] = buf
+        buf.dirlease = lease
+        # (found, seen sealed and ordered after in that one call: three moments as one)
+        if trace.hook is not None:
+            trace.emit("client.entry_found", name=name)
+        if trace.hook is not None:
+            trace.emit("client.seal_seen", name=name)
+        if trace.hook is not None:
+            trace.emit("client.ordered", name=name)
+        return buf
 
     def take(self, at: tuple, arena: ImportedMemory) -> Any:
         """The buffer made for ``at`` in ``arena``, else None; ``at`` is learnt at the next
@@ -870,23 +883,25 @@ class Handoff:
     def _found(self, dirs: dict, name: str, stream: Any, timeout: float | None) -> Any:
         """The lease on ``name`` where a directory of ``dirs`` (pool -> (view, pool number)) has
         its entry, or None where the broker serves it instead; ``_MISSING`` where none has. Where
-        C can (``ClientLeasePage.take_entry``), the lookup, the hazard slot and the entry's state
+        C can (``ClientLeasePage.take_in_c``), the lookup, the hazard slot and the entry's state
         after it are one call, and the usual lease is taken from here (a get runs on a CPU its
         sleep left cold: each call on its way costs ~1 µs on an H100 host)."""
         page = self._pools.lease_page
-        in_c = page is not None and leases.native_take is not None   # (C built, and not switched off: ``shm.native``)
+        # (C built, and not switched off: ``shm.native``; its call bound to the page, no frame between)
+        take = page.take_in_c if page is not None and leases.native_take is not None else None
         for pool, (view, pidx) in dirs.items():
             taken = None
-            if in_c:
+            if take is not None:
                 where = self._next.where
-                got = page.take_entry(view, name, pidx, self._arena_views.get(pool, _NO_ARENAS), timeout == 0,
-                                      where[1] if where is not None and where[0] == pool else None,
-                                      self._imported[pool].open_credits)
+                got = take(view.mapping, view.capacity, view.probes, name.encode(), pidx,
+                           self._arena_views.get(pool, _NO_ARENAS), timeout == 0,
+                           where[1] if where is not None and where[0] == pool else None,
+                           self._imported[pool].open_credits)
                 if got is None:
                     continue
                 if got[0] is None:   # sealed, done, and where the lease made ahead lies: nothing more to do
-                    return self._made_taken(name, (pidx, got[3], got[4], got[1], got[2]))
-                entry, taken = got
+                    return self._next.hit(name, (pidx, got[3], got[4], got[1], got[2]), self._entered)
+                entry, taken = leases.taken(got)
             else:
                 entry = view.lookup(name)
                 if entry is None:
@@ -901,22 +916,6 @@ class Handoff:
                                      self._arena_views[pool][entry.alloc],
                                      (pidx, entry.index, entry.gen, *taken[0]), state)
         return _MISSING
-
-    def _made_taken(self, name: str, lease: tuple) -> Any:
-        """The lease made ahead, on sealed object ``name`` whose seal is done, its hazard slot
-        ``lease`` taken (``_found``)."""
-        buf = self._next.hit()
-        buf.name = name
-        self._entered[id(buf)] = buf
-        buf.dirlease = lease
-        # (found, seen sealed and ordered after in that one call: three moments as one)
-        if trace.hook is not None:
-            trace.emit("client.entry_found", name=name)
-        if trace.hook is not None:
-            trace.emit("client.seal_seen", name=name)
-        if trace.hook is not None:
-            trace.emit("client.ordered", name=name)
-        return buf
 
     def _take(self, pool: str, view: Any, pidx: int, entry: Any, name: str, stream: Any,
               timeout: float | None) -> Any:

@@ -285,7 +285,7 @@ class ClientPool(ABC):
     # without a driver), where the client has one to give (``shm.sealboard.event_query``).
     query_event: Callable[[int], int] | None = None
     # The broker's credits opened here, as the table a reader's take in C finds a seal's CUevent in
-    # (``cuda.credits``; ``shm.leases.ClientLeasePage.take_entry``). None where a pool has no events.
+    # (``cuda.credits``; ``shm.leases.ClientLeasePage.take_in_c``). None where a pool has no events.
     open_credits: bytearray | None = None
 
     def order_after(self, event: bytes, stream: Any = None, credit: bool = False) -> None:

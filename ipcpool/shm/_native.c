@@ -346,14 +346,14 @@ static int find_entry(const unsigned char *base, Py_ssize_t capacity, Py_ssize_t
     return 0;
 }
 
-/* lookup's arguments (map, capacity, probes, name, torn_us: take's first five too) and the live
- * entry of ``name``: 1 found (its copy and index; ``view`` held), 0 none (nothing held), -1 an
- * error (set). */
-static int entry_of(PyObject *const *args, Py_buffer *view, unsigned char *copy, Py_ssize_t *index) {
+/* The live entry of ``name`` in a directory (``dir``: its map, capacity, probes and the name, as
+ * lookup and take are given them; ``torn``: torn_us): 1 found (its copy and index; ``view``
+ * held), 0 none (nothing held), -1 an error (set). */
+static int entry_of(PyObject *const *dir, PyObject *torn, Py_buffer *view, unsigned char *copy, Py_ssize_t *index) {
     const char *name;
     Py_ssize_t n, capacity, probes, torn_us;
-    if (!as_n(args[1], &capacity) || !as_n(args[2], &probes) || !as_y(args[3], &name, &n) || !as_n(args[4], &torn_us)
-            || map_of(args[0], capacity, PyBUF_SIMPLE, view) < 0)
+    if (!as_n(dir[1], &capacity) || !as_n(dir[2], &probes) || !as_y(dir[3], &name, &n) || !as_n(torn, &torn_us)
+            || map_of(dir[0], capacity, PyBUF_SIMPLE, view) < 0)
         return -1;
     if (find_entry(view->buf, capacity, probes, (const unsigned char *)name, n, torn_us, copy, index))
         return 1;
@@ -367,7 +367,7 @@ static PyObject *lookup(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssi
     Py_buffer view;
     unsigned char copy[ENTRY];
     Py_ssize_t index;
-    int found = args_are(nargs, 5, "lookup") ? entry_of(args, &view, copy, &index) : -1;
+    int found = args_are(nargs, 5, "lookup") ? entry_of(args, args[4], &view, copy, &index) : -1;
     if (found <= 0)
         return found < 0 ? NULL : Py_NewRef(Py_None);
     put_buffer(&view);
@@ -524,11 +524,12 @@ static int seal_done(const unsigned char *e, PyObject *credits) {
     return query != NULL && event != 0 && query((void *)(uintptr_t)event) == 0;
 }
 
-/* take(map, capacity, probes, name, torn_us, page, free, nonce, pool, arenas, sealed_only[, made,
+/* take(page, free, nonces, torn_us, map, capacity, probes, name, pool, arenas, sealed_only[, made,
  * credits]) -> None, (fields, slot, nonce, state) or (None, slot, nonce, index, gen). A reader's
  * get from a directory in one call: the entry of ``name`` looked up (``lookup``), a hazard slot of
- * the lease page taken for it (the last of ``free``, numbered ``nonce`` + 1:
- * ``ClientLeasePage.take``), then its state read again (``state``). No slot (slot None, state -1)
+ * the lease page taken for it (the last of ``free``, numbered one more than the count in
+ * ``nonces``, a bytearray of 8 that keeps it: ``ClientLeasePage.take``), then its state read
+ * again (``state``). The page's four come first: a caller binds them once (``functools.partial``). No slot (slot None, state -1)
  * where the caller's own way must decide: an entry the broker serves (metadata, not in an arena),
  * an arena not in ``arenas`` (not imported yet), an object not sealed where ``sealed_only``, every
  * slot in use. State None: the entry was being written all that while (the caller reads it
@@ -546,15 +547,22 @@ static PyObject *take(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize
         PyErr_Format(PyExc_TypeError, "take() takes 11 or 13 arguments (%zd given)", nargs);
         return NULL;
     }
-    if (!is_a(args[6], &PyList_Type, "a list") || !as_K(args[7], &nonce) || !as_n(args[8], &pool)
-            || !is_a(args[9], &PyDict_Type, "a dict") || (sealed_only = PyObject_IsTrue(args[10])) < 0
+    if (!is_a(args[1], &PyList_Type, "a list") || !is_a(args[2], &PyByteArray_Type, "a bytearray")
+            || !as_n(args[8], &pool) || !is_a(args[9], &PyDict_Type, "a dict")
+            || (sealed_only = PyObject_IsTrue(args[10])) < 0
             || (nargs == 13 && args[11] != Py_None && !as_y(args[11], &made, &made_len)))
         return NULL;
-    PyObject *page = args[5], *free_list = args[6], *arenas = args[9], *credits = nargs == 13 ? args[12] : Py_None;
+    PyObject *page = args[0], *free_list = args[1], *nonces = args[2], *arenas = args[9];
+    PyObject *credits = nargs == 13 ? args[12] : Py_None;
+    if (PyByteArray_Size(nonces) != 8) {
+        PyErr_SetString(PyExc_ValueError, "take's nonce count is a bytearray of 8");
+        return NULL;
+    }
+    memcpy(&nonce, PyByteArray_AsString(nonces), 8);
     Py_buffer dv;
     unsigned char copy[ENTRY];
     Py_ssize_t index;
-    int found = entry_of(args, &dv, copy, &index);
+    int found = entry_of(args + 4, args[3], &dv, copy, &index);
     if (found <= 0)
         return found < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *out = NULL;
@@ -592,6 +600,7 @@ static PyObject *take(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize
         goto done;
     }
     nonce += 1;
+    memcpy(PyByteArray_AsString(nonces), &nonce, 8);
     uint64_t *words = pv.buf, *at = words + (LEASE_HEAD + slot * LEASE_SLOT) / 8;
     /* As the Python's: the count first, the nonce last (the broker reads the nonce first). */
     __atomic_store_n(words, (uint64_t)(LEASE_SLOTS - last), __ATOMIC_RELEASE);
@@ -1186,7 +1195,7 @@ static PyObject *crc32_py(PyObject *Py_UNUSED(self), PyObject *arg) {   /* for t
 
 static PyMethodDef methods[] = {
     {"lookup", (PyCFunction)(void (*)(void))lookup, METH_FASTCALL, "lookup(map, capacity, probes, name, torn_us): an entry's fields, or None"},
-    {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL, "take(map, capacity, probes, name, torn_us, page, free, nonce, pool, arenas, sealed_only[, made, credits]): (fields, slot, nonce, state), (None, slot, nonce, index, gen) or None"},
+    {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL, "take(page, free, nonces, torn_us, map, capacity, probes, name, pool, arenas, sealed_only[, made, credits]): (fields, slot, nonce, state), (None, slot, nonce, index, gen) or None"},
     {"state", (PyCFunction)(void (*)(void))state, METH_FASTCALL, "state(map, index, gen): the entry's state while it holds gen, else GONE; None: being written still"},
     {"publish", publish, METH_VARARGS, "publish(map, capacity, probes, name, gen, state, alloc, offset, size, word, seq, event, dtype, dims, ndim, flags): the index written, or None"},
     {"ring_put", (PyCFunction)(void (*)(void))ring_put, METH_FASTCALL, "ring_put(page, directory, frame, name_len_at, rid, name): 1 put, 2 put (nudge), 0 not put"},

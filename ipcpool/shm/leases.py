@@ -17,6 +17,7 @@ ignores a slot whose nonce it has seen released.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import struct
 from typing import Any
@@ -78,10 +79,16 @@ class ClientLeasePage:
     def __init__(self, fd: int):
         self._map = sealing.map_received(fd, LENGTH, sealing.FIXED_SIZE, "a lease page", writable=True)
         self._free = list(range(SLOTS - 1, -1, -1))
-        self._nonce = 0
+        self._nonces = bytearray(8)   # the last nonce given (the C take counts here too)
         self._pinned = sealing.pinned(self._map, writable=True)   # (as the C take and ring put take it)
         self.ring = requests.RingWriter(self._map, self._pinned)
         self._words = sealing.words(self._map)
+        # The C take with this page bound: its lookup, slot and check in a call with no Python frame
+        # around it (a get runs on a CPU its sleep left cold: a frame costs ~1 µs there). Its
+        # arguments: (map, capacity, probes, name, pool, arenas, sealed_only[, made, credits]), its
+        # answer as ``taken`` reads it. None where the C part is not built (``native_take``).
+        self.take_in_c = None if native_take is None else functools.partial(
+            native_take, self._pinned, self._free, self._nonces, directory.TORN_US)
 
     @property
     def free_slots(self) -> int:
@@ -92,7 +99,8 @@ class ClientLeasePage:
         if not self._free:
             return None
         slot = self._free.pop()
-        self._nonce += 1
+        nonce = int.from_bytes(self._nonces, "little") + 1
+        self._nonces[:] = nonce.to_bytes(8, "little")
         words = self._words
         words[0] = SLOTS - len(self._free)
         # The nonce last: the broker reads it first, so a slot it counts is whole (TSO keeps the
@@ -100,8 +108,8 @@ class ClientLeasePage:
         at = slot * _SLOT_WORDS
         words[_FIRST_WORD + at] = pool | entry << 32
         words[_FIRST_WORD + at + 1] = gen
-        words[_NONCE_WORD + at] = self._nonce
-        return slot, self._nonce
+        words[_NONCE_WORD + at] = nonce
+        return slot, nonce
 
     def take_entry(self, view: directory.DirectoryView, name: str, pool: int, arenas: dict,
                    sealed_only: bool, made: bytes | None = None,
@@ -115,18 +123,8 @@ class ClientLeasePage:
         the reader's lease made ahead) and its seal's event is done (a credit in ``credits``,
         the client's credit table, or none): (None, slot, nonce, index, gen), no entry made. Only
         where the C part is built: ``native_take`` is not None."""
-        got = native_take(view.mapping, view.capacity, view.probes, name.encode(), directory.TORN_US, self._pinned,
-                           self._free, self._nonce, pool, arenas, sealed_only, made, credits)
-        if got is None:
-            return None
-        if got[0] is None:   # (the lease made ahead: nothing more to make here)
-            self._nonce = got[2]
-            return got
-        entry = _new(directory.Entry, got[0])
-        if got[1] is None:
-            return entry, None
-        self._nonce = got[2]
-        return entry, ((got[1], got[2]), got[3])
+        return taken(self.take_in_c(view.mapping, view.capacity, view.probes, name.encode(), pool, arenas,
+                                    sealed_only, made, credits))
 
     def give_back(self, slot: int) -> None:
         """The broker answered the slot's release: the slot is free (cleared: nonce 0)."""
@@ -141,3 +139,12 @@ class ClientLeasePage:
             sealing.unpin(self._pinned)
             self._map.close()
             self._map = None
+
+
+def taken(got: tuple | None) -> tuple[Any, ...] | None:
+    """``ClientLeasePage.take_in_c``'s answer as ``take_entry`` gives it: None, the made-ahead
+    answer as it is, (entry, None) or (entry, ((slot, nonce), state))."""
+    if got is None or got[0] is None:
+        return got
+    entry = _new(directory.Entry, got[0])
+    return (entry, None) if got[1] is None else (entry, ((got[1], got[2]), got[3]))

@@ -261,14 +261,14 @@ def _lockstep_reader(socket_dir, count, sealed, read, out):
     torch.cuda.set_stream(stream)
     seen, made = [], [0]
     with ipcpool.connect(socket_dir) as c:
-        handoff = c._handoff
-        taken = handoff._made_taken
+        ahead = c._handoff._next
+        taken = ahead.hit
 
         def counted(*args):   # (the one-call take of the lease made ahead)
             made[0] += 1
             return taken(*args)
 
-        handoff._made_taken = counted
+        ahead.hit = counted
         for _ in range(count):
             i = sealed.get(timeout=60)
             with c.get(f"step/{i}", stream=stream, timeout=60) as lease:
