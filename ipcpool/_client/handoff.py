@@ -300,6 +300,7 @@ class Handoff:
         self._slow: SlowWait | None = None   # the get under way, waiting without a deadline (``_send_wake``)
         self.wakes_sent = 0   # gets that waited past the spin budget (``bench/handoff.py`` counts them)
         self._cutting = False   # a carve under way (a call it makes does no carve of its own meanwhile)
+        self._room = True       # the last carve made in a wait found room (tried again after a seal)
         channel.idle = self.ready_more
 
     # -- what arrives from the broker --------------------------------------------------------------
@@ -563,7 +564,7 @@ class Handoff:
     def ready_more(self) -> None:
         """(``Channel.call`` calls it once its request is sent.)"""
         last = self._last
-        if (not self._steady or last is None or self._cutting or not self._ahead
+        if (not self._steady or last is None or self._cutting or not self._room or not self._ahead
                 or len(self._ahead) >= self._ready_most(last[1])):
             return   # (none made ready yet: the writer's next seal makes them, as it would)
         try:
@@ -573,7 +574,9 @@ class Handoff:
                         exc_info=True)
             self._channel.idle = None
             return
-        if buf is not None:
+        if buf is None:   # (no room, or no board word: not tried again in every call until a seal)
+            self._room = False
+        else:
             self._ahead.append(buf)
 
     def _made_ready(self, pool: str, nbytes: int, grow: bool = True) -> Any:
@@ -695,6 +698,7 @@ class Handoff:
         is raised later)."""
         cut = buf.carving
         cut.stream = stream
+        self._room = True
         # A refusal this client has taken in already is raised here; draining the channel to look
         # for one would cost the hand-off ~30 µs (H100), and close() or flush() raises a later one.
         if cut.error is not None:

@@ -529,10 +529,10 @@ static int seal_done(const unsigned char *e, PyObject *credits) {
  * get from a directory in one call: the entry of ``name`` looked up (``lookup``), a hazard slot of
  * the lease page taken for it (the last of ``free``, numbered one more than the count in
  * ``nonces``, a bytearray of 8 that keeps it: ``ClientLeasePage.take``), then its state read
- * again (``state``). The page's four come first: a caller binds them once (``functools.partial``). No slot (slot None, state -1)
- * where the caller's own way must decide: an entry the broker serves (metadata, not in an arena),
- * an arena not in ``arenas`` (not imported yet), an object not sealed where ``sealed_only``, every
- * slot in use. State None: the entry was being written all that while (the caller reads it
+ * again (``state``); the page's four come first, bound once (``ClientLeasePage.take_in_c``).
+ * No slot (slot None, state -1) where the caller's own way must decide: an entry the broker
+ * serves (metadata, not in an arena), an arena not in ``arenas`` (not imported yet), an object not
+ * sealed where ``sealed_only``, every slot in use. State None: the entry was being written all that while (the caller reads it
  * again). ``made``: where the lease made ahead lies (``directory.where_key``): an object sealed
  * there, whose seal is done (``seal_done``, on ``credits``), comes as (None, slot, nonce, index,
  * gen), nothing more to read or wait for (none of the entry's fields made into objects). No fence
