@@ -111,21 +111,6 @@ class ClientLeasePage:
         words[_NONCE_WORD + at] = nonce
         return slot, nonce
 
-    def take_entry(self, view: directory.DirectoryView, name: str, pool: int, arenas: dict,
-                   sealed_only: bool, made: bytes | None = None,
-                   credits: bytearray | None = None) -> tuple[Any, ...] | None:
-        """``name``'s entry in ``view`` (pool number ``pool``) and its slot taken, in one C call:
-        ``view.lookup``, then ``take``, then ``view.state``, as a reader's get runs them on a CPU
-        its sleep left cold. None: no entry. (entry, None): no slot taken, the caller decides (an
-        entry the broker serves, an arena not in ``arenas``, not sealed where ``sealed_only``, no
-        slot free). Else (entry, ((slot, nonce), state)), state None where the entry was being
-        written all along. Where the object is sealed where ``made`` says (``directory.where_key``:
-        the reader's lease made ahead) and its seal's event is done (a credit in ``credits``,
-        the client's credit table, or none): (None, slot, nonce, index, gen), no entry made. Only
-        where the C part is built: ``native_take`` is not None."""
-        return taken(self.take_in_c(view.mapping, view.capacity, view.probes, name.encode(), pool, arenas,
-                                    sealed_only, made, credits))
-
     def give_back(self, slot: int) -> None:
         """The broker answered the slot's release: the slot is free (cleared: nonce 0)."""
         self._words[_NONCE_WORD + slot * _SLOT_WORDS] = 0
@@ -142,8 +127,14 @@ class ClientLeasePage:
 
 
 def taken(got: tuple | None) -> tuple[Any, ...] | None:
-    """``ClientLeasePage.take_in_c``'s answer as ``take_entry`` gives it: None, the made-ahead
-    answer as it is, (entry, None) or (entry, ((slot, nonce), state))."""
+    """``ClientLeasePage.take_in_c``'s answer read: the lookup, ``take`` and ``view.state`` in one C
+    call, as a reader's get runs them on a CPU its sleep left cold. None: no entry. (entry, None):
+    no slot taken, the caller decides (an entry the broker serves, an arena not in ``arenas``, not
+    sealed where ``sealed_only``, no slot free). (entry, ((slot, nonce), state)): its slot taken,
+    state None where the entry was being written all along. Where the object is sealed where
+    ``made`` says (``directory.where_key``: the reader's lease made ahead) and its seal's event is
+    done (a credit in ``credits``, the client's credit table, or none): (None, slot, nonce, index,
+    gen) as the C gives it, no entry made."""
     if got is None or got[0] is None:
         return got
     entry = _new(directory.Entry, got[0])

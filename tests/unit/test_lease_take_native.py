@@ -1,4 +1,4 @@
-"""A reader's lookup, hazard slot and check in one C call (``ClientLeasePage.take_entry``) against
+"""A reader's lookup, hazard slot and check in one C call (``ClientLeasePage.take_in_c``, read by ``leases.taken``) against
 the three Python calls it stands for (``DirectoryView.lookup``, ``ClientLeasePage.take``,
 ``DirectoryView.state``), on a real directory and real lease pages: the same entry, the same slot
 bytes the broker reads, the same state; and no slot taken where the caller must decide."""
@@ -9,11 +9,17 @@ import pytest
 
 from ipcpool.backend.cuda.credits import CreditTable
 from ipcpool.shm import directory as layout
-from ipcpool.shm.leases import HEAD, SLOT, SLOTS, ClientLeasePage, LeasePage
+from ipcpool.shm.leases import HEAD, SLOT, SLOTS, ClientLeasePage, LeasePage, taken
 
 native = pytest.importorskip("ipcpool.shm._native", reason="not built here (no C compiler when installed)")
 
 POOL, ARENA = 3, 11
+
+
+def take_entry(page, view, name, pool, arenas, sealed_only, made=None, credits=None):
+    """The C take on ``page`` as the reader's get calls it (``Handoff._found``), its answer read."""
+    return taken(page.take_in_c(view.mapping, view.capacity, view.probes, name.encode(), pool, arenas,
+                                sealed_only, made, credits))
 
 
 @pytest.fixture
@@ -44,7 +50,7 @@ def test_each_take_reads_and_writes_what_the_three_python_calls_do(world):
     for gen in range(1, 160):
         name = f"obj/{gen}"
         want = view.lookup(name)
-        got = c.take_entry(view, name, POOL, {ARENA: object()}, False)
+        got = take_entry(c, view, name, POOL, {ARENA: object()}, False)
         if want is None:
             assert got is None
             continue
@@ -69,7 +75,7 @@ def test_no_slot_is_taken_where_the_caller_decides(world, case):
         for _ in range(SLOTS):
             c.take(POOL, 0, 0)
     before = bytes(page._map[:4096])
-    entry, slot_state = c.take_entry(view, "x", POOL, arenas, case.startswith("not sealed"))
+    entry, slot_state = take_entry(c, view, "x", POOL, arenas, case.startswith("not sealed"))
     assert entry == view.lookup("x") and slot_state is None
     assert bytes(page._map[:4096]) == before
 
@@ -81,7 +87,7 @@ def test_the_slot_names_the_entrys_own_object_for_the_brokers_scan(world):
     index = _publish(d, "x", 1)
     d.set_state(index, 1, layout.GONE)
     _publish(d, "x", 2)
-    entry, ((slot, nonce), state) = c.take_entry(view, "x", POOL, {ARENA: object()}, False)
+    entry, ((slot, nonce), state) = take_entry(c, view, "x", POOL, {ARENA: object()}, False)
     assert entry.gen == 2 and state == layout.SEALED
     d.set_state(entry.index, 2, layout.GONE)
     assert view.state(entry.index, 2) == layout.GONE
@@ -113,7 +119,7 @@ def test_a_sealed_object_where_the_lease_made_ahead_lies_is_taken_with_nothing_m
     d, view, (page_c, page_py), (c, py) = world
     _publish_typed(d, "x", 5, dtype, shape)
     want = view.lookup("x")
-    got = c.take_entry(view, "x", POOL, {ARENA: object()}, False, _where(want), CreditTable().rows)
+    got = take_entry(c, view, "x", POOL, {ARENA: object()}, False, _where(want), CreditTable().rows)
     assert got[0] is None and got[3:] == (want.index, want.gen)
     assert got[1:3] == py.take(POOL, want.index, want.gen)
     assert bytes(page_c._map[:4096]) == bytes(page_py._map[:4096])
@@ -143,7 +149,7 @@ def test_anything_else_comes_as_the_entry_and_its_slot(world, case):
     credits = CreditTable()   # (a credit as the CUDA pool keeps it open: its CUevent as an int)
     if case.startswith("a kept event open"):
         credits.put(event, 0x1234)
-    entry, ((slot, nonce), state) = c.take_entry(view, "x", POOL, {ARENA: object()}, False,
+    entry, ((slot, nonce), state) = take_entry(c, view, "x", POOL, {ARENA: object()}, False,
                                                  layout.where_key(*made), credits.rows)
     assert entry == e and state == e.state and (slot, nonce) == (0, 1)   # (the first slot taken)
 
