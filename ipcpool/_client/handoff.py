@@ -85,8 +85,8 @@ class ClientArena:
         self._cooling: list[tuple[int, Any]] = []   # refused ranges, until their work finished
         # Reclaimed ranges kept taken, by rounded size: a writer handing off objects of one size
         # carves each from a range reclaimed before (a pop, where the allocator's best fit costs
-        # ~8 µs a carve on an H100 host), the longest reclaimed first: its ranges come in turn
-        # however late a reclaim arrives, which lets its readers guess the next (``NextLease``).
+        # ~8 µs a carve on an H100 host), the longest reclaimed first: it keeps to a few ranges
+        # however late a reclaim arrives, where its readers' leases are made ahead (``NextLease``).
         # Given back to the allocator when it runs out of room.
         self._spare: dict[int, collections.deque[int]] = {}
 
@@ -167,55 +167,53 @@ class Carving:
 
 
 class NextLease:
-    """A directory reader's next lease, made ahead: as it releases the last one, else while it
-    waits for the next object's entry (the buffer, its range's import and its tensor: ~20 µs on an
-    H100 host that would otherwise follow the entry, as the writer's next carve is made at its
-    seal). Where it will lie is guessed from where the reader's objects lay: a writer that hands
-    off one size of object carves them from a few ranges in turn, so the range after the last one
-    read is the one that usually followed it (a range given back late breaks the turn now and then:
-    a successor is replaced only once it was wrong twice more than right). Nothing is made before a
-    successor was seen twice: a reader of objects in no order pays nothing. A wrong guess costs
-    only time off the hand-off's path."""
+    """A directory reader's next leases, made ahead: as it releases a lease, else while it waits
+    for the next object's entry (the buffer, its range's import and its tensor: ~20 µs on an H100
+    host that would otherwise follow the entry, as the writer's next carve is made at its seal).
+    One is made for each range the reader has read twice, up to ``MADE_MOST`` a pool, the one read
+    least lately given up first: a writer that hands off one size of object carves them from a few
+    ranges, so its reader's next object lies where a lease is made, in whatever order late
+    reclaims give the ranges back. A reader of objects that seldom share a range makes seldom; a
+    lease made and not used costs only time off the hand-off's path."""
 
-    MAX_SEEN = 256   # ranges remembered; past them, forgotten and learnt again
-    UNLEARNT = 64    # ranges taken and not learnt yet (a reader that holds many leases): learnt then
+    MADE_MOST = 16   # leases made ahead, a pool
+    MAX_SEEN = 256   # ranges counted; past them, forgotten and counted again
+    UNLEARNT = 64    # ranges taken and not counted yet (a reader that holds many leases): counted then
 
     def __init__(self) -> None:
-        self._after: dict[tuple, list] = {}   # where an object lay -> [where the next one did, trust 0-3]
-        self._last: tuple | None = None
-        self._made: tuple | None = None        # (where, the arena's import, the buffer)
-        self._taken: list[tuple] = []          # where the objects taken since lay, learnt at ``make``
-        # The pool and ``directory.where_key`` of what was made, where something was: a reader's
-        # take in C compares its entry to it (``Handoff._found``) and takes it with ``hit``.
-        self.where: tuple[str, bytes] | None = None
+        self._seen: dict[tuple, int] = {}      # where an object lay -> times read (1 or 2)
+        self._taken: list[tuple] = []          # where the objects taken since lay, counted at ``make``
+        # By pool, ``directory.where_key`` -> (where, the arena's import, the buffer): a reader's take
+        # in C looks its entry up there and takes it out (``Handoff._found``), then ``hit``.
+        self.made: dict[str, dict[bytes, tuple]] = {}
 
     def make(self, arena_of: Callable[[str, int], Any], lease_at: Callable[[tuple, Any], Any]) -> None:
-        """The buffer for where the next object most likely lies (``lease_at(where, arena)``),
-        where its arena is imported here (``arena_of(pool, arena id)``); nothing where it is made.
-        What was taken since is learnt first (here, off the hand-off's path)."""
-        if self._taken:
-            self._learn()
-        after = self._after.get(self._last)
-        at = None if after is None or not after[1] else after[0]
-        if at is None or (self._made is not None and self._made[0] == at):
-            return
-        arena = arena_of(at[0], at[1])
-        if arena is not None:
-            self._made = (at, arena, lease_at(at, arena))
-            self.where = (at[0], directory.where_key(*at[1:]))
+        """A buffer (``lease_at(where, arena)``) for each range taken since that was read twice
+        and has none made, where its arena is imported here (``arena_of(pool, arena id)``). What
+        was taken since is counted here, off the hand-off's path."""
+        taken, self._taken = self._taken, []
+        for at in taken:
+            if self._count(at) < 2:
+                continue
+            made, key = self.made.setdefault(at[0], {}), directory.where_key(*at[1:])
+            if key in made:
+                continue
+            arena = arena_of(at[0], at[1])
+            if arena is None:
+                continue
+            if len(made) >= self.MADE_MOST:
+                del made[next(iter(made))]   # (the first made of those left: read least lately)
+            made[key] = (at, arena, lease_at(at, arena))
 
     def forget(self) -> None:
         """Drop what was made (at close: its tensor views the pool's memory)."""
-        self._made = self.where = None
+        self.made.clear()
 
-    def hit(self, name: str, lease: tuple, entered: dict[int, Any]) -> Any:
-        """The buffer made, now the lease on sealed object ``name`` whose seal is done, where
-        ``where`` said it lies, its hazard slot ``lease`` taken (``Handoff._found``), entered in
-        ``entered``; learnt as ``take`` learns."""
-        made, self._made, self.where = self._made, None, None
-        self._taken.append(made[0])
-        if len(self._taken) >= self.UNLEARNT:
-            self._learn()
+    def hit(self, name: str, made: tuple, lease: tuple, entered: dict[int, Any]) -> Any:
+        """``made``, the (where, arena, buffer) the C take took out of ``made`` for sealed object
+        ``name``, whose seal is done: its buffer, now the lease with hazard slot ``lease``
+        (``Handoff._found``), entered in ``entered``; counted as ``take`` counts."""
+        self._taken_at(made[0])
         buf = made[2]
         buf.name = name
         entered[id(buf)] = buf
@@ -230,36 +228,31 @@ class NextLease:
         return buf
 
     def take(self, at: tuple, arena: ImportedMemory) -> Any:
-        """The buffer made for ``at`` in ``arena``, else None; ``at`` is learnt at the next
-        ``make`` (this runs on the hand-off's path)."""
-        made, self._made, self.where = self._made, None, None
+        """The buffer made for ``at`` in ``arena``, taken out, else None; ``at`` is counted at the
+        next ``make`` (this runs on the hand-off's path)."""
+        self._taken_at(at)
+        made = self.made.get(at[0])
+        got = made.pop(directory.where_key(*at[1:]), None) if made else None
+        if got is None or got[1] is not arena:   # (an arena imported again: not its range)
+            return None
+        return got[2]
+
+    def _taken_at(self, at: tuple) -> None:
         taken = self._taken
         taken.append(at)
-        if len(taken) >= self.UNLEARNT:
-            self._learn()
-        if made is None or made[0] != at or made[1] is not arena:   # (an arena imported again: not its range)
-            return None
-        return made[2]
+        if len(taken) >= self.UNLEARNT:   # (counted without making: a get's path)
+            for at in taken:
+                self._count(at)
+            taken.clear()
 
-    def _learn(self) -> None:
-        """Each range taken followed the one before it."""
-        for at in self._taken:
-            last, self._last = self._last, at
-            if last is None:
-                continue
-            after = self._after.get(last)
-            if after is None:
-                if len(self._after) >= self.MAX_SEEN:
-                    self._after.clear()
-                self._after[last] = [at, 0]
-            elif after[0] == at:
-                if after[1] < 3:
-                    after[1] += 1
-            elif after[1]:
-                after[1] -= 1
-            else:
-                after[0] = at
-        self._taken.clear()
+    def _count(self, at: tuple) -> int:
+        """``at`` read once more: how often it was (counted up to 2)."""
+        n = self._seen.get(at, 0)
+        if n < 2:
+            if not n and len(self._seen) >= self.MAX_SEEN:
+                self._seen.clear()
+            n = self._seen[at] = n + 1
+        return n
 
 
 class Handoff:
@@ -294,7 +287,7 @@ class Handoff:
         self._notes: dict[int, SealNotice | AbortNotice | None] = {}   # pending leases watched: alloc -> its notice
         self._arena_views: dict[str, dict[int, ImportedMemory]] = {}   # pool -> arena -> its import
         self._releasing: dict[int, int] = {}   # directory leases' releases by request id -> slot
-        self._next = NextLease()   # a directory reader's next lease, made ahead
+        self._next = NextLease()   # a directory reader's next leases, made ahead
         self._stream_seen: tuple[Any, int] = (_NOT_SEEN, 0)   # the last stream sealed on, as an int
         self._wakes: dict[int, Any] = {}   # gets that only wake a reader, by id: None, their answer, or _DROP
         self._slow: SlowWait | None = None   # the get under way, waiting without a deadline (``_send_wake``)
@@ -896,15 +889,13 @@ class Handoff:
         for pool, (view, pidx) in dirs.items():
             taken = None
             if take is not None:
-                where = self._next.where
                 got = take(view.mapping, view.capacity, view.probes, name.encode(), pidx,
-                           self._arena_views.get(pool, _NO_ARENAS), timeout == 0,
-                           where[1] if where is not None and where[0] == pool else None,
+                           self._arena_views.get(pool, _NO_ARENAS), timeout == 0, self._next.made.get(pool),
                            self._imported[pool].open_credits)
                 if got is None:
                     continue
-                if got[0] is None:   # sealed, done, and where the lease made ahead lies: nothing more to do
-                    return self._next.hit(name, (pidx, got[3], got[4], got[1], got[2]), self._entered)
+                if got[0] is None:   # sealed, done, and where a lease made ahead lies: nothing more to do
+                    return self._next.hit(name, got[5], (pidx, got[3], got[4], got[1], got[2]), self._entered)
                 entry, taken = leases.taken(got)
             else:
                 entry = view.lookup(name)

@@ -458,20 +458,46 @@ static PyObject *event_query(PyObject *Py_UNUSED(self), PyObject *arg) {
     return PyLong_FromLong(query == NULL ? -1 : query((void *)(uintptr_t)event));
 }
 
-/* Whether the entry copied at ``e`` lies where ``key`` says and is typed as it says: its arena,
- * offset and size, then its ndim (0 without a shape), dtype length, whether it has a shape, its
- * dtype and dims, as ``directory.where_key`` builds the key of a lease made ahead. */
-static int lies_at(const unsigned char *e, const char *key, Py_ssize_t key_len) {
+/* The key of where the entry copied at ``e`` lies and how it is typed, written at ``key`` (room for
+ * 27 + 32 + 8 * MAX_DIMS bytes), as ``directory.where_key`` builds it: its arena, offset and size,
+ * then its ndim (0 without a shape), dtype length, whether it has a shape, its dtype and dims.
+ * Its length, or -1 where the entry's type is none a lease made ahead could have. */
+#define WHERE_KEY_MAX (27 + 32 + 8 * MAX_DIMS)
+static Py_ssize_t where_key_of(const unsigned char *e, unsigned char *key) {
     unsigned ndim = e[52], dtype_len = e[53];
     int has_shape = (u16(e + 54) & HAS_SHAPE) != 0;
     if (dtype_len > 32 || (has_shape && ndim > MAX_DIMS))
-        return 0;
+        return -1;
     Py_ssize_t dims = has_shape ? 8 * (Py_ssize_t)ndim : 0;
-    if (key_len != 27 + (Py_ssize_t)dtype_len + dims || memcmp(key, e + 24, 24) != 0)
-        return 0;
-    const unsigned char *k = (const unsigned char *)key + 24;
-    return k[0] == (has_shape ? ndim : 0) && k[1] == dtype_len && k[2] == has_shape
-           && memcmp(k + 3, e + DTYPE_AT, dtype_len) == 0 && memcmp(k + 3 + dtype_len, e + SHAPE_AT, dims) == 0;
+    memcpy(key, e + 24, 24);
+    key[24] = (unsigned char)(has_shape ? ndim : 0);
+    key[25] = (unsigned char)dtype_len;
+    key[26] = (unsigned char)has_shape;
+    memcpy(key + 27, e + DTYPE_AT, dtype_len);
+    memcpy(key + 27 + dtype_len, e + SHAPE_AT, dims);
+    return 27 + (Py_ssize_t)dtype_len + dims;
+}
+
+/* What ``made`` (a dict of ``where_key`` -> anything) holds for where the entry copied at ``e``
+ * lies, taken out of it (a new reference), where its seal is done (``seal_done`` on ``credits``);
+ * else NULL, never an error: the caller then answers as without it. */
+static int seal_done(const unsigned char *e, PyObject *credits);
+static PyObject *take_made(const unsigned char *e, PyObject *made, PyObject *credits) {
+    unsigned char key[WHERE_KEY_MAX];
+    Py_ssize_t n = where_key_of(e, key);
+    if (n < 0 || PyDict_Size(made) <= 0)
+        return NULL;
+    PyObject *k = PyBytes_FromStringAndSize((const char *)key, n), *got = NULL;
+    if (k != NULL && (got = PyDict_GetItemWithError(made, k)) != NULL && seal_done(e, credits)) {
+        Py_INCREF(got);
+        if (PyDict_DelItem(made, k) < 0)
+            Py_CLEAR(got);
+    } else {
+        got = NULL;
+    }
+    Py_XDECREF(k);
+    PyErr_Clear();   /* (no memory for the key, say: the entry comes as without a lease made ahead) */
+    return got;
 }
 
 /* Whether the seal of the entry copied at ``e`` is done on the GPU: 1 where it has no event (host
@@ -525,24 +551,25 @@ static int seal_done(const unsigned char *e, PyObject *credits) {
 }
 
 /* take(page, free, nonces, torn_us, map, capacity, probes, name, pool, arenas, sealed_only[, made,
- * credits]) -> None, (fields, slot, nonce, state) or (None, slot, nonce, index, gen). A reader's
- * get from a directory in one call: the entry of ``name`` looked up (``lookup``), a hazard slot of
- * the lease page taken for it (the last of ``free``, numbered one more than the count in
- * ``nonces``, a bytearray of 8 that keeps it: ``ClientLeasePage.take``), then its state read
- * again (``state``); the page's four come first, bound once (``ClientLeasePage.take_in_c``).
+ * credits]) -> None, (fields, slot, nonce, state) or (None, slot, nonce, index, gen, made's).
+ * A reader's get from a directory in one call: the entry of ``name`` looked up (``lookup``), a
+ * hazard slot of the lease page taken for it (the last of ``free``, numbered one more than the
+ * count in ``nonces``, a bytearray of 8 that keeps it: ``ClientLeasePage.take``), then its state
+ * read again (``state``); the page's four come first, bound once (``ClientLeasePage.take_in_c``).
  * No slot (slot None, state -1) where the caller's own way must decide: an entry the broker
  * serves (metadata, not in an arena), an arena not in ``arenas`` (not imported yet), an object not
- * sealed where ``sealed_only``, every slot in use. State None: the entry was being written all that while (the caller reads it
- * again). ``made``: where the lease made ahead lies (``directory.where_key``): an object sealed
- * there, whose seal is done (``seal_done``, on ``credits``), comes as (None, slot, nonce, index,
- * gen), nothing more to read or wait for (none of the entry's fields made into objects). No fence
- * between the hazard and the check: the broker's barrier orders them on this CPU
- * (``shm.fence``); the compiler keeps their order. */
+ * sealed where ``sealed_only``, every slot in use. State None: the entry was being written all
+ * that while (the caller reads it again). ``made``: None, or the reader's leases made ahead by
+ * where they lie (a dict keyed by ``directory.where_key``): an object sealed where one of them
+ * lies, whose seal is done (``seal_done``, on ``credits``), comes as (None, slot, nonce, index,
+ * gen, what ``made`` held), taken out of ``made``, nothing more to read or wait for (none of the
+ * entry's fields made into objects). No fence between the hazard and the check: the broker's
+ * barrier orders them on this CPU (``shm.fence``); the compiler keeps their order. */
 static PyObject *take(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    Py_ssize_t pool, made_len = 0;
+    Py_ssize_t pool;
     unsigned long long nonce;
     int sealed_only;
-    const char *made = NULL;
+    PyObject *made = NULL;
     if (nargs != 11 && nargs != 13) {
         PyErr_Format(PyExc_TypeError, "take() takes 11 or 13 arguments (%zd given)", nargs);
         return NULL;
@@ -550,8 +577,10 @@ static PyObject *take(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize
     if (!is_a(args[1], &PyList_Type, "a list") || !is_a(args[2], &PyByteArray_Type, "a bytearray")
             || !as_n(args[8], &pool) || !is_a(args[9], &PyDict_Type, "a dict")
             || (sealed_only = PyObject_IsTrue(args[10])) < 0
-            || (nargs == 13 && args[11] != Py_None && !as_y(args[11], &made, &made_len)))
+            || (nargs == 13 && args[11] != Py_None && !is_a(args[11], &PyDict_Type, "a dict")))
         return NULL;
+    if (nargs == 13 && args[11] != Py_None)
+        made = args[11];
     PyObject *page = args[0], *free_list = args[1], *nonces = args[2], *arenas = args[9];
     PyObject *credits = nargs == 13 ? args[12] : Py_None;
     if (PyByteArray_Size(nonces) != 8) {
@@ -611,11 +640,12 @@ static PyObject *take(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     uint32_t st;
     int whole = entry_state((const unsigned char *)dv.buf + (index + 1) * ENTRY, gen, &st);
-    if (made != NULL && whole && st == SEALED && u32(copy + 16) == SEALED && lies_at(copy, made, made_len)
-            && seal_done(copy, credits)) {
-        PyObject *items[5] = {Py_NewRef(Py_None), PyLong_FromSsize_t(slot), PyLong_FromUnsignedLongLong(nonce),
-                              PyLong_FromSsize_t(index), PyLong_FromUnsignedLongLong(gen)};
-        out = tuple_of(5, items);
+    PyObject *ahead = made != NULL && whole && st == SEALED && u32(copy + 16) == SEALED
+                      ? take_made(copy, made, credits) : NULL;
+    if (ahead != NULL) {
+        PyObject *items[6] = {Py_NewRef(Py_None), PyLong_FromSsize_t(slot), PyLong_FromUnsignedLongLong(nonce),
+                              PyLong_FromSsize_t(index), PyLong_FromUnsignedLongLong(gen), ahead};
+        out = tuple_of(6, items);
         goto done;
     }
     PyObject *items[4] = {entry_tuple(index, copy), PyLong_FromSsize_t(slot), PyLong_FromUnsignedLongLong(nonce),
@@ -1195,7 +1225,7 @@ static PyObject *crc32_py(PyObject *Py_UNUSED(self), PyObject *arg) {   /* for t
 
 static PyMethodDef methods[] = {
     {"lookup", (PyCFunction)(void (*)(void))lookup, METH_FASTCALL, "lookup(map, capacity, probes, name, torn_us): an entry's fields, or None"},
-    {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL, "take(page, free, nonces, torn_us, map, capacity, probes, name, pool, arenas, sealed_only[, made, credits]): (fields, slot, nonce, state), (None, slot, nonce, index, gen) or None"},
+    {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL, "take(page, free, nonces, torn_us, map, capacity, probes, name, pool, arenas, sealed_only[, made, credits]): (fields, slot, nonce, state), (None, slot, nonce, index, gen, made's) or None"},
     {"state", (PyCFunction)(void (*)(void))state, METH_FASTCALL, "state(map, index, gen): the entry's state while it holds gen, else GONE; None: being written still"},
     {"publish", publish, METH_VARARGS, "publish(map, capacity, probes, name, gen, state, alloc, offset, size, word, seq, event, dtype, dims, ndim, flags): the index written, or None"},
     {"ring_put", (PyCFunction)(void (*)(void))ring_put, METH_FASTCALL, "ring_put(page, directory, frame, name_len_at, rid, name): 1 put, 2 put (nudge), 0 not put"},

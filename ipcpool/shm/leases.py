@@ -131,10 +131,10 @@ def taken(got: tuple | None) -> tuple[Any, ...] | None:
     call, as a reader's get runs them on a CPU its sleep left cold. None: no entry. (entry, None):
     no slot taken, the caller decides (an entry the broker serves, an arena not in ``arenas``, not
     sealed where ``sealed_only``, no slot free). (entry, ((slot, nonce), state)): its slot taken,
-    state None where the entry was being written all along. Where the object is sealed where
-    ``made`` says (``directory.where_key``: the reader's lease made ahead) and its seal's event is
-    done (a credit in ``credits``, the client's credit table, or none): (None, slot, nonce, index,
-    gen) as the C gives it, no entry made."""
+    state None where the entry was being written all along. Where the object is sealed where one
+    of ``made`` lies (keyed by ``directory.where_key``: the reader's leases made ahead) and its
+    seal's event is done (a credit in ``credits``, the client's credit table, or none): (None,
+    slot, nonce, index, gen, what ``made`` held, taken out of it) as the C gives it, no entry made."""
     if got is None or got[0] is None:
         return got
     entry = _new(directory.Entry, got[0])

@@ -119,8 +119,11 @@ def test_a_sealed_object_where_the_lease_made_ahead_lies_is_taken_with_nothing_m
     d, view, (page_c, page_py), (c, py) = world
     _publish_typed(d, "x", 5, dtype, shape)
     want = view.lookup("x")
-    got = take_entry(c, view, "x", POOL, {ARENA: object()}, False, _where(want), CreditTable().rows)
-    assert got[0] is None and got[3:] == (want.index, want.gen)
+    lease, other = object(), object()
+    made = {_where(want): lease, b"elsewhere": other}
+    got = take_entry(c, view, "x", POOL, {ARENA: object()}, False, made, CreditTable().rows)
+    assert got[0] is None and got[3:5] == (want.index, want.gen) and got[5] is lease
+    assert made == {b"elsewhere": other}   # (taken out: used once)
     assert got[1:3] == py.take(POOL, want.index, want.gen)
     assert bytes(page_c._map[:4096]) == bytes(page_py._map[:4096])
 
@@ -149,9 +152,11 @@ def test_anything_else_comes_as_the_entry_and_its_slot(world, case):
     credits = CreditTable()   # (a credit as the CUDA pool keeps it open: its CUevent as an int)
     if case.startswith("a kept event open"):
         credits.put(event, 0x1234)
-    entry, ((slot, nonce), state) = take_entry(c, view, "x", POOL, {ARENA: object()}, False,
-                                                 layout.where_key(*made), credits.rows)
+    ahead = {layout.where_key(*made): object()}
+    given = dict(ahead)
+    entry, ((slot, nonce), state) = take_entry(c, view, "x", POOL, {ARENA: object()}, False, given, credits.rows)
     assert entry == e and state == e.state and (slot, nonce) == (0, 1)   # (the first slot taken)
+    assert given == ahead   # (the lease made ahead is left for its own object)
 
 
 def test_the_made_key_is_what_the_broker_writes():
