@@ -839,9 +839,11 @@ class Handoff:
                 if got is not _MISSING:
                     self._drop_wake(wake)   # (found before its answer came)
                     return got
-                if not made:   # waiting: the lease the entry will most likely name, made meanwhile
+                if not made:   # waiting: the leases the entry will most likely name, made meanwhile
                     made = True
                     self._next.make(self._arena_of, self._lease_at)
+                    if self._pools.unpopulated:
+                        self._pools.populate()
                 while [view.change() for view, _ in dirs.values()] == changes:
                     if time.perf_counter() < spin_until:
                         continue
@@ -1107,6 +1109,8 @@ class Handoff:
         if self._pools.lease_page.free_slots < LOW_SLOTS:
             self._channel.drain()
         self._next.make(self._arena_of, self._lease_at)   # (after the release: its answer need not wait)
+        if self._pools.unpopulated:
+            self._pools.populate()
 
     def _end_lease(self, pool: str, lease: tuple, done: bytes) -> None:
         pidx, index, gen, slot, nonce = lease

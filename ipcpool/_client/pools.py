@@ -29,6 +29,7 @@ class Pools:
         # pool name -> (its name directory, its index in lease slots), and this session's lease
         # page (``ipcpool.shm``): where a reader finds an object without a reply.
         self.directories: dict[str, tuple[DirectoryView, int]] = {}
+        self.unpopulated: list[DirectoryView] = []   # directories mapped, their pages not yet (``populate``)
         self.lease_page: ClientLeasePage | None = None
 
     def get(self, name: str) -> ClientPool:
@@ -72,6 +73,7 @@ class Pools:
                 index = sent.pool_index
                 if self.lease_page is not None and isinstance(index, int):
                     self.directories[name] = (view, index)
+                    self.unpopulated.append(view)
                 else:
                     view.close()
         except (OSError, ValueError, ProtocolError) as exc:
@@ -88,7 +90,15 @@ class Pools:
             fds = self._channel.alloc_fds(aid, len(export.chunks)) if client_pool.needs_fds(export) else []
         return client_pool.import_allocation(export, stream, fds)
 
+    def populate(self) -> None:
+        """Map the pages of the directories mapped since (``DirectoryView.populate``): where a
+        reader waits anyway, or after its release."""
+        views, self.unpopulated = self.unpopulated, []
+        for view in views:
+            view.populate()
+
     def close(self) -> None:
+        self.unpopulated.clear()
         for view, _ in self.directories.values():
             view.close()
         self.directories.clear()

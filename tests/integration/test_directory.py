@@ -63,6 +63,38 @@ def test_a_reader_before_the_create_and_one_after_the_seal_send_no_request(broke
         assert sent["release"] == 2                       # the releases go to the broker (R2)
 
 
+def _directory_rss_kib() -> list[int]:
+    """This process's resident KiB of each mapping of the default pool's name directory."""
+    rss, inside = [], False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if "-" in line.split(" ", 1)[0]:   # a mapping's first line
+                inside = "ipcpool-directory:default" in line
+            elif inside and line.startswith("Rss:"):
+                rss.append(int(line.split()[1]))
+    return rss
+
+
+def test_an_attach_leaves_the_directorys_pages_alone_and_a_reader_maps_them_after_its_get(broker):
+    """A worker taking its weights with ``get_many`` never reads the directory: its pages (4 MiB at
+    the default size) are not mapped in on that path. A directory reader maps them all after its
+    first lease is released, off the get's path (the pages a later look touches fault no more)."""
+    with ipcpool.connect(broker.socket_dir) as w:
+        for name in ("w/a", "w/b"):
+            buf = w.create(name, 4 * KiB)
+            buf.view[:1] = b"w"
+            buf.seal()
+        w.flush()
+        with ipcpool.connect(broker.socket_dir) as r:
+            weights = r.get_many(["w/a"])
+            assert bytes(weights[0].view[:1]) == b"w"
+            assert len(_directory_rss_kib()) == 2 and max(_directory_rss_kib()) < 1024   # (w's map, r's)
+            lease = r.get("w/b", timeout=5)
+            assert lease.dirlease is not None and bytes(lease.view[:1]) == b"w"
+            lease.release()
+            assert max(_directory_rss_kib()) >= r._pools.directories["default"][0].capacity * 512 // 1024
+
+
 def _count_wakes(client) -> list:
     """The ``wake`` of each get ``client`` sends from now on (None: a get that takes a lease)."""
     ch, wakes = client._channel, []
