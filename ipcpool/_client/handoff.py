@@ -241,8 +241,8 @@ class NextLease:
         taken = self._taken
         taken.append(at)
         if len(taken) >= self.UNLEARNT:   # (counted without making: a get's path)
-            for at in taken:
-                self._count(at)
+            for where in taken:
+                self._count(where)
             taken.clear()
 
     def _count(self, at: tuple) -> int:
