@@ -478,28 +478,6 @@ static Py_ssize_t where_key_of(const unsigned char *e, unsigned char *key) {
     return 27 + (Py_ssize_t)dtype_len + dims;
 }
 
-/* What ``made`` (a dict of ``where_key`` -> anything) holds for where the entry copied at ``e``
- * lies, taken out of it (a new reference), where its seal is done (``seal_done`` on ``credits``);
- * else NULL, never an error: the caller then answers as without it. */
-static int seal_done(const unsigned char *e, PyObject *credits);
-static PyObject *take_made(const unsigned char *e, PyObject *made, PyObject *credits) {
-    unsigned char key[WHERE_KEY_MAX];
-    Py_ssize_t n = where_key_of(e, key);
-    if (n < 0 || PyDict_Size(made) <= 0)
-        return NULL;
-    PyObject *k = PyBytes_FromStringAndSize((const char *)key, n), *got = NULL;
-    if (k != NULL && (got = PyDict_GetItemWithError(made, k)) != NULL && seal_done(e, credits)) {
-        Py_INCREF(got);
-        if (PyDict_DelItem(made, k) < 0)
-            Py_CLEAR(got);
-    } else {
-        got = NULL;
-    }
-    Py_XDECREF(k);
-    PyErr_Clear();   /* (no memory for the key, say: the entry comes as without a lease made ahead) */
-    return got;
-}
-
 /* Whether the seal of the entry copied at ``e`` is done on the GPU: 1 where it has no event (host
  * memory), or where its event is a credit (KEPT_EVENT) open in ``credits`` and the driver's query
  * says complete; else 0 (the caller orders after it its own way). ``credits``: the client's
@@ -548,6 +526,27 @@ static int seal_done(const unsigned char *e, PyObject *credits) {
     uint64_t event = u64(row + 64);
     event_query_fn query = driver_event_query();
     return query != NULL && event != 0 && query((void *)(uintptr_t)event) == 0;
+}
+
+/* What ``made`` (a dict of ``where_key`` -> anything) holds for where the entry copied at ``e``
+ * lies, taken out of it (a new reference), where its seal is done (``seal_done`` on ``credits``);
+ * else NULL, never an error: the caller then answers as without it. */
+static PyObject *take_made(const unsigned char *e, PyObject *made, PyObject *credits) {
+    unsigned char key[WHERE_KEY_MAX];
+    Py_ssize_t n = where_key_of(e, key);
+    if (n < 0 || PyDict_Size(made) <= 0)
+        return NULL;
+    PyObject *k = PyBytes_FromStringAndSize((const char *)key, n), *got = NULL;
+    if (k != NULL && (got = PyDict_GetItemWithError(made, k)) != NULL && seal_done(e, credits)) {
+        Py_INCREF(got);
+        if (PyDict_DelItem(made, k) < 0)
+            Py_CLEAR(got);
+    } else {
+        got = NULL;
+    }
+    Py_XDECREF(k);
+    PyErr_Clear();   /* (no memory for the key, say: the entry comes as without a lease made ahead) */
+    return got;
 }
 
 /* take(page, free, nonces, torn_us, map, capacity, probes, name, pool, arenas, sealed_only[, made,
