@@ -503,7 +503,10 @@ class Handoff:
     def _ring(self, pool: str) -> requests.Route | None:
         """This session's request ring and ``pool``'s directory, which says how long the broker
         reads the ring (``shm.requests``); None where there is none."""
-        page, got = self._pools.lease_page, self._pools.directories.get(pool)
+        pools = self._pools
+        if pools.unmapped:
+            pools.map_directories()
+        page, got = pools.lease_page, pools.directories.get(pool)
         return None if page is None or got is None else requests.Route.of(page.ring, got[0])
 
     def _cut(self, pool: str, nbytes: int, named: bool, grow: bool = True) -> Carving | None:
@@ -809,15 +812,19 @@ class Handoff:
         if not (fence.here or fence.registered(wait=1.0)):   # (the broker's barrier must reach this process first)
             return None
         self._slow = None
-        dirs = self._pools.directories
+        pools = self._pools
+        if pools.unmapped:   # (pools imported for another use: their directories now)
+            pools.map_directories()
+        dirs = pools.directories
         if not dirs:
-            if self._pools.imported or "default" not in self._channel.pool_names:
+            if pools.imported or "default" not in self._channel.pool_names:
                 return None
             try:
-                self._pools.get("default")   # a reader's first get: the usual pool, once
+                pools.get("default")   # a reader's first get: the usual pool, once
             except IpcPoolError:
                 return None
-            dirs = self._pools.directories
+            pools.map_directories()
+            dirs = pools.directories
             if not dirs:
                 return None
         # The usual reader finds its entry at once: no change counts read, nothing set up to wait.

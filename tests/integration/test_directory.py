@@ -75,10 +75,11 @@ def _directory_rss_kib() -> list[int]:
     return rss
 
 
-def test_an_attach_leaves_the_directorys_pages_alone_and_a_reader_maps_them_after_its_get(broker):
-    """A worker taking its weights with ``get_many`` never reads the directory: its pages (4 MiB at
-    the default size) are not mapped in on that path. A directory reader maps them all after its
-    first lease is released, off the get's path (the pages a later look touches fault no more)."""
+def test_an_attach_leaves_the_directory_unmapped_and_a_reader_maps_its_pages_after_its_get(broker):
+    """A worker taking its weights with ``get_many`` never reads the directory: it is not even
+    mapped on that path (its FD is kept). A directory reader maps it at its first look and all its
+    pages (4 MiB at the default size) after its first lease is released, off the get's path (the
+    pages a later look touches fault no more)."""
     with ipcpool.connect(broker.socket_dir) as w:
         for name in ("w/a", "w/b"):
             buf = w.create(name, 4 * KiB)
@@ -88,9 +89,10 @@ def test_an_attach_leaves_the_directorys_pages_alone_and_a_reader_maps_them_afte
         with ipcpool.connect(broker.socket_dir) as r:
             weights = r.get_many(["w/a"])
             assert bytes(weights[0].view[:1]) == b"w"
-            assert len(_directory_rss_kib()) == 2 and max(_directory_rss_kib()) < 1024   # (w's map, r's)
+            assert len(_directory_rss_kib()) == 1 and not r._pools.directories   # (w's map alone)
             lease = r.get("w/b", timeout=5)
             assert lease.dirlease is not None and bytes(lease.view[:1]) == b"w"
+            assert len(_directory_rss_kib()) == 2 and max(_directory_rss_kib()) < 1024   # (w's, r's: not paged in yet)
             lease.release()
             assert max(_directory_rss_kib()) >= r._pools.directories["default"][0].capacity * 512 // 1024
 
@@ -150,8 +152,8 @@ def test_a_reader_of_two_pools_past_its_spin_sleeps_on_its_socket_and_reads_from
         buf = w.create("warm2", 4 * KiB, pool="second")
         buf.seal()
         w.flush()
-        r.get("warm2", timeout=5).release()
-        assert len(r._pools.directories) == 2
+        r.get("warm2", timeout=5).release()   # (the broker's lease: "second" imported, its directory mapped at the next look)
+        assert list(r._pools.directories) == ["default"] and list(r._pools.unmapped) == ["second"]
         wakes = _count_wakes(r)
         reader, got = _get_meanwhile(r, "h/second")
         wait_for(lambda: wakes == ["entry"])
