@@ -418,6 +418,10 @@ class Broker:
             quiet_in = self._last_request + STOCK_IDLE_S - time.monotonic()
             refill = quiet_in <= 0
             timeout_ms = 0 if refill else min(timeout_ms, int(quiet_in * 1000) + 1)
+        # Lease pages made ahead as the loop goes idle, one a turn (``Directories.stock_pages``).
+        stock = not spinning and self.registry is not None and self.directories.pages_wanted()
+        if stock:
+            timeout_ms = 0
         if self._take_rings():   # (after the check above: a broker about to sleep looks at the rings
             timeout_ms = 0       # after the moment it told; frames there are requests: no sleep)
         events = dict(self._poller.poll(timeout_ms))
@@ -457,6 +461,8 @@ class Broker:
                     self.backend.sweep()
                 if not events and refill:
                     self.growables.refill_stock()   # one chunk: a request arriving waits for one at most
+                if not events and stock:
+                    self.directories.stock_pages()
                 self.handoffs.settle()   # ranges that went idle (in any sweep) back to their arenas
             except Exception as exc:   # noqa: BLE001
                 unexpected(self.backend, exc, "idle pass")

@@ -13,6 +13,7 @@ import pytest
 
 import ipcpool
 from ipcpool import fdpass, frames, paths, protocol
+from ipcpool.broker.directory import SPARE_PAGES
 from ipcpool.fds import close_all
 from ipcpool.shm import futex, leases, requests, sealboard
 from tests.support.counting import count_requests
@@ -95,6 +96,39 @@ def test_an_attach_leaves_the_directory_unmapped_and_a_reader_maps_its_pages_aft
             assert len(_directory_rss_kib()) == 2 and max(_directory_rss_kib()) < 1024   # (w's, r's: not paged in yet)
             lease.release()
             assert max(_directory_rss_kib()) >= r._pools.directories["default"][0].capacity * 512 // 1024
+
+
+def _lease_page_inodes(pid: int) -> set[int]:
+    """The inodes of the lease pages process ``pid`` holds open (its FDs)."""
+    inodes, fd_dir = set(), f"/proc/{pid}/fd"
+    for fd in os.listdir(fd_dir):
+        try:
+            if "ipcpool-leases" in os.readlink(f"{fd_dir}/{fd}"):
+                inodes.add(os.stat(f"{fd_dir}/{fd}").st_ino)
+        except FileNotFoundError:   # (closed meanwhile)
+            continue
+    return inodes
+
+
+def _mapped_lease_pages() -> set[int]:
+    """The inodes of the lease pages this process maps."""
+    with open("/proc/self/maps") as f:
+        return {int(line.split()[4]) for line in f if "ipcpool-leases" in line}
+
+
+def test_a_sessions_lease_page_is_made_before_it_connects_and_the_stock_made_up_after(broker):
+    """The broker makes lease pages ahead while idle: a session's first pool import takes one, not
+    one made on its reply's path (a restarted worker's attach waits for that reply)."""
+    wait_for(lambda: len(_lease_page_inodes(broker.pid)) == SPARE_PAGES)
+    ahead = _lease_page_inodes(broker.pid)
+    with ipcpool.connect(broker.socket_dir) as w:
+        buf = w.create("p/1", 4 * KiB)   # (imports the pool; the create maps the page to write its ring)
+        buf.seal()
+        w.flush()
+        mine = _mapped_lease_pages()
+        assert len(mine) == 1 and mine <= ahead, (mine, ahead)
+        wait_for(lambda: len(_lease_page_inodes(broker.pid)) == SPARE_PAGES + 1)   # (its page, and two spare again)
+    wait_for(lambda: len(_lease_page_inodes(broker.pid)) == SPARE_PAGES)   # (its page gone with the session)
 
 
 def _count_wakes(client) -> list:
