@@ -453,10 +453,29 @@ class Leases:
         self.handoff.unprepare()
 
 
+_ROOM = protocol.MAX_MESSAGE - 256   # a get_many request's bytes for its names (the rest: its other fields)
+
+
 def _batches(names: list[str]) -> list[list[str]]:
     """``names`` cut into get_many requests: at most MAX_BATCH names, and a request within
-    MAX_MESSAGE bytes (a name packs to its length and a few bytes more)."""
-    room = protocol.MAX_MESSAGE - 256   # the request's other fields
+    MAX_MESSAGE bytes (a name packs to its length and a few bytes more). The usual attach fits one
+    request even at 4 bytes a character: that bound is summed without a name encoded (~40 µs for
+    a thousand names on a 2-CPU host, where counting each name's bytes takes ~270), and the names
+    are counted only where it does not hold."""
+    if not names:
+        return []
+    if len(names) <= protocol.MAX_BATCH:
+        try:
+            if 4 * sum(map(len, names)) + 3 * len(names) <= _ROOM:
+                return [names]
+        except TypeError:   # (not all names: counted below, and refused by the broker)
+            pass
+    return _counted_batches(names)
+
+
+def _counted_batches(names: list[str]) -> list[list[str]]:
+    """``_batches``, each name's packed length counted."""
+    room = _ROOM
     out: list[list[str]] = []
     batch: list[str] = []
     size = 0
